@@ -1,0 +1,248 @@
+"""The Python API: texts (+ optional voice prompts) and settings -> speech codes and statistics.
+
+    from engine import Synthesizer, DecodingSettings
+    synth = Synthesizer.load("kit/target", draft="kit/draft")
+    results, summary = synth.synthesize(["Hello there."], DecodingSettings(method="pcg"))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from engine.config import DecodingSettings
+from engine.decoding.speculative import Request, SpeculativeDecoder
+from engine.decoding.stats import RowStats, aggregate
+from engine.decoding.verify import make_rule
+from engine.groups.build import build_groups
+from engine.groups.csr import GroupIndex, SpeechGroups
+from engine.models.llasa import DEFAULT_DATE_STRING, LlasaPrompter
+from engine.models.loading import LoadedModel, load_model
+
+CODES_PER_SECOND = 50  # X-codec2: 16 kHz, 320 samples per code
+LLASA_CONTEXT = 2048
+
+
+@dataclass
+class SynthesisItem:
+    """One utterance: text, optional voice prompt (transcript + X-codec2 codes), optional seed."""
+
+    text: str
+    id: str | None = None
+    prompt_text: str | None = None
+    prompt_codes: list[int] | None = None
+    seed: int | None = None
+
+
+@dataclass
+class SynthesisResult:
+    """Codes (`0..65535`, end-of-speech stripped) and how they came about; `error` is set and
+    `finish_reason == "error"` when the item could not be decoded."""
+
+    id: str
+    text: str
+    seed: int
+    codes: list[int] = field(default_factory=list)
+    finish_reason: str = "error"
+    error: str | None = None
+    stats: RowStats | None = None
+
+    @property
+    def audio_seconds(self) -> float:
+        return len(self.codes) / CODES_PER_SECOND
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["stats"] = self.stats.to_dict() if self.stats else None
+        return out
+
+
+@dataclass
+class RunSummary:
+    """Aggregate figures of one `synthesize` call."""
+
+    method: str
+    settings: dict
+    items: int
+    ok: int
+    failed: int
+    wall_s: float
+    stats: RowStats
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.stats.generated_tokens / self.wall_s if self.wall_s else 0.0
+
+    def to_dict(self) -> dict:
+        s = self.stats
+        return {
+            "method": self.method,
+            "settings": self.settings,
+            "items": self.items,
+            "ok": self.ok,
+            "failed": self.failed,
+            "wall_s": round(self.wall_s, 4),
+            "generated_tokens": s.generated_tokens,
+            "audio_seconds": round(s.generated_tokens / CODES_PER_SECOND, 3),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "target_calls": s.rounds,
+            "mean_accepted_length": round(s.mean_accepted_length, 4),
+            "acceptance_per_position": [round(x, 4) for x in s.acceptance_per_position],
+            "drafted": s.drafted,
+            "thinning_trials": s.thinning_trials,
+            "fallbacks": s.fallbacks,
+        }
+
+
+def item_seed(job_seed: int, item_id: str) -> int:
+    """A 63-bit seed from the job seed and the item's id: stable across batches and runs."""
+    digest = hashlib.sha256(f"{job_seed}/{item_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft must share the target's vocabulary (same ids for the same tokens)."""
+    if draft.layout != target.layout:
+        raise ValueError(
+            f"draft {draft.path} and target {target.path} lay out Llasa tokens differently "
+            f"({draft.layout} vs {target.layout}): a draft must share the target's vocabulary")
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ValueError(f"draft {draft.path} and target {target.path} have different tokenizer "
+                         "vocabularies: a draft must share the target's vocabulary")
+
+
+class Synthesizer:
+    """Holds a target (and optionally a draft) and decodes batches of utterances.
+
+    Args:
+        target: the loaded target model.
+        draft: the loaded draft model; needed by every method except `ar`.
+        batch_size: rows decoded together (continuous batching refills finished rows).
+        max_context: longest sequence, prompt included (Llasa was trained with 2048).
+        date_string: the date pinned into the chat template.
+    """
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, batch_size: int = 8,
+                 max_context: int = LLASA_CONTEXT, date_string: str = DEFAULT_DATE_STRING) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+        if draft is not None:
+            check_same_vocabulary(target, draft)
+            if draft.model.device != target.model.device:
+                raise ValueError("draft and target must live on the same device")
+        self.target, self.draft = target, draft
+        self.batch_size, self.max_context = batch_size, max_context
+        self.prompter = LlasaPrompter(target.tokenizer, target.layout, date_string)
+        self._groups: dict[tuple, GroupIndex] = {}
+        self._decoder: tuple[tuple, SpeculativeDecoder] | None = None
+
+    @classmethod
+    def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
+             dtype: str = "auto", **kwargs) -> "Synthesizer":
+        """Load target (and draft) from local Hugging Face directories."""
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        tgt = load_model(target, device=device, dtype=dtype)
+        drf = load_model(draft, device=device, dtype=dtype) if draft is not None else None
+        return cls(tgt, drf, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.model.device
+
+    def speech_embeddings(self) -> torch.Tensor:
+        """`[65536, hidden]` input-embedding rows of the speech tokens (the groups' source)."""
+        layout = self.target.layout
+        table = self.target.model.model.embed_tokens.weight
+        return table[layout.first_speech: layout.first_speech + layout.num_speech].detach()
+
+    def set_groups(self, groups: SpeechGroups) -> None:
+        """Use prebuilt groups for their (theta, cap) instead of building them."""
+        key = (groups.theta, groups.max_group_size)
+        self._groups[key] = GroupIndex(groups, self.target.layout.vocab_out, self.device)
+
+    def groups(self, theta: float, max_group_size: int | None = None) -> GroupIndex:
+        """The group index for (theta, cap), built from the target's embeddings on first use."""
+        key = (theta, max_group_size)
+        if key not in self._groups:
+            built = build_groups(self.speech_embeddings(), theta, max_group_size)
+            self.set_groups(built)
+        return self._groups[key]
+
+    def decoder(self, settings: DecodingSettings) -> SpeculativeDecoder:
+        """A decoder for these settings; the last one is kept (its caches are reused)."""
+        key = (settings.method, settings.gamma, settings.warp, settings.theta,
+               settings.max_group_size, settings.max_thinning_trials, settings.beta, settings.topk)
+        if self._decoder is not None and self._decoder[0] == key:
+            return self._decoder[1]
+        self._decoder = None  # free the old caches first
+        if settings.speculative:
+            if self.draft is None:
+                raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
+            groups = self.groups(settings.theta, settings.max_group_size) if settings.method == "pcg" else None
+            rule = make_rule(settings.method, groups, settings.beta, settings.topk,
+                             settings.max_thinning_trials)
+            decoder = SpeculativeDecoder(self.target.model, self.draft.model, rule, settings.warp,
+                                         settings.gamma, self.batch_size, self.max_context,
+                                         self.target.layout.eos_out)
+        else:
+            decoder = SpeculativeDecoder(self.target.model, None, None, settings.warp, 0,
+                                         self.batch_size, self.max_context, self.target.layout.eos_out)
+        self._decoder = (key, decoder)
+        return decoder
+
+    def prepare(self, index: int, item: SynthesisItem | str, settings: DecodingSettings):
+        """(result shell, request or None): bad items become error results, never exceptions."""
+        if isinstance(item, str):
+            item = SynthesisItem(text=item)
+        item_id = item.id if item.id is not None else str(index)
+        seed = item.seed if item.seed is not None else item_seed(settings.seed, item_id)
+        result = SynthesisResult(id=item_id, text=item.text or "", seed=seed)
+        try:
+            ids = self.prompter.build(item.text, item.prompt_text, item.prompt_codes)
+        except ValueError as exc:
+            result.error = str(exc)
+            return result, None
+        if len(ids) >= self.max_context:
+            result.error = (f"prompt is {len(ids)} tokens; the model's context is {self.max_context} "
+                            "(shorten the text or the voice prompt)")
+            return result, None
+        request = Request(key=index, prompt_ids=ids, seed=seed,
+                          max_new_tokens=settings.max_new_tokens,
+                          history_out=list(item.prompt_codes or []))
+        return result, request
+
+    def synthesize(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
+                   progress: bool = False) -> tuple[list[SynthesisResult], RunSummary]:
+        """Decode `items` with `settings`; results come back in input order.
+
+        Returns:
+            (one result per item, the run's summary).
+        """
+        settings = settings or DecodingSettings()
+        decoder = self.decoder(settings)
+        prepared = [self.prepare(i, item, settings) for i, item in enumerate(items)]
+        results = [r for r, _ in prepared]
+        requests = [q for _, q in prepared if q is not None]
+        start = time.perf_counter()
+        bar = tqdm(total=len(requests), desc=f"decode [{settings.method}]", unit="utt",
+                   disable=not progress)
+        for request, row in decoder.run(requests):
+            res = results[request.key]
+            res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats
+            bar.update(1)
+        bar.close()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        stats = aggregate([r.stats for r in results if r.stats is not None])
+        summary = RunSummary(method=settings.method, settings=settings.model_dump(), items=len(results),
+                             ok=len(requests), failed=len(results) - len(requests), wall_s=wall,
+                             stats=stats)
+        return results, summary

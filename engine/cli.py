@@ -1,0 +1,181 @@
+"""The `pcg-synth` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from engine.config import DecodingSettings
+
+METHOD_CHOICES = ["ar", "exact", "pcg", "ssd", "topk", "all"]
+
+
+class UsageError(Exception):
+    """A user mistake; printed as one line, exit status 2."""
+
+
+def format_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(x) for x in err["loc"]) or "settings"
+        parts.append(f"{field}: {err['msg']}")
+    return "invalid settings: " + "; ".join(parts)
+
+
+# ---- kit ---------------------------------------------------------------------------------------
+
+
+def cmd_kit_build(args) -> int:
+    from engine.models.tiny import KitSpec, build_kit
+
+    out = build_kit(args.dir, KitSpec(seed=args.seed), force=args.force)
+    manifest = json.loads((out / "kit.json").read_text())
+    print(f"tiny kit written to {out} (sha256 {manifest['sha256'][:16]}...)")
+    for part in ("target", "draft", "codec"):
+        print(f"  {part:7s} {out / part}")
+    return 0
+
+
+# ---- generate ----------------------------------------------------------------------------------
+
+
+def read_items(args) -> list:
+    from engine.api import SynthesisItem
+
+    items = [SynthesisItem(text=t) for t in args.text or []]
+    if args.texts_file:
+        path = Path(args.texts_file)
+        if not path.is_file():
+            raise UsageError(f"--texts-file {path} does not exist")
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    row = json.loads(line)
+                    items.append(SynthesisItem(**row))
+                except (json.JSONDecodeError, TypeError) as exc:
+                    raise UsageError(f"{path}:{n}: not a valid item ({exc})") from exc
+            else:
+                items.append(SynthesisItem(text=line.strip()))
+    if not items:
+        raise UsageError("give texts with --text or --texts-file")
+    return items
+
+
+def settings_from(args, method: str) -> DecodingSettings:
+    fields = dict(method=method, gamma=args.gamma, theta=args.theta, beta=args.beta, topk=args.topk,
+                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                  repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
+                  seed=args.seed, max_group_size=args.max_group_size)
+    return DecodingSettings(**{k: v for k, v in fields.items() if v is not None})
+
+
+def summary_table(summaries: list[dict]) -> str:
+    head = f"{'method':7s} {'ok':>4s} {'tokens':>7s} {'tok/s':>8s} {'acc.len':>7s}  acceptance by position"
+    lines = [head, "-" * len(head)]
+    for s in summaries:
+        acc = " ".join(f"{a:.2f}" for a in s["acceptance_per_position"]) or "-"
+        lines.append(f"{s['method']:7s} {s['ok']:4d} {s['generated_tokens']:7d} "
+                     f"{s['tokens_per_s']:8.1f} {s['mean_accepted_length']:7.3f}  {acc}")
+    return "\n".join(lines)
+
+
+def cmd_generate(args) -> int:
+    from engine.api import Synthesizer
+
+    methods = ["ar", "exact", "pcg", "ssd", "topk"] if args.method == "all" else [args.method]
+    all_settings = [settings_from(args, m) for m in methods]  # validate before loading anything
+    items = read_items(args)
+    target = args.target or (Path(args.kit) / "target" if args.kit else None)
+    draft = args.draft or (Path(args.kit) / "draft" if args.kit else None)
+    if target is None:
+        raise UsageError("give --kit DIR or --target DIR (and --draft DIR)")
+    if draft is None and any(s.speculative for s in all_settings):
+        raise UsageError(f"method {args.method!r} needs a draft: give --draft DIR (or use --method ar)")
+    synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
+                             batch_size=args.batch_size)
+    runs = []
+    for settings in all_settings:
+        results, summary = synth.synthesize(items, settings, progress=not args.quiet)
+        runs.append({"summary": summary.to_dict(), "items": [r.to_dict() for r in results]})
+        for r in results:
+            if r.error:
+                print(f"item {r.id}: {r.error}", file=sys.stderr)
+    summaries = [r["summary"] for r in runs]
+    print(summary_table(summaries))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"target": str(target), "draft": str(draft) if draft else None,
+               "device": str(synth.device), "runs": runs}
+        out.write_text(json.dumps(doc, indent=1))
+        print(f"codes and statistics written to {out}")
+    return 0
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="synthesize speech codes for texts on this machine",
+                       description="Decode texts into X-codec2 codes with a target and a draft "
+                                   "model; prints per-method statistics, writes JSON with --out.")
+    src = p.add_argument_group("models")
+    src.add_argument("--kit", help="a tiny kit directory (uses its target and draft)")
+    src.add_argument("--target", help="target checkpoint directory (Hugging Face format)")
+    src.add_argument("--draft", help="draft checkpoint directory (same vocabulary as the target)")
+    src.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    src.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    src.add_argument("--batch-size", type=int, default=8)
+    inp = p.add_argument_group("input")
+    inp.add_argument("--text", action="append", help="a text to speak (repeatable)")
+    inp.add_argument("--texts-file", help="one text per line, or .jsonl items "
+                                          "{id, text, prompt_text, prompt_codes, seed}")
+    dec = p.add_argument_group("decoding (defaults: see DecodingSettings)")
+    dec.add_argument("--method", default="pcg", choices=METHOD_CHOICES)
+    dec.add_argument("--gamma", type=int)
+    dec.add_argument("--theta", type=float)
+    dec.add_argument("--max-group-size", type=int)
+    dec.add_argument("--beta", type=float)
+    dec.add_argument("--topk", type=int, help="k of the topk rule")
+    dec.add_argument("--temperature", type=float)
+    dec.add_argument("--top-p", type=float)
+    dec.add_argument("--top-k", type=int)
+    dec.add_argument("--repetition-penalty", type=float)
+    dec.add_argument("--max-new-tokens", type=int)
+    dec.add_argument("--seed", type=int)
+    p.add_argument("--out", help="write codes + statistics as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_generate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pcg-synth", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    kit = sub.add_parser("kit", help="the tiny model kit").add_subparsers(dest="kit_cmd", required=True)
+    kb = kit.add_parser("build", help="write the tiny kit (target, draft, codec, tokenizer)")
+    kb.add_argument("dir")
+    kb.add_argument("--seed", type=int, default=0)
+    kb.add_argument("--force", action="store_true", help="replace an existing kit")
+    kb.set_defaults(func=cmd_kit_build)
+    add_generate(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.models.loading import ModelLoadError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValidationError as exc:
+        print(f"error: {format_validation(exc)}", file=sys.stderr)
+    except (UsageError, ModelLoadError, FileExistsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

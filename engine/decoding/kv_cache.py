@@ -1,0 +1,72 @@
+"""Static KV cache with per-row lengths.
+
+Every row of the batch owns one slot. A forward writes keys and values at the positions it is
+given (per row), and attention masks keys by position (`key_pos <= query_pos`), so a row's
+"length" is implicit in the positions it queries. Slots that held rejected draft tokens are
+simply overwritten by the next forward at those positions; nothing is copied or re-run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Keys and values for `num_layers` layers, `batch` slots and `max_len` positions.
+
+    Attributes:
+        k: `[L, B, H_kv, S, D]` keys.
+        v: `[L, B, H_kv, S, D]` values.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def write(
+        self,
+        layer: int,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+    ) -> None:
+        """Write new keys/values of `slots` at per-row `positions`.
+
+        Args:
+            layer: layer index.
+            slots: `[b]` cache rows.
+            positions: `[b, T]` absolute positions.
+            k_new: `[b, H_kv, T, D]`.
+            v_new: `[b, H_kv, T, D]`.
+        """
+        rows = slots[:, None]  # [b, 1] broadcasts against positions [b, T]
+        # Advanced indices split by a slice put their dims first: the target is [b, T, H_kv, D].
+        self.k[layer][rows, :, positions] = k_new.transpose(1, 2)
+        self.v[layer][rows, :, positions] = v_new.transpose(1, 2)
+
+    def read(
+        self, layer: int, slots: torch.Tensor | None, kv_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values `[b, H_kv, kv_len, D]` of `slots` (all rows when None)."""
+        if slots is None:
+            return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
+        return self.k[layer, slots, :, :kv_len], self.v[layer, slots, :, :kv_len]

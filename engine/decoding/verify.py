@@ -1,0 +1,268 @@
+"""Acceptance rules as batched tensor functions (PCG_SPEC.md sections 3-4).
+
+Terms, used the same way everywhere:
+    accepted   draft tokens kept, a prefix of the block of `gamma`;
+    recovered  the token emitted at the first rejected position, drawn from the rule's residual;
+    bonus      the token emitted after a fully accepted block, drawn from the target.
+
+Every row emits `num_accepted` draft tokens plus one recovered-or-bonus token. Decisions at all
+positions are drawn at once (their uniforms are independent), and `num_accepted` is the length
+of the leading run of accepts, so the result equals the sequential procedure.
+
+Letters: no bare p/q. `draft_probs` is the paper's p, `target_probs` its q.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.decoding import rng
+from engine.decoding.sampling import sample_from, sample_one
+from engine.groups.csr import GroupIndex
+
+METHODS = ("ar", "exact", "pcg", "ssd", "topk")
+
+
+@dataclass
+class Block:
+    """One verification step for `B` rows and `gamma` draft tokens.
+
+    Attributes:
+        draft_tokens: `[B, gamma]` output ids.
+        draft_probs: `[B, gamma, V]` float32 warped draft distributions (None when greedy).
+        target_probs: `[B, gamma+1, V]` float32 warped target distributions (None when greedy).
+        target_argmax: `[B, gamma+1]` greedy target choices (None unless greedy).
+        seeds: `[B]` int64 per-row seeds.
+        base_pos: `[B]` sequence position of the first draft token.
+    """
+
+    draft_tokens: torch.Tensor
+    draft_probs: torch.Tensor | None
+    target_probs: torch.Tensor | None
+    target_argmax: torch.Tensor | None
+    seeds: torch.Tensor
+    base_pos: torch.Tensor
+
+    @property
+    def gamma(self) -> int:
+        return self.draft_tokens.shape[1]
+
+    @property
+    def greedy(self) -> bool:
+        return self.target_probs is None
+
+    def uniform(self, purpose: int, slot: torch.Tensor | int, lanes: int = 0) -> torch.Tensor:
+        """Uniforms for the decisions at draft slot `slot`: an int, `[B]` or `[1 or B, k]`.
+        Returns the broadcast shape (`[B]` or `[B, k]`), plus `[lanes]` when `lanes > 0`."""
+        slot = torch.as_tensor(slot, device=self.seeds.device)
+        lead = (-1,) + (1,) * max(slot.dim() - 1, 0)
+        pos = self.base_pos.view(lead) + slot
+        seed = self.seeds.view(lead)
+        if lanes:
+            lane = torch.arange(lanes, device=pos.device)
+            return rng.uniform(seed[..., None], pos[..., None], purpose, lane)
+        return rng.uniform(seed, pos, purpose)
+
+
+@dataclass
+class Verdict:
+    """Outcome of a block.
+
+    Attributes:
+        num_accepted: `[B]` accepted draft tokens (0..gamma).
+        next_token: `[B]` recovered (num_accepted < gamma) or bonus token.
+        accepted: `[B, gamma]` per-position accept decision (counted only inside the prefix).
+        trials: `[B]` PCG thinning trials spent on the recovered token (0 otherwise).
+        fallback: `[B]` the exact dense residual computation was used.
+    """
+
+    num_accepted: torch.Tensor
+    next_token: torch.Tensor
+    accepted: torch.Tensor
+    trials: torch.Tensor
+    fallback: torch.Tensor
+
+
+def at_slot(x: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """`x[b, slot[b]]` for `x` `[B, S, ...]`."""
+    return x[torch.arange(x.shape[0], device=x.device), slot]
+
+
+def prob_of(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """`probs[b, i, tokens[b, i]]` as float64."""
+    return probs.gather(-1, tokens[..., None])[..., 0].double()
+
+
+class Rule:
+    """An acceptance rule: which draft tokens to accept, and what to emit on rejection."""
+
+    name = "rule"
+
+    def accept(self, block: Block) -> torch.Tensor:
+        """`[B, gamma]` bool, each position judged on its own."""
+        raise NotImplementedError
+
+    def recover(
+        self, block: Block, slot: torch.Tensor, rejected: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(token, trials, fallback) `[B]` for a rejection at `slot` `[B]`; only rows with
+        `rejected` set use the result."""
+        raise NotImplementedError
+
+    def accept_greedy(self, block: Block) -> torch.Tensor:
+        return block.draft_tokens == block.target_argmax[:, :-1]
+
+    def __call__(self, block: Block) -> Verdict:
+        gamma = block.gamma
+        accepted = self.accept_greedy(block) if block.greedy else self.accept(block)
+        num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]
+        zeros = torch.zeros_like(num_accepted)
+        if block.greedy:
+            next_token = at_slot(block.target_argmax, num_accepted)
+            return Verdict(num_accepted, next_token, accepted, zeros, zeros.bool())
+        bonus = sample_one(block.target_probs[:, gamma], block.uniform(rng.BONUS, gamma))
+        slot = num_accepted.clamp(max=gamma - 1)
+        full = num_accepted == gamma
+        recovered, trials, fallback = self.recover(block, slot, ~full)
+        return Verdict(
+            num_accepted,
+            torch.where(full, bonus, recovered),
+            accepted,
+            torch.where(full, zeros, trials),
+            fallback & ~full,
+        )
+
+
+class ExactRule(Rule):
+    """Standard speculative sampling: token-level exact."""
+
+    name = "exact"
+
+    def accept(self, block: Block) -> torch.Tensor:
+        target = prob_of(block.target_probs[:, :-1], block.draft_tokens)
+        draft = prob_of(block.draft_probs, block.draft_tokens)
+        u = block.uniform(rng.ACCEPT, torch.arange(block.gamma, device=target.device)[None])
+        return u * draft < target  # u < min(1, target / draft) without dividing
+
+    def recover(self, block, slot, rejected):
+        target = at_slot(block.target_probs, slot)  # [B, V]
+        residual = (target - at_slot(block.draft_probs, slot)).clamp_(min=0)
+        # All-zero residual only arises from rounding when the two agree: draw from the target.
+        empty = residual.sum(-1, keepdim=True) <= 0
+        residual = torch.where(empty, target, residual)
+        token = sample_one(residual, block.uniform(rng.RECOVER, slot))
+        zeros = torch.zeros_like(slot)
+        return token, zeros, zeros.bool()
+
+
+class SSDRule(ExactRule):
+    """Lin et al.'s relaxed acceptance: `u < target/draft + beta`. No guarantee."""
+
+    name = "ssd"
+
+    def __init__(self, beta: float) -> None:
+        self.beta = beta
+
+    def accept(self, block: Block) -> torch.Tensor:
+        target = prob_of(block.target_probs[:, :-1], block.draft_tokens)
+        draft = prob_of(block.draft_probs, block.draft_tokens)
+        u = block.uniform(rng.ACCEPT, torch.arange(block.gamma, device=target.device)[None])
+        return u * draft < target + self.beta * draft
+
+
+class TopKRule(Rule):
+    """Accept a draft token inside the target's top-k; on rejection draw from the target."""
+
+    name = "topk"
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def accept(self, block: Block) -> torch.Tensor:
+        target = block.target_probs[:, :-1]
+        kth = torch.topk(target, min(self.k, target.shape[-1]), dim=-1).values[..., -1]
+        mine = target.gather(-1, block.draft_tokens[..., None])[..., 0]
+        return (mine >= kth) & (mine > 0)
+
+    def recover(self, block, slot, rejected):
+        token = sample_one(at_slot(block.target_probs, slot), block.uniform(rng.RECOVER, slot))
+        zeros = torch.zeros_like(slot)
+        return token, zeros, zeros.bool()
+
+
+class PCGRule(Rule):
+    """Principled Coarse-Grained acceptance: exact at the level of group labels.
+
+    Args:
+        groups: device-side group index over the output space.
+        max_trials: thinning trials before the exact dense fallback.
+    """
+
+    name = "pcg"
+
+    def __init__(self, groups: GroupIndex, max_trials: int = 8) -> None:
+        self.groups = groups
+        self.max_trials = max_trials
+
+    def accept_greedy(self, block: Block) -> torch.Tensor:
+        home = self.groups.home[block.target_argmax[:, :-1]]
+        return self.groups.contains(home, block.draft_tokens)
+
+    def accept(self, block: Block) -> torch.Tensor:
+        slots = torch.arange(block.gamma, device=block.seeds.device)[None]
+        label = self.groups.pick_label(block.draft_tokens, block.uniform(rng.LABEL, slots))
+        draft_mass = self.groups.mass(block.draft_probs, label[..., None])[..., 0].double()
+        target_mass = self.groups.mass(block.target_probs[:, :-1], label[..., None])[..., 0].double()
+        u = block.uniform(rng.ACCEPT, slots)
+        return u * draft_mass < target_mass  # u < min(1, Q_c / P_c)
+
+    def recover(self, block, slot, rejected):
+        target = at_slot(block.target_probs, slot)  # [B, V]
+        draft = at_slot(block.draft_probs, slot)
+        t = self.max_trials
+        # Thinning: y ~ target, K ~ w[., y], keep (y, K) with prob max(0, 1 - P_c(K) / Q_c(K)).
+        tokens = sample_from(target, block.uniform(rng.RECOVER, slot, lanes=t))  # [B, t]
+        labels = self.groups.pick_label(tokens, block.uniform(rng.RECOVER_LABEL, slot, lanes=t))
+        target_mass = self.groups.mass(target, labels).double()  # [B, t]
+        draft_mass = self.groups.mass(draft, labels).double()
+        u = block.uniform(rng.RECOVER_ACCEPT, slot, lanes=t)
+        keep = u * target_mass < target_mass - draft_mass
+        found = keep.any(-1)
+        first = keep.long().argmax(-1)  # first kept trial
+        token = tokens.gather(-1, first[:, None])[:, 0]
+        trials = torch.where(found, first + 1, torch.full_like(first, t))
+        if bool((rejected & ~found).any()):  # rare: one host sync, only then
+            dense = self.exact_residual(target, draft, block, slot)
+            token = torch.where(found, token, dense)
+        return token, trials, ~found
+
+    def exact_residual(self, target, draft, block: Block, slot) -> torch.Tensor:
+        """Exact draw from the group residual with all group masses (one sparse sum per row):
+        K ~ max(0, Q_c - P_c), then y in G_K with prob w[K, y] target(y) / Q_c(G_K)."""
+        target_mass = self.groups.all_masses(target)  # [B, M]
+        residual = (target_mass - self.groups.all_masses(draft)).clamp_(min=0)
+        empty = residual.sum(-1, keepdim=True) <= 0
+        residual = torch.where(empty, target_mass, residual)
+        label = sample_one(residual, block.uniform(rng.FALLBACK_GROUP, slot))  # [B]
+        ids, valid = self.groups.padded_members(label)  # [B, m]
+        inside = (target * self.groups.inv_n).gather(-1, ids) * valid
+        pick = sample_one(inside, block.uniform(rng.FALLBACK_TOKEN, slot))
+        return ids.gather(-1, pick[:, None])[:, 0]
+
+
+def make_rule(method: str, groups: GroupIndex | None = None, beta: float = 0.3, k: int = 50,
+              max_trials: int = 8) -> Rule:
+    """The acceptance rule for a speculative `method` (not `ar`, which drafts nothing)."""
+    if method == "exact":
+        return ExactRule()
+    if method == "ssd":
+        return SSDRule(beta)
+    if method == "topk":
+        return TopKRule(k)
+    if method == "pcg":
+        if groups is None:
+            raise ValueError("method 'pcg' needs acoustic similarity groups")
+        return PCGRule(groups, max_trials)
+    raise ValueError(f"unknown speculative method {method!r}; choose from {', '.join(METHODS[1:])}")

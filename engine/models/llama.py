@@ -1,0 +1,232 @@
+"""A compact Llama forward that loads Hugging Face weights (the gpt-fast approach).
+
+Why not drive transformers' model: speculative decoding needs per-row positions, a static cache
+written by position, and an LM head restricted to the columns the sampler may emit. Here all
+three are a few lines. Parameter names follow transformers' `LlamaForCausalLM`, so its
+safetensors load directly; `tests/cpu/test_llama_parity.py` pins the logits against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.decoding.kv_cache import KVCache
+
+LogitsAt = Literal["all", "last", "none", "hidden"]
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """The parts of a Hugging Face Llama `config.json` the forward needs."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    max_position_embeddings: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> "LlamaShape":
+        heads = config["num_attention_heads"]
+        return cls(
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=bool(config.get("attention_bias", False)),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            max_position_embeddings=config.get("max_position_embeddings", 131072),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and scale in the input dtype, as transformers does.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: LlamaShape) -> None:
+        super().__init__()
+        h, d, bias = shape.hidden_size, shape.head_dim, shape.attention_bias
+        self.num_heads, self.num_kv_heads, self.head_dim = shape.num_heads, shape.num_kv_heads, d
+        self.q_proj = nn.Linear(h, shape.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, shape.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, shape.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(shape.num_heads * d, h, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [b, T, h]
+        cos: torch.Tensor,  # [b, T, D]
+        sin: torch.Tensor,  # [b, T, D]
+        mask: torch.Tensor,  # [b, 1, T, kv_len] bool, True = attend
+        cache: KVCache,
+        layer: int,
+        slots: torch.Tensor | None,
+        positions: torch.Tensor,  # [b, T]
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [b, H, T, D], [b, H_kv, T, D]
+        write_slots = slots if slots is not None else torch.arange(b, device=x.device)
+        cache.write(layer, write_slots, positions, k, v)
+        keys, values = cache.read(layer, slots, mask.shape[-1])  # [b, H_kv, kv_len, D]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: LlamaShape) -> None:
+        super().__init__()
+        h, i, bias = shape.hidden_size, shape.intermediate_size, shape.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: LlamaShape) -> None:
+        super().__init__()
+        self.self_attn = Attention(shape)
+        self.mlp = MLP(shape)
+        self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+
+
+class LlamaBody(nn.Module):
+    """`model.*` of a `LlamaForCausalLM` checkpoint."""
+
+    def __init__(self, shape: LlamaShape) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_layers))
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x` `[b, H, T, D]` by per-row angles `[b, T, D]` (half-split layout)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class LlamaLM(nn.Module):
+    """Llama causal LM whose head emits only `output_token_ids` (e.g. speech + end-of-speech).
+
+    Args:
+        shape: model dimensions.
+        output_token_ids: `[V_out]` vocabulary ids of the head's rows, in output order.
+        inv_freq: `[D/2]` rotary inverse frequencies.
+        rope_scaling: factor on cos/sin (transformers' `attention_scaling`).
+    """
+
+    def __init__(
+        self,
+        shape: LlamaShape,
+        output_token_ids: torch.Tensor,
+        inv_freq: torch.Tensor,
+        rope_scaling: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.shape = shape
+        self.model = LlamaBody(shape)
+        self.head = nn.Parameter(torch.empty(len(output_token_ids), shape.hidden_size))
+        self.register_buffer("output_token_ids", output_token_ids.long(), persistent=False)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.rope_scaling = rope_scaling
+
+    @property
+    def vocab_out(self) -> int:
+        return self.head.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.device
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        s = self.shape
+        return KVCache(
+            s.num_layers, batch, s.num_kv_heads, max_len, s.head_dim, self.dtype, self.device
+        )
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin `[b, T, D]` for `positions` `[b, T]`, computed as transformers does."""
+        freqs = positions[..., None].float() * self.inv_freq  # [b, T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos() * self.rope_scaling, emb.sin() * self.rope_scaling
+        return cos.to(self.dtype), sin.to(self.dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        kv_len: int,
+        slots: torch.Tensor | None = None,
+        logits_at: LogitsAt = "all",
+    ) -> torch.Tensor | None:
+        """Feed `tokens` `[b, T]` at `positions` `[b, T]` into cache rows `slots`.
+
+        Args:
+            tokens: vocabulary ids.
+            positions: absolute position of each token; rows may differ.
+            cache: the KV cache; keys at `positions` are overwritten.
+            kv_len: keys `[0, kv_len)` are read; must exceed every position.
+            slots: cache rows of the `b` inputs; None means rows `0..b-1` of a cache of `b`.
+            logits_at: which positions get head logits; "hidden" returns the final-normed
+                hidden states instead.
+
+        Returns:
+            float32 logits `[b, T or 1, V_out]` over the output ids, hidden states
+            `[b, T, hidden]`, or None.
+        """
+        key_pos = torch.arange(kv_len, device=tokens.device)
+        mask = key_pos[None, None, None, :] <= positions[:, None, :, None]  # [b, 1, T, kv_len]
+        cos, sin = self.rope(positions)
+        x = self.model.embed_tokens(tokens)  # [b, T, h]
+        for i, layer in enumerate(self.model.layers):
+            h = layer.input_layernorm(x)
+            x = x + layer.self_attn(h, cos, sin, mask, cache, i, slots, positions)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if logits_at == "none":
+            return None
+        if logits_at == "hidden":
+            return self.model.norm(x).float()
+        if logits_at == "last":
+            x = x[:, -1:]
+        return F.linear(self.model.norm(x), self.head).float()  # [b, T, V_out]

@@ -1,0 +1,153 @@
+"""Load Llama-family checkpoints (Hugging Face layout) from a local directory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.models.llama import LlamaLM, LlamaShape
+from engine.models.llasa import LlasaLayout
+
+HOW_TO_GET = (
+    "Build the tiny kit with `pcg-synth kit build DIR`, or copy a real checkpoint "
+    "(e.g. HKUSTAudio/Llasa-1B: config.json, *.safetensors, tokenizer files) to a local "
+    "directory on a machine that can reach the hub and pass that directory."
+)
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint directory is missing, incomplete or not a Llama causal LM."""
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for decoding, with the tokenizer and layout it was checked against."""
+
+    path: Path
+    model: LlamaLM
+    tokenizer: object
+    layout: LlasaLayout
+    config: dict
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """`auto` is bfloat16 on CUDA and float32 on CPU (CPU bf16 matmuls are slow)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+             "float64": torch.float64}
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of auto, {', '.join(names)}; got {dtype!r}")
+    return names[dtype]
+
+
+def read_config(path: Path) -> dict:
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {path} does not exist. {HOW_TO_GET}")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelLoadError(f"{path} has no config.json. {HOW_TO_GET}")
+    config = json.loads(cfg_file.read_text())
+    if config.get("model_type") != "llama":
+        raise ModelLoadError(
+            f"{path} holds model_type {config.get('model_type')!r}; pcg-synth serves Llama "
+            "causal LMs (Llasa is one)"
+        )
+    return config
+
+
+def rope_tables(config: dict) -> tuple[torch.Tensor, float]:
+    """Rotary inverse frequencies and cos/sin scaling exactly as transformers computes them."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rotary = LlamaRotaryEmbedding(LlamaConfig(**config))
+    return rotary.inv_freq.detach().clone(), float(rotary.attention_scaling)
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path} has no *.safetensors weights. {HOW_TO_GET}")
+    return files
+
+
+def load_weights(model: LlamaLM, path: Path, device: torch.device) -> None:
+    """Copy checkpoint tensors into `model`; the head keeps only the output rows."""
+    wanted = {k: v for k, v in model.state_dict().items() if k != "head"}
+    head_source = "model.embed_tokens.weight" if model.shape.tie_word_embeddings else "lm_head.weight"
+    seen: set[str] = set()
+    rows = model.output_token_ids.cpu()
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if key.endswith("rotary_emb.inv_freq"):
+                    continue
+                if key == head_source:
+                    model.head.data.copy_(f.get_tensor(key)[rows].to(model.dtype))
+                    seen.add("head")
+                if key in wanted:
+                    wanted[key].copy_(f.get_tensor(key).to(model.dtype))
+                    seen.add(key)
+                elif key != "lm_head.weight":
+                    raise ModelLoadError(f"{path}: unexpected tensor {key!r} for a Llama model")
+    missing = sorted(set(wanted) - seen) + ([] if "head" in seen else [head_source])
+    if missing:
+        raise ModelLoadError(f"{path}: checkpoint lacks {missing[:4]} ({len(missing)} tensors)")
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot load its tokenizer ({exc}). {HOW_TO_GET}") from exc
+
+
+def load_model(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "auto",
+    tokenizer=None,
+) -> LoadedModel:
+    """Load a Llasa-style Llama from a local directory, restricted to speech + end-of-speech.
+
+    Args:
+        path: directory with `config.json`, safetensors weights and (unless `tokenizer` is
+            given) tokenizer files.
+        device: where the weights go.
+        dtype: `auto`, `float32`, `bfloat16`, `float16` or `float64`.
+        tokenizer: reuse this tokenizer instead of loading the directory's own.
+
+    Raises:
+        ModelLoadError: missing/incomplete directory, not a Llama model.
+        ValueError: the tokenizer is not a Llasa tokenizer.
+    """
+    path = Path(path)
+    config = read_config(path)
+    device = torch.device(device)
+    dtype = resolve_dtype(dtype, device)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
+    layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
+    shape = LlamaShape.from_config(config)
+    inv_freq, scaling = rope_tables(config)
+    with torch.device("meta"):
+        model = LlamaLM(shape, layout.output_token_ids(), inv_freq, scaling)
+    model = model.to_empty(device=device).to(dtype)
+    model.output_token_ids = layout.output_token_ids().to(device)
+    model.inv_freq = inv_freq.to(device)
+    load_weights(model, path, device)
+    model.eval().requires_grad_(False)
+    return LoadedModel(path=path, model=model, tokenizer=tokenizer, layout=layout, config=config)
