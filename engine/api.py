@@ -175,10 +175,12 @@ class Synthesizer:
             self.set_groups(built)
         return self._groups[key]
 
-    def decoder(self, settings: DecodingSettings) -> SpeculativeDecoder:
+    def decoder(self, settings: DecodingSettings, batch_size: int | None = None) -> SpeculativeDecoder:
         """A decoder for these settings; the last one is kept (its caches are reused)."""
+        batch = batch_size or self.batch_size
         key = (settings.method, settings.gamma, settings.warp, settings.theta,
-               settings.max_group_size, settings.max_thinning_trials, settings.beta, settings.topk)
+               settings.max_group_size, settings.max_thinning_trials, settings.beta, settings.topk,
+               batch)
         if self._decoder is not None and self._decoder[0] == key:
             return self._decoder[1]
         self._decoder = None  # free the old caches first
@@ -189,11 +191,11 @@ class Synthesizer:
             rule = make_rule(settings.method, groups, settings.beta, settings.topk,
                              settings.max_thinning_trials)
             decoder = SpeculativeDecoder(self.target.model, self.draft.model, rule, settings.warp,
-                                         settings.gamma, self.batch_size, self.max_context,
+                                         settings.gamma, batch, self.max_context,
                                          self.target.layout.eos_out)
         else:
             decoder = SpeculativeDecoder(self.target.model, None, None, settings.warp, 0,
-                                         self.batch_size, self.max_context, self.target.layout.eos_out)
+                                         batch, self.max_context, self.target.layout.eos_out)
         self._decoder = (key, decoder)
         return decoder
 
@@ -219,14 +221,21 @@ class Synthesizer:
         return result, request
 
     def synthesize(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
-                   progress: bool = False) -> tuple[list[SynthesisResult], RunSummary]:
+                   progress: bool = False, batch_size: int | None = None,
+                   ) -> tuple[list[SynthesisResult], RunSummary]:
         """Decode `items` with `settings`; results come back in input order.
+
+        Args:
+            items: texts or `SynthesisItem`s; bad items become error results.
+            settings: decoding settings (defaults: `DecodingSettings()`).
+            progress: show a progress bar.
+            batch_size: override the synthesizer's batch size for this call.
 
         Returns:
             (one result per item, the run's summary).
         """
         settings = settings or DecodingSettings()
-        decoder = self.decoder(settings)
+        decoder = self.decoder(settings, batch_size)
         prepared = [self.prepare(i, item, settings) for i, item in enumerate(items)]
         results = [r for r, _ in prepared]
         requests = [q for _, q in prepared if q is not None]

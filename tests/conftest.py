@@ -25,3 +25,11 @@ def kit_synth(kit_dir):
 
     return Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu",
                             dtype="float32", batch_size=4)
+
+
+@pytest.fixture(scope="session")
+def kit_groups(kit_synth):
+    """Acoustic similarity groups of the kit target at theta 0.4, built once."""
+    from engine.groups.build import build_groups
+
+    return build_groups(kit_synth.speech_embeddings(), 0.4)

@@ -76,6 +76,9 @@ class Verdict:
         accepted: `[B, gamma]` per-position accept decision (counted only inside the prefix).
         trials: `[B]` PCG thinning trials spent on the recovered token (0 otherwise).
         fallback: `[B]` the exact dense residual computation was used.
+        labels: PCG only, `[B, gamma+1]` group label of each position's decision: the draw
+            K_i at judged draft positions, the residual's group at the recovered position,
+            -1 for a bonus token (token-level exact, no label drawn).
     """
 
     num_accepted: torch.Tensor
@@ -83,6 +86,7 @@ class Verdict:
     accepted: torch.Tensor
     trials: torch.Tensor
     fallback: torch.Tensor
+    labels: torch.Tensor | None = None
 
 
 def at_slot(x: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
@@ -95,20 +99,35 @@ def prob_of(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return probs.gather(-1, tokens[..., None])[..., 0].double()
 
 
+@dataclass
+class Judgement:
+    """Per-position decisions `[B, gamma]`, with PCG's group labels `[B, gamma]` when drawn."""
+
+    accepted: torch.Tensor
+    labels: torch.Tensor | None = None
+
+
+@dataclass
+class Recovery:
+    """Token `[B]` emitted at a rejected position, with PCG's bookkeeping."""
+
+    token: torch.Tensor
+    trials: torch.Tensor | None = None
+    fallback: torch.Tensor | None = None
+    label: torch.Tensor | None = None
+
+
 class Rule:
     """An acceptance rule: which draft tokens to accept, and what to emit on rejection."""
 
     name = "rule"
 
-    def accept(self, block: Block) -> torch.Tensor:
-        """`[B, gamma]` bool, each position judged on its own."""
+    def accept(self, block: Block) -> Judgement:
+        """Each position judged on its own."""
         raise NotImplementedError
 
-    def recover(
-        self, block: Block, slot: torch.Tensor, rejected: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(token, trials, fallback) `[B]` for a rejection at `slot` `[B]`; only rows with
-        `rejected` set use the result."""
+    def recover(self, block: Block, slot: torch.Tensor, rejected: torch.Tensor) -> Recovery:
+        """The token for a rejection at `slot` `[B]`; only rows with `rejected` set use it."""
         raise NotImplementedError
 
     def accept_greedy(self, block: Block) -> torch.Tensor:
@@ -116,7 +135,8 @@ class Rule:
 
     def __call__(self, block: Block) -> Verdict:
         gamma = block.gamma
-        accepted = self.accept_greedy(block) if block.greedy else self.accept(block)
+        judged = Judgement(self.accept_greedy(block)) if block.greedy else self.accept(block)
+        accepted = judged.accepted
         num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]
         zeros = torch.zeros_like(num_accepted)
         if block.greedy:
@@ -125,14 +145,16 @@ class Rule:
         bonus = sample_one(block.target_probs[:, gamma], block.uniform(rng.BONUS, gamma))
         slot = num_accepted.clamp(max=gamma - 1)
         full = num_accepted == gamma
-        recovered, trials, fallback = self.recover(block, slot, ~full)
-        return Verdict(
-            num_accepted,
-            torch.where(full, bonus, recovered),
-            accepted,
-            torch.where(full, zeros, trials),
-            fallback & ~full,
-        )
+        rec = self.recover(block, slot, ~full)
+        trials = zeros if rec.trials is None else torch.where(full, zeros, rec.trials)
+        fallback = zeros.bool() if rec.fallback is None else rec.fallback & ~full
+        labels = judged.labels
+        if labels is not None:
+            label = torch.where(full, torch.full_like(rec.label, -1), rec.label)
+            labels = torch.cat([labels, label[:, None]], 1)
+            labels.scatter_(1, num_accepted[:, None], label[:, None])
+        return Verdict(num_accepted, torch.where(full, bonus, rec.token), accepted, trials,
+                       fallback, labels)
 
 
 class ExactRule(Rule):
@@ -140,11 +162,11 @@ class ExactRule(Rule):
 
     name = "exact"
 
-    def accept(self, block: Block) -> torch.Tensor:
+    def accept(self, block: Block) -> Judgement:
         target = prob_of(block.target_probs[:, :-1], block.draft_tokens)
         draft = prob_of(block.draft_probs, block.draft_tokens)
         u = block.uniform(rng.ACCEPT, torch.arange(block.gamma, device=target.device)[None])
-        return u * draft < target  # u < min(1, target / draft) without dividing
+        return Judgement(u * draft < target)  # u < min(1, target / draft) without dividing
 
     def recover(self, block, slot, rejected):
         target = at_slot(block.target_probs, slot)  # [B, V]
@@ -152,9 +174,7 @@ class ExactRule(Rule):
         # All-zero residual only arises from rounding when the two agree: draw from the target.
         empty = residual.sum(-1, keepdim=True) <= 0
         residual = torch.where(empty, target, residual)
-        token = sample_one(residual, block.uniform(rng.RECOVER, slot))
-        zeros = torch.zeros_like(slot)
-        return token, zeros, zeros.bool()
+        return Recovery(sample_one(residual, block.uniform(rng.RECOVER, slot)))
 
 
 class SSDRule(ExactRule):
@@ -165,11 +185,11 @@ class SSDRule(ExactRule):
     def __init__(self, beta: float) -> None:
         self.beta = beta
 
-    def accept(self, block: Block) -> torch.Tensor:
+    def accept(self, block: Block) -> Judgement:
         target = prob_of(block.target_probs[:, :-1], block.draft_tokens)
         draft = prob_of(block.draft_probs, block.draft_tokens)
         u = block.uniform(rng.ACCEPT, torch.arange(block.gamma, device=target.device)[None])
-        return u * draft < target + self.beta * draft
+        return Judgement(u * draft < target + self.beta * draft)
 
 
 class TopKRule(Rule):
@@ -180,16 +200,14 @@ class TopKRule(Rule):
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def accept(self, block: Block) -> torch.Tensor:
+    def accept(self, block: Block) -> Judgement:
         target = block.target_probs[:, :-1]
         kth = torch.topk(target, min(self.k, target.shape[-1]), dim=-1).values[..., -1]
         mine = target.gather(-1, block.draft_tokens[..., None])[..., 0]
-        return (mine >= kth) & (mine > 0)
+        return Judgement((mine >= kth) & (mine > 0))
 
     def recover(self, block, slot, rejected):
-        token = sample_one(at_slot(block.target_probs, slot), block.uniform(rng.RECOVER, slot))
-        zeros = torch.zeros_like(slot)
-        return token, zeros, zeros.bool()
+        return Recovery(sample_one(at_slot(block.target_probs, slot), block.uniform(rng.RECOVER, slot)))
 
 
 class PCGRule(Rule):
@@ -210,13 +228,13 @@ class PCGRule(Rule):
         home = self.groups.home[block.target_argmax[:, :-1]]
         return self.groups.contains(home, block.draft_tokens)
 
-    def accept(self, block: Block) -> torch.Tensor:
+    def accept(self, block: Block) -> Judgement:
         slots = torch.arange(block.gamma, device=block.seeds.device)[None]
         label = self.groups.pick_label(block.draft_tokens, block.uniform(rng.LABEL, slots))
         draft_mass = self.groups.mass(block.draft_probs, label[..., None])[..., 0].double()
         target_mass = self.groups.mass(block.target_probs[:, :-1], label[..., None])[..., 0].double()
         u = block.uniform(rng.ACCEPT, slots)
-        return u * draft_mass < target_mass  # u < min(1, Q_c / P_c)
+        return Judgement(u * draft_mass < target_mass, label)  # u < min(1, Q_c / P_c)
 
     def recover(self, block, slot, rejected):
         target = at_slot(block.target_probs, slot)  # [B, V]
@@ -232,13 +250,15 @@ class PCGRule(Rule):
         found = keep.any(-1)
         first = keep.long().argmax(-1)  # first kept trial
         token = tokens.gather(-1, first[:, None])[:, 0]
+        label = labels.gather(-1, first[:, None])[:, 0]
         trials = torch.where(found, first + 1, torch.full_like(first, t))
         if bool((rejected & ~found).any()):  # rare: one host sync, only then
-            dense = self.exact_residual(target, draft, block, slot)
-            token = torch.where(found, token, dense)
-        return token, trials, ~found
+            dense_token, dense_label = self.exact_residual(target, draft, block, slot)
+            token = torch.where(found, token, dense_token)
+            label = torch.where(found, label, dense_label)
+        return Recovery(token, trials, ~found, label)
 
-    def exact_residual(self, target, draft, block: Block, slot) -> torch.Tensor:
+    def exact_residual(self, target, draft, block: Block, slot) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact draw from the group residual with all group masses (one sparse sum per row):
         K ~ max(0, Q_c - P_c), then y in G_K with prob w[K, y] target(y) / Q_c(G_K)."""
         target_mass = self.groups.all_masses(target)  # [B, M]
@@ -249,7 +269,7 @@ class PCGRule(Rule):
         ids, valid = self.groups.padded_members(label)  # [B, m]
         inside = (target * self.groups.inv_n).gather(-1, ids) * valid
         pick = sample_one(inside, block.uniform(rng.FALLBACK_TOKEN, slot))
-        return ids.gather(-1, pick[:, None])[:, 0]
+        return ids.gather(-1, pick[:, None])[:, 0], label
 
 
 def make_rule(method: str, groups: GroupIndex | None = None, beta: float = 0.3, k: int = 50,

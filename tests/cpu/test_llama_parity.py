@@ -1,0 +1,77 @@
+"""Our Llama forward against transformers' LlamaForCausalLM: prefill, then incremental steps,
+rows of different lengths in one batch, GQA and llama3 rope scaling (the kit uses both)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from engine.models.loading import ModelLoadError, load_model
+
+
+@pytest.fixture(scope="module")
+def pair(kit_dir):
+    ours = load_model(kit_dir / "target", dtype="float32")
+    ref = LlamaForCausalLM.from_pretrained(str(kit_dir / "target"), dtype=torch.float32).eval()
+    return ours, ref
+
+
+def reference_logits(ref, ids, columns):
+    with torch.no_grad():
+        return ref(torch.tensor([ids])).logits[0][:, columns]
+
+
+def test_prefill_and_incremental_match_transformers_with_ragged_rows(pair):
+    ours, ref = pair
+    model, columns = ours.model, ours.model.output_token_ids
+    gen = torch.Generator().manual_seed(0)
+    lengths = [9, 17, 4]
+    rows = [torch.randint(0, ours.layout.vocab_size, (n,), generator=gen).tolist() for n in lengths]
+    width = max(lengths)
+    tokens = torch.zeros(3, width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = torch.tensor(r)
+    cache = model.new_cache(3, 64)
+    logits = model(tokens, torch.arange(width).expand(3, -1), cache, kv_len=32)
+    for i, r in enumerate(rows):
+        ref_logits = reference_logits(ref, r, columns)
+        assert torch.allclose(logits[i, : len(r)], ref_logits, atol=1e-4, rtol=1e-4)
+    # three incremental rounds; each row continues from its own length (right padding of the
+    # prefill is overwritten), with 1, 3 and 2 new tokens per round
+    for step, t in enumerate((1, 3, 2)):
+        new = torch.randint(ours.layout.first_speech, ours.layout.vocab_size, (3, t), generator=gen)
+        lens = torch.tensor([len(r) for r in rows])
+        pos = lens[:, None] + torch.arange(t)
+        logits = model(new, pos, cache, kv_len=64)
+        for i in range(3):
+            rows[i] = rows[i] + new[i].tolist()
+            ref_logits = reference_logits(ref, rows[i], columns)[-t:]
+            assert torch.allclose(logits[i], ref_logits, atol=1e-4, rtol=1e-4), (step, i)
+
+
+def test_cache_slots_let_rows_live_anywhere_in_the_batch(pair):
+    ours, ref = pair
+    model, columns = ours.model, ours.model.output_token_ids
+    ids = list(range(700, 712))
+    cache = model.new_cache(4, 32)
+    slot = torch.tensor([2])
+    model(torch.tensor([ids[:-1]]), torch.arange(11)[None], cache, 16, slots=slot, logits_at="none")
+    last = model(torch.tensor([ids[-1:]]), torch.tensor([[11]]), cache, 16, slots=slot)
+    assert torch.allclose(last[0, 0], reference_logits(ref, ids, columns)[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_head_is_restricted_to_speech_and_end_of_speech(pair):
+    ours, _ = pair
+    layout = ours.layout
+    assert ours.model.vocab_out == 65537
+    assert ours.model.output_token_ids[0] == layout.first_speech
+    assert ours.model.output_token_ids[-1] == layout.speech_end
+
+
+def test_missing_or_foreign_checkpoints_fail_clearly(tmp_path, kit_dir):
+    with pytest.raises(ModelLoadError, match="does not exist.*kit build"):
+        load_model(tmp_path / "nope")
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(ModelLoadError, match="gpt2"):
+        load_model(tmp_path)
