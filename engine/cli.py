@@ -44,9 +44,12 @@ def cmd_kit_build(args) -> int:
 
 
 def read_items(args) -> list:
+    """Items from --text and --texts-file; `.jsonl` rows may name a voice-prompt clip
+    (`prompt_audio`), returned separately as {item index: clip path}."""
     from engine.api import SynthesisItem
 
     items = [SynthesisItem(text=t) for t in args.text or []]
+    clips: dict[int, str] = {}
     if args.texts_file:
         path = Path(args.texts_file)
         if not path.is_file():
@@ -57,14 +60,33 @@ def read_items(args) -> list:
             if path.suffix == ".jsonl":
                 try:
                     row = json.loads(line)
+                    clip = row.pop("prompt_audio", None)
+                    if clip is not None:
+                        clips[len(items)] = str(path.parent / clip)
                     items.append(SynthesisItem(**row))
-                except (json.JSONDecodeError, TypeError) as exc:
+                except (json.JSONDecodeError, TypeError, AttributeError) as exc:
                     raise UsageError(f"{path}:{n}: not a valid item ({exc})") from exc
             else:
                 items.append(SynthesisItem(text=line.strip()))
     if not items:
         raise UsageError("give texts with --text or --texts-file")
-    return items
+    return items, clips
+
+
+def resolve_clips(items: list, clips: dict[int, str], codec_dir: Path | None, device: str) -> None:
+    """Encode voice-prompt clips (cached by content) into the items' prompt codes."""
+    if not clips:
+        return
+    if codec_dir is None:
+        raise UsageError("items name voice-prompt clips: give --codec DIR (or --kit DIR)")
+    from engine.codec.prompts import PromptCache, load_voice_prompt
+    from engine.codec.xcodec2 import Xcodec2Codec
+
+    codec = Xcodec2Codec.load(codec_dir, device="cpu", dtype="float32", encoder_device=device)
+    cache = PromptCache()
+    for i, clip in clips.items():
+        prompt = load_voice_prompt(items[i].prompt_text or "", audio=clip, codec=codec, cache=cache)
+        items[i].prompt_codes = list(prompt.codes)
 
 
 def settings_from(args, method: str) -> DecodingSettings:
@@ -85,20 +107,53 @@ def summary_table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def output_kind(out: str | None) -> str | None:
+    if out is None:
+        return None
+    suffix = Path(out).suffix.lower()
+    if suffix not in (".json", ".parquet"):
+        raise UsageError(f"--out {out}: use a .json (codes + statistics) or .parquet (audio dataset) path")
+    return suffix[1:]
+
+
+def per_method(path: Path, method: str, several: bool) -> Path:
+    """`out.parquet` -> `out.pcg.parquet` when several methods write."""
+    return path.with_name(f"{path.stem}.{method}{path.suffix}") if several else path
+
+
+def write_audio(args, synth, items, settings, results, codec_dir, several: bool) -> None:
+    from engine.codec.export import export_audio
+    from engine.codec.prompts import prompts_of
+
+    parquet = per_method(Path(args.out), settings.method, several) if output_kind(args.out) == "parquet" else None
+    wav_dir = Path(args.wav_dir) / settings.method if (args.wav_dir and several) else args.wav_dir
+    if codec_dir is None:
+        raise UsageError("writing audio needs an X-codec2 checkpoint: give --codec DIR (or --kit DIR)")
+    done = export_audio(results, settings, codec_dir, parquet_path=parquet, wav_dir=wav_dir,
+                        device=args.device, audio_format=args.audio_format,
+                        prompts=prompts_of(items), prompt_audio=args.prompt_audio)
+    where = " and ".join(str(x) for x in (done["parquet"], done["wav_dir"]) if x)
+    print(f"[{settings.method}] {done['with_audio']} clips, {done['audio_seconds']:.1f} s of audio "
+          f"written to {where}")
+
+
 def cmd_generate(args) -> int:
     from engine.api import Synthesizer
 
     methods = ["ar", "exact", "pcg", "ssd", "topk"] if args.method == "all" else [args.method]
     all_settings = [settings_from(args, m) for m in methods]  # validate before loading anything
-    items = read_items(args)
+    kind = output_kind(args.out)
+    items, clips = read_items(args)
     target = args.target or (Path(args.kit) / "target" if args.kit else None)
     draft = args.draft or (Path(args.kit) / "draft" if args.kit else None)
+    codec_dir = Path(args.codec) if args.codec else (Path(args.kit) / "codec" if args.kit else None)
     if target is None:
         raise UsageError("give --kit DIR or --target DIR (and --draft DIR)")
     if draft is None and any(s.speculative for s in all_settings):
         raise UsageError(f"method {args.method!r} needs a draft: give --draft DIR (or use --method ar)")
     synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
                              batch_size=args.batch_size)
+    resolve_clips(items, clips, codec_dir, args.device)
     runs = []
     for settings in all_settings:
         results, summary = synth.synthesize(items, settings, progress=not args.quiet)
@@ -106,9 +161,11 @@ def cmd_generate(args) -> int:
         for r in results:
             if r.error:
                 print(f"item {r.id}: {r.error}", file=sys.stderr)
+        if kind == "parquet" or args.wav_dir:
+            write_audio(args, synth, items, settings, results, codec_dir, len(all_settings) > 1)
     summaries = [r["summary"] for r in runs]
     print(summary_table(summaries))
-    if args.out:
+    if kind == "json":
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         doc = {"target": str(target), "draft": str(draft) if draft else None,
@@ -126,13 +183,14 @@ def add_generate(sub) -> None:
     src.add_argument("--kit", help="a tiny kit directory (uses its target and draft)")
     src.add_argument("--target", help="target checkpoint directory (Hugging Face format)")
     src.add_argument("--draft", help="draft checkpoint directory (same vocabulary as the target)")
+    src.add_argument("--codec", help="X-codec2 checkpoint directory (for audio output and clips)")
     src.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     src.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     src.add_argument("--batch-size", type=int, default=8)
     inp = p.add_argument_group("input")
     inp.add_argument("--text", action="append", help="a text to speak (repeatable)")
-    inp.add_argument("--texts-file", help="one text per line, or .jsonl items "
-                                          "{id, text, prompt_text, prompt_codes, seed}")
+    inp.add_argument("--texts-file", help="one text per line, or .jsonl items {id, text, prompt_text, "
+                                          "prompt_codes | prompt_audio (a clip path), seed}")
     dec = p.add_argument_group("decoding (defaults: see DecodingSettings)")
     dec.add_argument("--method", default="pcg", choices=METHOD_CHOICES)
     dec.add_argument("--gamma", type=int)
@@ -146,7 +204,14 @@ def add_generate(sub) -> None:
     dec.add_argument("--repetition-penalty", type=float)
     dec.add_argument("--max-new-tokens", type=int)
     dec.add_argument("--seed", type=int)
-    p.add_argument("--out", help="write codes + statistics as JSON here")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", help="FILE.json: codes + statistics; FILE.parquet: an audio dataset "
+                                   "(one file per method, FILE.METHOD.parquet, with --method all)")
+    out.add_argument("--wav-dir", help="also write one audio file per item here (DIR/METHOD/ with --method all)")
+    out.add_argument("--audio-format", default="wav", choices=["wav", "flac"])
+    out.add_argument("--prompt-audio", default="strip", choices=["strip", "include", "context"],
+                     help="voice-prompt audio in the output: strip (default), include it, or decode "
+                          "with it as context and cut it")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
 
@@ -161,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--force", action="store_true", help="replace an existing kit")
     kb.set_defaults(func=cmd_kit_build)
     add_generate(sub)
+    from engine.codec.cli import register as register_codec
+
+    register_codec(sub)
     return parser
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# OpenMP's default busy-waiting makes 2-thread torch ops up to ~100x slower when the cores are
+# shared (other processes, Ray workers): wait passively. Must be set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

@@ -222,8 +222,12 @@ def build_codec(out: Path, spec: KitSpec) -> None:
                            num_attention_heads=2, num_key_value_heads=2, head_dim=h // 2,
                            quantization_dim=2 * h, encoder_hidden_size=8,
                            semantic_model_config=semantic)
+    from engine.codec.kit import spread_codes
+
     torch.manual_seed(spec.seed)
-    Xcodec2Model(config).eval().save_pretrained(str(out))
+    model = Xcodec2Model(config).eval()
+    spread_codes(model)  # random encoders otherwise map every clip to one code
+    model.save_pretrained(str(out))
 
 
 def build_kit(out_dir: str | Path, spec: KitSpec | None = None, force: bool = False) -> Path:

@@ -71,3 +71,40 @@ def test_mismatched_draft_vocabulary_is_refused(kit_dir, tmp_path, capsys):
                  "--text", "hi", "--method", "exact", "--device", "cpu"])
     assert code == 2
     assert "vocabular" in capsys.readouterr().err
+
+
+def test_generate_writes_an_audio_dataset_and_wav_files_with_a_clip_prompt(kit_dir, tmp_path, capsys):
+    import io
+
+    import numpy as np
+    import pyarrow.parquet as pq
+    import soundfile as sf
+
+    clip = tmp_path / "ref.wav"
+    t = np.arange(int(0.4 * 44_100)) / 44_100
+    sf.write(clip, 0.3 * np.sin(2 * np.pi * 220 * t), 44_100)
+    texts = tmp_path / "items.jsonl"
+    texts.write_text(
+        '{"id": "plain", "text": "Hello there."}\n'
+        '{"id": "cloned", "text": "Say it again.", "prompt_text": "A reference.", "prompt_audio": "ref.wav"}\n')
+    out = tmp_path / "ds.parquet"
+    code = main(["generate", "--kit", str(kit_dir), "--texts-file", str(texts), "--method", "exact",
+                 "--max-new-tokens", "20", "--device", "cpu", "--out", str(out),
+                 "--wav-dir", str(tmp_path / "wav"), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == ["plain", "cloned"]
+    rows = table.to_pylist()
+    cloned = rows[1]
+    assert cloned["prompt_id"] is not None and cloned["method"] == "exact"
+    for row in rows:
+        samples, rate = sf.read(io.BytesIO(row["audio"]["bytes"]))
+        assert rate == 16_000 and len(samples) == 320 * len(row["codes"])
+        wav, _ = sf.read(tmp_path / "wav" / f"{row['id']}.wav")
+        assert np.array_equal(wav, samples)
+    assert "2 clips" in capsys.readouterr().out
+
+
+def test_generate_rejects_an_unknown_output_suffix(kit_dir, capsys):
+    assert main(["generate", "--kit", str(kit_dir), "--text", "hi", "--out", "x.csv"]) == 2
+    assert ".parquet" in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""The codec interface the rest of the engine sees, code validation and length bucketing."""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import torch
+
+CodesLike = Sequence[int] | np.ndarray | torch.Tensor
+
+
+class CodecError(ValueError):
+    """Codes or audio the codec cannot take (empty, out of range, unreadable, wrong shape)."""
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """Speech codes <-> 16 kHz mono waveforms.
+
+    Attributes:
+        sample_rate: samples per second of every waveform in and out.
+        hop_length: samples per code (a decoded item has exactly `len(codes) * hop_length`).
+        codebook_size: codes are integers in `[0, codebook_size)`.
+        fingerprint: identifies the weights (part of voice-prompt cache keys).
+    """
+
+    sample_rate: int
+    hop_length: int
+    codebook_size: int
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def decode(self, codes: Sequence[CodesLike]) -> list[np.ndarray]:
+        """One float32 waveform `[len(codes[i]) * hop_length]` per item, in input order."""
+        ...
+
+    def encode(self, waveforms: Sequence[np.ndarray]) -> list[list[int]]:
+        """One code list per float32 16 kHz mono waveform `[N]`."""
+        ...
+
+
+def as_code_array(codes: CodesLike, codebook_size: int, name: str = "codes") -> np.ndarray:
+    """Check one item's codes and return them as `int64 [T]`.
+
+    Raises:
+        CodecError: empty, not one-dimensional, not integers, or outside `[0, codebook_size)`.
+    """
+    arr = codes.detach().cpu().numpy() if isinstance(codes, torch.Tensor) else np.asarray(codes)
+    if arr.ndim != 1:
+        raise CodecError(f"{name}: expected a flat list of codes, got shape {tuple(arr.shape)}")
+    if arr.size == 0:
+        raise CodecError(f"{name}: no codes to decode (empty)")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise CodecError(f"{name}: codes must be integers, got dtype {arr.dtype}")
+    bad = np.flatnonzero((arr < 0) | (arr >= codebook_size))
+    if bad.size:
+        i = int(bad[0])
+        raise CodecError(f"{name}: code {int(arr[i])} at position {i} is outside [0, {codebook_size}) "
+                         f"({bad.size} such codes)")
+    return arr.astype(np.int64, copy=False)
+
+
+def length_batches(lengths: Sequence[int], max_batch: int, max_batch_codes: int | None = None
+                   ) -> list[list[int]]:
+    """Group item indices into batches whose items all have the same length.
+
+    X-codec2's decoder is non-causal and takes no attention mask, so padding would leak into
+    every padded item: only equal lengths may share a batch.
+
+    Args:
+        lengths: code count of each item.
+        max_batch: items per batch at most.
+        max_batch_codes: total codes per batch at most (bounds activation memory); an item
+            longer than this still gets a batch of its own.
+
+    Returns:
+        Lists of indices into `lengths`, longest lengths first (a memory spike shows up early);
+        within a length, indices keep input order.
+    """
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1; got {max_batch}")
+    by_length: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        by_length.setdefault(int(n), []).append(i)
+    batches = []
+    for n in sorted(by_length, reverse=True):
+        cap = max_batch if not max_batch_codes else max(1, min(max_batch, max_batch_codes // max(n, 1)))
+        idx = by_length[n]
+        batches.extend(idx[k:k + cap] for k in range(0, len(idx), cap))
+    return batches

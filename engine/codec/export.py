@@ -1,0 +1,145 @@
+"""Synthesis results -> audio: a Parquet dataset and/or one audio file per item.
+
+Results are processed in windows of `window` items (decoded with equal-length batching, turned
+into WAV/FLAC bytes, written as one Parquet row group and/or files), so a long job never holds
+more than one window of audio in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import time
+from pathlib import Path
+from typing import BinaryIO, Iterator, Sequence
+
+from engine.api import SynthesisResult
+from engine.codec.audio import AUDIO_FORMATS, audio_bytes
+from engine.codec.base import Codec, CodecError, as_code_array
+from engine.codec.prompts import PROMPT_AUDIO_MODES, VoicePrompt, codes_for_audio
+from engine.config import DecodingSettings
+from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer
+
+
+def file_name(item_id: str, fmt: str) -> str:
+    """A safe file name for an item; ids that needed changes get a hash so they stay unique."""
+    clean = re.sub(r"[^A-Za-z0-9._-]", "_", item_id)[:120].lstrip(".") or "_"
+    if clean != item_id:
+        clean += "-" + hashlib.sha256(item_id.encode()).hexdigest()[:8]
+    return f"{clean}.{fmt}"
+
+
+def render_rows(codec: Codec, results: Sequence[SynthesisResult], prompts: Sequence[VoicePrompt | None],
+                prompt_audio: str = "strip", audio_format: str = "wav") -> list[AudioRow]:
+    """Decode one window of results into dataset rows (input order kept).
+
+    Items without codes, with a decoding error or with out-of-range codes become rows with an
+    `error` and no audio; the others are decoded together, equal lengths batched.
+    """
+    rows, todo = [], []  # todo: (row index, codes to decode, leading codes to cut)
+    for i, (res, prompt) in enumerate(zip(results, prompts)):
+        rows.append(AudioRow(result=res, prompt_id=prompt.id if prompt else None,
+                             prompt_audio=prompt_audio if prompt else None))
+        if res.error:
+            continue
+        if not res.codes:
+            rows[i].error = f"no speech codes to decode (finish_reason {res.finish_reason!r})"
+            continue
+        codes, cut = codes_for_audio(res.codes, prompt, prompt_audio)
+        try:
+            todo.append((i, as_code_array(codes, codec.codebook_size, f"item {res.id}"), cut))
+        except CodecError as exc:
+            rows[i].error = str(exc)
+    waves = codec.decode([codes for _, codes, _ in todo])
+    for (i, _, cut), wav in zip(todo, waves):
+        wav = wav[cut * codec.hop_length:]
+        rows[i].audio = audio_bytes(wav, codec.sample_rate, audio_format)
+        rows[i].audio_path = file_name(rows[i].result.id, audio_format)
+        rows[i].num_samples = len(wav)
+    return rows
+
+
+def windows(n: int, size: int) -> Iterator[slice]:
+    return (slice(k, min(k + size, n)) for k in range(0, n, size))
+
+
+def check_export_args(results: Sequence[SynthesisResult], prompts, parquet_path, wav_dir,
+                      audio_format: str, prompt_audio: str) -> None:
+    if parquet_path is None and wav_dir is None:
+        raise ValueError("nothing to write: give a Parquet path and/or a WAV directory")
+    if audio_format not in AUDIO_FORMATS:
+        raise ValueError(f"audio format must be one of {', '.join(AUDIO_FORMATS)}; got {audio_format!r}")
+    if prompt_audio not in PROMPT_AUDIO_MODES:
+        raise ValueError(f"prompt audio mode must be one of {', '.join(PROMPT_AUDIO_MODES)}; "
+                         f"got {prompt_audio!r}")
+    if prompts is not None and len(prompts) != len(results):
+        raise ValueError(f"{len(prompts)} prompts for {len(results)} results: align them (None = no prompt)")
+    if wav_dir is not None and len({r.id for r in results}) != len(results):
+        raise ValueError("item ids repeat: audio files are named by id, so ids must be unique")
+
+
+def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings,
+                 codec_dir: str | Path | None, parquet_path: str | Path | BinaryIO | None = None,
+                 wav_dir: str | Path | None = None, device: str = "cpu", audio_format: str = "wav", *,
+                 dtype: str = "auto", prompts: Sequence[VoicePrompt | None] | None = None,
+                 prompt_audio: str = "strip", codec: Codec | None = None, window: int = 256) -> dict:
+    """Decode results with X-codec2 and write a Parquet shard and/or audio files.
+
+    Args:
+        results: the core's results (any order of success and failure).
+        settings: the settings they were decoded with (stored per row).
+        codec_dir: the X-codec2 checkpoint directory (ignored when `codec` is given).
+        parquet_path: a `.parquet` path (written atomically) or a binary file-like object.
+        wav_dir: a directory for one `{id}.{audio_format}` file per item with audio.
+        device: where the codec decodes (`auto`, `cpu`, `cuda`, `cuda:N`).
+        audio_format: `wav` (16-bit PCM) or `flac` (16-bit), for both outputs.
+        dtype: the codec's dtype (`auto`: bfloat16 on CUDA, float32 on CPU).
+        prompts: each result's voice prompt (None for none), aligned with `results`; see
+            `engine.codec.prompts.prompts_of(items)`.
+        prompt_audio: `strip` (default), `include` or `context`; see `codes_for_audio`.
+        codec: an already loaded codec (workers reuse theirs).
+        window: items decoded and written per step (bounds memory).
+
+    Returns:
+        {rows, with_audio, failed, audio_seconds, codec_seconds, audio_s_per_s, parquet,
+        wav_dir, format}.
+
+    Raises:
+        ValueError: nothing to write, unknown format or mode, misaligned prompts, repeated ids
+            with `wav_dir`; `CodecError` (a ValueError) for a missing or invalid codec.
+    """
+    results = list(results)
+    check_export_args(results, prompts, parquet_path, wav_dir, audio_format, prompt_audio)
+    if codec is None:
+        if codec_dir is None:
+            raise ValueError("give the X-codec2 checkpoint directory (or a loaded codec)")
+        from engine.codec.xcodec2 import Xcodec2Codec
+
+        codec = Xcodec2Codec.load(codec_dir, device=device, dtype=dtype)
+    prompts = list(prompts) if prompts is not None else [None] * len(results)
+    out_dir = Path(wav_dir) if wav_dir is not None else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    with_audio, samples, codec_s = 0, 0, 0.0
+    with contextlib.ExitStack() as stack:
+        writer = (stack.enter_context(parquet_writer(parquet_path, dataset_schema(codec.sample_rate)))
+                  if parquet_path is not None else None)
+        for part in windows(len(results), window):
+            start = time.perf_counter()
+            rows = render_rows(codec, results[part], prompts[part], prompt_audio, audio_format)
+            codec_s += time.perf_counter() - start
+            if writer is not None:
+                writer.write_table(build_table(rows, settings, codec.sample_rate))
+            for row in rows:
+                if row.audio is None:
+                    continue
+                with_audio, samples = with_audio + 1, samples + row.num_samples
+                if out_dir is not None:
+                    (out_dir / row.audio_path).write_bytes(row.audio)
+    audio_s = samples / codec.sample_rate
+    return {"rows": len(results), "with_audio": with_audio, "failed": len(results) - with_audio,
+            "audio_seconds": round(audio_s, 3), "codec_seconds": round(codec_s, 3),
+            "audio_s_per_s": round(audio_s / codec_s, 2) if codec_s > 0 else None,
+            "parquet": str(parquet_path) if isinstance(parquet_path, (str, Path)) else None,
+            "wav_dir": str(out_dir) if out_dir is not None else None, "format": audio_format}

@@ -1,0 +1,263 @@
+"""X-codec2 through transformers' `Xcodec2Model`: batched decoding, encoding for voice prompts.
+
+Decoding loads only the quantizer and the acoustic decoder (~187 M parameters at full size)
+from the checkpoint; the encoder (Wav2Vec2-BERT semantic model + acoustic encoder, ~430 M) is
+loaded lazily on the first `encode` call, on `encoder_device` (CPU by default), so GPU workers
+that only decode never hold its weights on the GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.codec.base import CodecError, CodesLike, as_code_array, length_batches
+from engine.codec.features import encoder_inputs
+
+HOW_TO_GET = ("Build the tiny kit with `pcg-synth kit build DIR` (its codec is DIR/codec), or copy "
+              "a transformers-format X-codec2 checkpoint (e.g. HKUSTAudio/xcodec2-hf: config.json, "
+              "*.safetensors) to a local directory and pass that directory.")
+DECODER_PREFIXES = ("quantizer.", "acoustic_decoder.")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """`auto` is CUDA when available, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """`auto` is bfloat16 on CUDA and float32 on CPU (CPU bf16 matmuls are slow)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in names:
+        raise ValueError(f"codec dtype must be one of auto, {', '.join(names)}; got {dtype!r}")
+    return names[dtype]
+
+
+def read_codec_config(path: Path):
+    """The checkpoint's `Xcodec2Config`, after checking the directory looks like one."""
+    from transformers import Xcodec2Config
+
+    if not path.is_dir():
+        raise CodecError(f"codec directory {path} does not exist. {HOW_TO_GET}")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CodecError(f"{path} has no config.json. {HOW_TO_GET}")
+    model_type = json.loads(cfg_file.read_text()).get("model_type")
+    if model_type != "xcodec2":
+        raise CodecError(f"{path} holds model_type {model_type!r}, not 'xcodec2'. {HOW_TO_GET}")
+    return Xcodec2Config.from_pretrained(str(path))
+
+
+def weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return [path / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CodecError(f"{path} has no *.safetensors weights. {HOW_TO_GET}")
+    return files
+
+
+class DecoderParts(nn.Module):
+    """The decode path of `Xcodec2Model`, with the checkpoint's parameter names."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers.models.xcodec2.modeling_xcodec2 import Xcodec2Decoder, Xcodec2Quantizer
+
+        config._attn_implementation = "sdpa"  # modules built outside from_pretrained default to eager
+        self.quantizer = Xcodec2Quantizer(config)
+        self.acoustic_decoder = Xcodec2Decoder(config)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """`[B, T]` int64 codes -> `[B, T * hop]` float32 audio (as `Xcodec2Model.decode`)."""
+        latents = self.quantizer.from_codes(codes[..., None])  # [B, T, quantization_dim]
+        return self.acoustic_decoder(latents)[:, 0].float()  # [B, T * hop]
+
+    def place(self, device: torch.device, dtype: torch.dtype) -> "DecoderParts":
+        """Move to `device`; parameters and the FSQ codebook (exact in any float type) take
+        `dtype`, while the ISTFT window and rotary frequencies stay float32 for precision."""
+        self.to(device)
+        for p in self.parameters():
+            p.data = p.data.to(dtype)
+        fsq = self.quantizer.quantizer
+        fsq.codebook = fsq.codebook.to(dtype)
+        return self.eval().requires_grad_(False)
+
+
+def load_decoder_weights(parts: DecoderParts, path: Path) -> None:
+    """Copy only the decode path's tensors from the checkpoint (the encoder's are not read)."""
+    from safetensors import safe_open
+
+    wanted = parts.state_dict()
+    seen = set()
+    for file in weight_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if key in wanted:
+                    wanted[key].copy_(f.get_tensor(key))
+                    seen.add(key)
+    missing = sorted(set(wanted) - seen)
+    if missing:
+        raise CodecError(f"{path}: checkpoint lacks {len(missing)} decoder tensors, e.g. {missing[:3]}")
+
+
+class Xcodec2Codec:
+    """X-codec2 speech codes <-> 16 kHz mono audio (implements `engine.codec.base.Codec`).
+
+    Args:
+        parts: the decode path, already placed on its device.
+        config: the `Xcodec2Config`.
+        path: the checkpoint directory (needed by `encode`; None for random-weight codecs).
+        encoder_device: where `encode` loads the encoder (float32) on first use.
+        max_batch: items decoded together at most.
+        max_batch_codes: codes decoded together at most (bounds activation memory).
+    """
+
+    def __init__(self, parts: DecoderParts, config, path: Path | None = None,
+                 encoder_device: str | torch.device = "cpu", max_batch: int = 32,
+                 max_batch_codes: int = 48_000) -> None:
+        self.parts, self.config, self.path = parts, config, path
+        self.encoder_device = torch.device(encoder_device)
+        self.max_batch, self.max_batch_codes = max_batch, max_batch_codes
+        self.sample_rate = int(config.sampling_rate)
+        self.hop_length = int(config.hop_length)
+        self.codebook_size = int(np.prod(config.quantization_levels))
+        self._encoder = None
+        self._fingerprint: str | None = None
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
+             **kwargs) -> "Xcodec2Codec":
+        """Load the decode path from a local transformers-format checkpoint directory.
+
+        Args:
+            path: directory with `config.json` (model_type xcodec2) and safetensors weights.
+            device: where decoding runs (`auto`: CUDA when available).
+            dtype: `auto` (bfloat16 on CUDA, float32 on CPU), `float32`, `bfloat16`, `float16`.
+            **kwargs: `encoder_device`, `max_batch`, `max_batch_codes` (see the class).
+
+        Raises:
+            CodecError: missing directory, not an X-codec2 checkpoint, missing tensors.
+        """
+        path, device = Path(path), resolve_device(device)
+        dtype = resolve_dtype(dtype, device)  # a bad dtype fails before any loading
+        config = read_codec_config(path)
+        parts = DecoderParts(config)
+        load_decoder_weights(parts, path)
+        return cls(parts.place(device, dtype), config, path, **kwargs)
+
+    @classmethod
+    def from_config(cls, config, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
+                    seed: int = 0, **kwargs) -> "Xcodec2Codec":
+        """A random-weight decoder of any size (benchmarks); it cannot `encode`."""
+        device = resolve_device(device)
+        with torch.random.fork_rng(devices=[]):  # leave the caller's random state alone
+            torch.manual_seed(seed)
+            parts = DecoderParts(config)
+        return cls(parts.place(device, resolve_dtype(dtype, device)), config, None, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts.quantizer.project_out.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts.quantizer.project_out.weight.dtype
+
+    # ---- decoding --------------------------------------------------------------------------
+
+    def check_codes(self, codes: CodesLike, name: str = "codes") -> np.ndarray:
+        """`int64 [T]` after checking (raises `CodecError` on empty or out-of-range codes)."""
+        return as_code_array(codes, self.codebook_size, name)
+
+    @torch.inference_mode()
+    def decode_batch(self, codes: np.ndarray) -> np.ndarray:
+        """`[B, T]` int64 codes of equal length -> `[B, T * hop]` float32 waveforms."""
+        n = codes.shape[1]
+        audio = self.parts(torch.from_numpy(codes).to(self.device))  # [B, T * hop]
+        return audio[:, : n * self.hop_length].cpu().numpy()
+
+    def decode(self, codes: Sequence[CodesLike]) -> list[np.ndarray]:
+        """Decode items, batching equal lengths; waveforms come back in input order.
+
+        Args:
+            codes: per item, a flat sequence of codes in `[0, codebook_size)`.
+
+        Returns:
+            Per item, float32 audio `[len(codes[i]) * hop_length]` at `sample_rate`.
+
+        Raises:
+            CodecError: an item is empty or holds a code out of range (nothing is decoded).
+        """
+        arrays = [self.check_codes(c, f"item {i}") for i, c in enumerate(codes)]
+        out: list[np.ndarray | None] = [None] * len(arrays)
+        for batch in length_batches([len(a) for a in arrays], self.max_batch, self.max_batch_codes):
+            audio = self.decode_batch(np.stack([arrays[i] for i in batch]))
+            for row, i in enumerate(batch):
+                out[i] = audio[row].copy()  # a copy frees the batch array once all rows are out
+        return out  # type: ignore[return-value]
+
+    def decode_iter(self, codes: Iterable[CodesLike], window: int = 256) -> Iterator[np.ndarray]:
+        """Stream waveforms in input order, holding at most `window` items' audio at a time."""
+        chunk: list[CodesLike] = []
+        for c in codes:
+            chunk.append(c)
+            if len(chunk) == window:
+                yield from self.decode(chunk)
+                chunk = []
+        if chunk:
+            yield from self.decode(chunk)
+
+    # ---- encoding (voice prompts) -----------------------------------------------------------
+
+    def encoder(self):
+        """The full `Xcodec2Model` (decoder dropped) on `encoder_device`, loaded on first use."""
+        if self._encoder is None:
+            if self.path is None:
+                raise CodecError("this codec has random weights and no checkpoint: it cannot encode")
+            from transformers import Xcodec2Model
+
+            model = Xcodec2Model.from_pretrained(str(self.path), dtype=torch.float32)
+            model.acoustic_decoder = None  # the decode path lives in self.parts
+            self._encoder = model.to(self.encoder_device).eval().requires_grad_(False)
+        return self._encoder
+
+    @torch.inference_mode()
+    def encode_one(self, waveform: np.ndarray) -> list[int]:
+        """Float 16 kHz mono audio `[N]` -> `N // hop + 1` codes (X-codec2 pads the clip)."""
+        values, features = encoder_inputs(waveform, self.hop_length, self.sample_rate)
+        model = self.encoder()
+        out = model.encode(values.to(self.encoder_device), features.to(self.encoder_device))
+        return out.audio_codes[0, 0].tolist()  # [1, 1, T] -> T codes
+
+    def encode(self, waveforms: Sequence[np.ndarray]) -> list[list[int]]:
+        """Codes of each waveform; one at a time, since the encoder's convolutions would see
+        padding (prompts are few and cached, see `engine.codec.prompts`)."""
+        return [self.encode_one(w) for w in waveforms]
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the checkpoint's config and weights: part of every prompt-cache key."""
+        if self._fingerprint is None:
+            if self.path is None:
+                raise CodecError("a random-weight codec has no fingerprint")
+            digest = hashlib.sha256((self.path / "config.json").read_bytes())
+            for file in weight_files(self.path):
+                with open(file, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 24), b""):
+                        digest.update(block)
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint

@@ -1,0 +1,159 @@
+"""The output dataset: one Parquet file per shard that `datasets.load_dataset("parquet")` reads
+with an `Audio` column.
+
+`build_table` is a pure function (rows -> `pyarrow.Table`) so Ray workers can build a shard's
+table anywhere; `parquet_writer` / `write_parquet` write tables to a local path (atomically,
+through a temporary file and a rename) or to any binary file-like object (the storage layer
+hands in S3 streams).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.api import SynthesisResult
+from engine.config import DecodingSettings
+from engine.decoding.stats import RowStats
+
+SAMPLING_RATE = 16_000
+CODES_PER_SECOND = 50
+
+
+def huggingface_metadata(sampling_rate: int = SAMPLING_RATE) -> dict[bytes, bytes]:
+    """Schema metadata that makes `datasets` type the `audio` column as `Audio`; the other
+    columns' features are inferred from their Arrow types."""
+    features = {"audio": {"_type": "Audio", "sampling_rate": sampling_rate}}
+    return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+
+
+def _arrow_type(value) -> pa.DataType:
+    if isinstance(value, bool):
+        return pa.bool_()
+    if isinstance(value, int):
+        return pa.int64()
+    if isinstance(value, float):
+        return pa.float64()
+    if isinstance(value, list):
+        return pa.list_(_arrow_type(value[0]))
+    raise TypeError(f"no Arrow type for statistic value {value!r}")
+
+
+def stats_type() -> pa.StructType:
+    """Struct of `RowStats.to_dict()`, typed from a populated example so that statistics added
+    to `RowStats` appear here without editing the schema."""
+    example = RowStats(rounds=1, emitted=1, reached=[1], accepted=[1]).to_dict()
+    return pa.struct([(k, _arrow_type(v)) for k, v in example.items()])
+
+
+def dataset_schema(sampling_rate: int = SAMPLING_RATE) -> pa.Schema:
+    """Columns of a shard (nullable unless said; see the README section for their meaning)."""
+    fields = [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("text", pa.string()),
+        # Exactly `datasets.Audio`'s storage type, so its metadata feature matches the field.
+        pa.field("audio", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+        pa.field("codes", pa.list_(pa.int32())),  # generated X-codec2 codes, prompt excluded
+        pa.field("num_codes", pa.int32()),
+        pa.field("duration", pa.float64()),  # seconds of audio in `audio`; null without audio
+        pa.field("sampling_rate", pa.int32()),
+        pa.field("prompt_id", pa.string()),
+        pa.field("prompt_audio", pa.string()),  # strip | include | context; null without prompt
+        pa.field("method", pa.string()),
+        pa.field("settings", pa.string()),  # DecodingSettings as JSON (sorted keys)
+        pa.field("seed", pa.int64()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("stats", stats_type()),
+        pa.field("error", pa.string()),
+    ]
+    return pa.schema(fields, metadata=huggingface_metadata(sampling_rate))
+
+
+@dataclass
+class AudioRow:
+    """One synthesized item and what the codec made of it.
+
+    Attributes:
+        result: the decoding core's result (codes, finish reason, stats, decoding error).
+        audio: WAV/FLAC file bytes, or None when no audio was produced.
+        audio_path: the file name kept in `audio.path` (its extension tells the format).
+        num_samples: samples in `audio` (at the dataset's sampling rate).
+        prompt_id: the voice prompt's id, if one was used.
+        prompt_audio: how the prompt's codes entered the audio (strip | include | context).
+        error: a codec-side error; a decoding error in `result.error` takes precedence.
+    """
+
+    result: SynthesisResult
+    audio: bytes | None = None
+    audio_path: str | None = None
+    num_samples: int = 0
+    prompt_id: str | None = None
+    prompt_audio: str | None = None
+    error: str | None = None
+
+
+def build_table(rows: Sequence[AudioRow], settings: DecodingSettings,
+                sampling_rate: int = SAMPLING_RATE) -> pa.Table:
+    """A shard's rows as a table with `dataset_schema(sampling_rate)` (pure: no I/O)."""
+    settings_json = json.dumps(settings.model_dump(), sort_keys=True)
+    columns: dict[str, list] = {name: [] for name in dataset_schema(sampling_rate).names}
+    for row in rows:
+        res = row.result
+        has_audio = row.audio is not None
+        values = {
+            "id": res.id,
+            "text": res.text,
+            "audio": {"bytes": row.audio, "path": row.audio_path} if has_audio else None,
+            "codes": list(res.codes),
+            "num_codes": len(res.codes),
+            "duration": row.num_samples / sampling_rate if has_audio else None,
+            "sampling_rate": sampling_rate,
+            "prompt_id": row.prompt_id,
+            "prompt_audio": row.prompt_audio if row.prompt_id is not None else None,
+            "method": settings.method,
+            "settings": settings_json,
+            "seed": res.seed,
+            "finish_reason": res.finish_reason,
+            "stats": res.stats.to_dict() if res.stats is not None else None,
+            "error": res.error or row.error,
+        }
+        for name, value in values.items():
+            columns[name].append(value)
+    return pa.Table.from_pydict(columns, schema=dataset_schema(sampling_rate))
+
+
+@contextlib.contextmanager
+def parquet_writer(dest: str | Path | BinaryIO, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
+    """A Parquet writer for `dest`; each `write_table` call adds row groups.
+
+    A path is written to a temporary sibling and renamed into place on success (readers never
+    see half a file; a failure leaves no file). A file-like object is written as is and left
+    open for its owner.
+    """
+    if not isinstance(dest, (str, Path)):
+        with pq.ParquetWriter(dest, schema, compression="zstd") as writer:
+            yield writer
+        return
+    path = Path(dest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
+            yield writer
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_parquet(table: pa.Table, dest: str | Path | BinaryIO) -> int:
+    """Write one table (one shard) to `dest`; returns its row count."""
+    with parquet_writer(dest, table.schema) as writer:
+        writer.write_table(table)
+    return table.num_rows
