@@ -20,7 +20,7 @@ from engine.config import DecodingSettings
 from engine.decoding.speculative import Request, SpeculativeDecoder
 from engine.decoding.stats import RowStats, aggregate
 from engine.decoding.verify import make_rule
-from engine.groups.build import build_groups
+from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
 from engine.models.llasa import DEFAULT_DATE_STRING, LlasaPrompter
 from engine.models.loading import LoadedModel, load_model
@@ -168,11 +168,12 @@ class Synthesizer:
         self._groups[key] = GroupIndex(groups, self.target.layout.vocab_out, self.device)
 
     def groups(self, theta: float, max_group_size: int | None = None) -> GroupIndex:
-        """The group index for (theta, cap), built from the target's embeddings on first use."""
+        """The group index for (theta, cap): from the content-addressed groups cache
+        (`$PCG_SYNTH_CACHE/groups`, else `~/.cache/pcg-synth/groups`), built and stored there
+        from the target's embeddings only when absent."""
         key = (theta, max_group_size)
         if key not in self._groups:
-            built = build_groups(self.speech_embeddings(), theta, max_group_size)
-            self.set_groups(built)
+            self.set_groups(get_groups(self.speech_embeddings(), theta, max_group_size))
         return self._groups[key]
 
     def decoder(self, settings: DecodingSettings, batch_size: int | None = None) -> SpeculativeDecoder:

@@ -216,6 +216,59 @@ def add_generate(sub) -> None:
     p.set_defaults(func=cmd_generate)
 
 
+# ---- jobs -------------------------------------------------------------------------------------
+
+
+def cmd_run(args) -> int:
+    from engine.config import JobSpec
+    from engine.runtime.job import JobRunner
+
+    spec = JobSpec.load(args.spec)
+    summary = JobRunner(spec, address=args.address, progress=not args.quiet).run()
+    if args.quiet:
+        print(json.dumps({k: summary[k] for k in ("job", "output", "rows_ok", "rows_failed", "audio_seconds")}))
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from engine.runtime.submit import submit
+
+    job_id = submit(args.spec, args.address, args.runtime_env)
+    print(f"submitted {job_id}\n  follow: pcg-synth status {job_id} --address {args.address} --wait")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from engine.runtime.submit import status
+
+    state, tail = status(args.job_id, args.address, wait=args.wait)
+    print(f"{args.job_id}: {state}\n{tail}")
+    return 0 if state in ("SUCCEEDED", "RUNNING", "PENDING") else 1
+
+
+def add_jobs(sub) -> None:
+    p = sub.add_parser("run", help="run a synthesis job spec on Ray (a local cluster by default)",
+                       description="Validate JOB.yaml, plan shards over its manifests, run synthesis "
+                                   "workers on Ray and write an Arrow/Parquet audio dataset with "
+                                   "summary.json. Rerunning resumes: committed shards are skipped.")
+    p.add_argument("spec", help="job spec (YAML); see jobs/quickstart.yaml")
+    p.add_argument("--address", help="Ray cluster address (auto, ray://HEAD:10001); default: local Ray")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or table; print a JSON line")
+    p.set_defaults(func=cmd_run)
+    s = sub.add_parser("submit", help="submit a job spec to a Ray cluster (Ray Jobs API)",
+                       description="Validate JOB.yaml here, upload it and run `pcg-synth run` on the "
+                                   "cluster. Paths in the spec must be s3:// URIs or exist on every node.")
+    s.add_argument("spec")
+    s.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
+    s.add_argument("--runtime-env", default=None, help="runtime env YAML (see cluster/runtime-env.yaml)")
+    s.set_defaults(func=cmd_submit)
+    st = sub.add_parser("status", help="status and log tail of a submitted job")
+    st.add_argument("job_id")
+    st.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
+    st.add_argument("--wait", action="store_true", help="block until the job ends")
+    st.set_defaults(func=cmd_status)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcg-synth", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -226,22 +279,34 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--force", action="store_true", help="replace an existing kit")
     kb.set_defaults(func=cmd_kit_build)
     add_generate(sub)
+    add_jobs(sub)
     from engine.codec.cli import register as register_codec
+    from engine.groups.cli import register as register_groups
 
     register_codec(sub)
+    register_groups(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.groups.distributed import GroupBuildError
+    from engine.io.storage import StorageError
     from engine.models.loading import ModelLoadError
+    from engine.runtime.pool import JobFailed
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ValidationError as exc:
         print(f"error: {format_validation(exc)}", file=sys.stderr)
-    except (UsageError, ModelLoadError, FileExistsError, ValueError) as exc:
+    except (UsageError, ModelLoadError, FileExistsError, ValueError, StorageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+    except (JobFailed, GroupBuildError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: committed shards are kept; rerun the same command to resume", file=sys.stderr)
+        return 130
     return 2
 
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 # OpenMP's default busy-waiting makes 2-thread torch ops up to ~100x slower when the cores are
 # shared (other processes, Ray workers): wait passively. Must be set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Caches (groups, fetched checkpoints, voice prompts) go to a fresh directory per session, never
+# the user's ~/.cache; Ray workers inherit it.
+os.environ["PCG_SYNTH_CACHE"] = tempfile.mkdtemp(prefix="pcg-synth-test-cache-")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -32,11 +37,19 @@ def kit_synth(kit_dir):
 
 
 @pytest.fixture(scope="session")
-def kit_groups(kit_synth):
-    """Acoustic similarity groups of the kit target at theta 0.4, built once."""
-    from engine.groups.build import build_groups
+def groups_cache():
+    """The session's groups cache (the default `Synthesizer.groups()` uses; jobs point
+    models.groups_cache here)."""
+    return Path(os.environ["PCG_SYNTH_CACHE"]) / "groups"
 
-    return build_groups(kit_synth.speech_embeddings(), 0.4)
+
+@pytest.fixture(scope="session")
+def kit_groups(kit_synth, groups_cache):
+    """Acoustic similarity groups of the kit target at theta 0.4, built once into the session's
+    groups cache (jobs over the kit then find them there)."""
+    from engine.groups.cache import get_groups
+
+    return get_groups(kit_synth.speech_embeddings(), 0.4, cache_dir=groups_cache)
 
 
 def _free_port() -> int:

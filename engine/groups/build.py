@@ -1,23 +1,45 @@
-"""Range search over speech-token embeddings -> Acoustic Similarity Groups.
+"""Range search over speech-token embeddings -> Acoustic Similarity Groups (PCG_SPEC.md section 1).
 
-`G(t) = { t' : cos(e_t, e_t') >= theta }`, every token in its own group. The torch backend
-computes cosines block by block (a matmul per block of query rows against the whole table), on
-whatever device the tensors live.
+`G(t) = { t' : cos(e_t, e_t') >= theta }`, every token in its own group.
+
+Identical results whatever the backend or the number of workers: a backend (`search.py`) only
+proposes candidates whose float32 cosine is >= `theta - EXACT_BAND`; pairs within `EXACT_BAND`
+of the threshold are then decided on a canonical float64 cosine of the same float32 unit rows
+(`exact_cosines`), which does not depend on the backend's summation order. Away from the
+threshold the float32 error (< 2e-4 for unit vectors at D = 2048, ~1e-6 in practice) cannot
+change a decision. The same holds for the cut at `max_group_size` (`cap.py`).
 """
 
 from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from engine.groups.cap import apply_cap
 from engine.groups.csr import SpeechGroups
+from engine.groups.search import Candidates, Searcher, exact_cosines, make_searcher
+
+EXACT_BAND = 1e-3  # cosines this close to a decision boundary are recomputed in float64
+SLICE_ROWS = 4096  # query rows per slice: a unit of progress and of distributed work
 
 
 def check_theta(theta: float) -> float:
-    if not isinstance(theta, (int, float)) or not 0.0 < float(theta) <= 1.0:
+    if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not 0.0 < float(theta) <= 1.0:
         raise ValueError(f"theta must lie in (0, 1] (a cosine threshold); got {theta!r}")
     return float(theta)
+
+
+def check_cap(max_group_size: int | None) -> int | None:
+    if max_group_size is None:
+        return None
+    if isinstance(max_group_size, bool) or not isinstance(max_group_size, numbers.Integral) \
+            or max_group_size < 1:
+        raise ValueError(f"max_group_size must be a positive integer or None; got {max_group_size!r}")
+    return int(max_group_size)
 
 
 def normalise(embeddings: torch.Tensor) -> torch.Tensor:
@@ -29,6 +51,61 @@ def normalise(embeddings: torch.Tensor) -> torch.Tensor:
     return x / norms
 
 
+def unit_rows(embeddings: torch.Tensor | np.ndarray) -> np.ndarray:
+    """`[V, D]` -> host float32 unit rows, C-contiguous: the one input every backend sees."""
+    if embeddings.ndim != 2 or embeddings.shape[0] == 0:
+        raise ValueError(f"embeddings must be a non-empty [tokens, dim] matrix; got shape "
+                         f"{tuple(embeddings.shape)}")
+    x = normalise(torch.as_tensor(embeddings).detach())
+    return np.ascontiguousarray(x.cpu().numpy())
+
+
+def threshold(x: np.ndarray, cand: Candidates, lo: int, hi: int, theta: float) -> Candidates:
+    """Members of `G(q)` for `lo <= q < hi` from candidates found at a floor <= `theta - EXACT_BAND`.
+
+    Self pairs are forced in with similarity +inf (a token is always in its own group, even
+    at theta = 1 where its float cosine with itself may round below 1).
+    """
+    other = cand.rows != cand.cols
+    rows, cols, sims = cand.rows[other], cand.cols[other], cand.sims[other].copy()
+    near = np.abs(sims - theta) < EXACT_BAND  # the only pairs float32 rounding could misjudge
+    sims[near] = exact_cosines(x, rows[near], cols[near])
+    keep = sims >= theta
+    own = np.arange(lo, hi, dtype=np.int64)
+    return Candidates(np.concatenate([own, rows[keep]]), np.concatenate([own, cols[keep]]),
+                      np.concatenate([np.full(hi - lo, np.inf), sims[keep]]))
+
+
+@dataclass
+class Slice:
+    """Groups of query rows `lo..hi-1` as a CSR fragment (what a worker sends back)."""
+
+    lo: int
+    hi: int
+    indptr: np.ndarray  # [hi - lo + 1] int64, local offsets
+    members: np.ndarray  # [nnz] int32, sorted within each row
+    full_sizes: np.ndarray  # [hi - lo] int32 group sizes before the cap
+    truncated: int
+
+
+def search_slice(searcher: Searcher, x: np.ndarray, lo: int, hi: int, theta: float,
+                 max_group_size: int | None) -> Slice:
+    """Decide the groups of query rows `lo..hi-1` against the whole table."""
+    kept = threshold(x, searcher(lo, hi, theta - EXACT_BAND), lo, hi, theta)
+    full_sizes = np.bincount(kept.rows - lo, minlength=hi - lo).astype(np.int32)
+    truncated = 0
+    if max_group_size is not None:
+        kept, truncated = apply_cap(x, kept, lo, hi, max_group_size, EXACT_BAND)
+    order = np.lexsort((kept.cols, kept.rows))
+    counts = np.bincount(kept.rows - lo, minlength=hi - lo)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return Slice(lo, hi, indptr, kept.cols[order].astype(np.int32), full_sizes, truncated)
+
+
+def slice_bounds(num_tokens: int, slice_rows: int = SLICE_ROWS) -> list[tuple[int, int]]:
+    return [(lo, min(lo + slice_rows, num_tokens)) for lo in range(0, num_tokens, slice_rows)]
+
+
 def pairs_to_csr(rows: np.ndarray, cols: np.ndarray, num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """Sorted, de-duplicated (row, col) pairs -> (indptr, members)."""
     keys = np.unique(rows.astype(np.int64) * num_tokens + cols.astype(np.int64))
@@ -37,68 +114,77 @@ def pairs_to_csr(rows: np.ndarray, cols: np.ndarray, num_tokens: int) -> tuple[n
     return indptr, c
 
 
-def range_search_torch(
-    embeddings: torch.Tensor,
-    theta: float,
-    max_group_size: int | None = None,
-    block: int = 1024,
-    progress: bool = False,
-    query_rows: tuple[int, int] | None = None,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Pairs `(query, member)` with cosine >= theta, for query rows `query_rows` (all by default).
+def member_dtype(num_tokens: int) -> np.dtype:
+    return np.dtype(np.uint16) if num_tokens <= 65536 else np.dtype(np.int32)
 
-    With `max_group_size`, each query keeps its `max_group_size` most similar members (itself
-    always among them) and groups that had more are counted as truncated.
 
-    Returns:
-        (query ids, member ids, number of truncated groups).
+def assemble(slices: list[Slice], num_tokens: int, theta: float,
+             max_group_size: int | None) -> SpeechGroups:
+    """Merge slice fragments (any order) into one CSR.
+
+    Uncapped groups are symmetrised (union with the transpose); with exact decisions this adds
+    nothing, and `meta["symmetrised_pairs"]` reports it if it ever does. Capped groups may be
+    asymmetric by design; the decoding index uses their transpose for S(t).
     """
-    theta = check_theta(theta)
-    x = normalise(embeddings)
-    n = x.shape[0]
-    lo, hi = query_rows or (0, n)
-    rows, cols, truncated = [], [], 0
-    starts = range(lo, hi, block)
-    for start in tqdm(starts, desc="range search", disable=not progress, unit="block"):
-        stop = min(start + block, hi)
-        sims = x[start:stop] @ x.T  # [blk, V]
-        local = torch.arange(stop - start, device=x.device)
-        sims[local, local + start] = 2.0  # a token is always in its own group
-        hit = sims >= theta
-        if max_group_size is not None:
-            counts = hit.sum(-1)
-            truncated += int((counts > max_group_size).sum())
-            k = min(max_group_size, n)
-            vals, idx = torch.topk(sims, k, dim=-1)
-            keep = vals >= theta
-            r = local[:, None].expand_as(idx)[keep] + start
-            c = idx[keep]
-        else:
-            r, c = hit.nonzero(as_tuple=True)
-            r = r + start
-        rows.append(r.cpu().numpy())
-        cols.append(c.cpu().numpy())
-    return np.concatenate(rows), np.concatenate(cols), truncated
+    slices = sorted(slices, key=lambda s: s.lo)
+    edges = [0] + [s.hi for s in slices]
+    if [s.lo for s in slices] != edges[:-1] or edges[-1] != num_tokens:
+        raise ValueError(f"slices {[(s.lo, s.hi) for s in slices]} do not tile 0..{num_tokens}")
+    members = np.concatenate([s.members for s in slices]).astype(np.int64)
+    sizes = np.concatenate([np.diff(s.indptr) for s in slices])
+    indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    added = 0
+    if max_group_size is None:
+        rows = np.repeat(np.arange(num_tokens, dtype=np.int64), sizes)
+        indptr, members = pairs_to_csr(np.concatenate([rows, members]),
+                                       np.concatenate([members, rows]), num_tokens)
+        added = int(indptr[-1] - sizes.sum())
+    full_sizes = np.concatenate([s.full_sizes for s in slices])
+    full_sizes = full_sizes if max_group_size is not None else None
+    return SpeechGroups(indptr=indptr, members=members.astype(member_dtype(num_tokens)), theta=theta,
+                        num_tokens=num_tokens, max_group_size=max_group_size,
+                        truncated=sum(s.truncated for s in slices), full_sizes=full_sizes,
+                        meta={"symmetrised_pairs": added})
+
+
+def pick_device(device: str | torch.device | None) -> torch.device:
+    """`None`/`"auto"`: CUDA where available, else CPU."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
 
 
 def build_groups(
-    embeddings: torch.Tensor,
+    embeddings: torch.Tensor | np.ndarray,
     theta: float,
     max_group_size: int | None = None,
     block: int = 1024,
     progress: bool = False,
+    backend: str = "auto",
+    device: str | torch.device | None = None,
 ) -> SpeechGroups:
-    """Groups for every row of `embeddings` `[V, D]`.
+    """Groups for every row of `embeddings` `[V, D]`, in this process.
 
-    Without a cap the pair set is symmetrised (union with its transpose), so blockwise rounding
-    at the threshold cannot make `t' in G(t)` and `t not in G(t')` disagree. With a cap groups
-    may be asymmetric; the decoding index then uses the transpose for S(t).
+    Args:
+        embeddings: speech-token embedding rows (any float dtype, any device).
+        theta: cosine threshold in (0, 1].
+        max_group_size: keep at most this many members per group (itself first, then the most
+            similar, ties by id); groups cut this way are counted in `truncated`.
+        block: query rows per torch matmul.
+        progress: show a progress bar.
+        backend: `auto` (faiss where importable, GPU build only with a GPU), `faiss` or `torch`.
+        device: where the search runs (`None`/`auto`: CUDA where available).
+
+    Raises:
+        ValueError: theta outside (0, 1], a bad cap, a zero row, an unknown backend.
     """
-    rows, cols, truncated = range_search_torch(embeddings, theta, max_group_size, block, progress)
-    n = embeddings.shape[0]
-    if max_group_size is None:
-        rows, cols = np.concatenate([rows, cols]), np.concatenate([cols, rows])
-    indptr, members = pairs_to_csr(rows, cols, n)
-    dtype = np.uint16 if n <= 65536 else np.int32
-    return SpeechGroups(indptr=indptr, members=members.astype(dtype), theta=theta, num_tokens=n,
-                        max_group_size=max_group_size, truncated=truncated)
+    theta, max_group_size = check_theta(theta), check_cap(max_group_size)
+    x = unit_rows(embeddings)
+    searcher = make_searcher(x, backend, pick_device(device), block)
+    bounds = slice_bounds(x.shape[0])
+    slices = [search_slice(searcher, x, lo, hi, theta, max_group_size)
+              for lo, hi in tqdm(bounds, desc=f"groups theta={theta:g}", unit="slice",
+                                 disable=not progress)]
+    groups = assemble(slices, x.shape[0], theta, max_group_size)
+    groups.meta["backend"] = searcher.name
+    return groups

@@ -32,6 +32,7 @@ class SpeechGroups:
     max_group_size: int | None = None
     truncated: int = 0  # groups cut at max_group_size
     meta: dict = field(default_factory=dict)
+    full_sizes: np.ndarray | None = None  # [num_tokens] int32 |G(t)| before the cap (capped builds)
 
     @property
     def num_groups(self) -> int:

@@ -1,0 +1,162 @@
+"""Content-addressed groups cache: (embeddings, theta, cap, dedup, format version) -> one file.
+
+A synthesis job calls `get_groups`; it loads the cached file or builds and stores it. Storage
+is anything with `exists/get/put` of bytes by key (`BlobStore`); `LocalDirStore` is the local
+filesystem one. An S3 store from the project's storage layer plugs in the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from engine.groups.build import build_groups, check_cap, check_theta
+from engine.groups.csr import SpeechGroups
+from engine.groups.source import embeddings_sha256
+from engine.groups.store import (FORMAT_VERSION, GroupFileError, deduplicate, from_bytes, to_bytes,
+                                 write_atomic)
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    """Bytes by key. Keys are file names (`[0-9a-f]+.safetensors`)."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def where(self, key: str) -> str:
+        """Where `key` lives, for messages (a path or URI)."""
+
+
+class LocalDirStore:
+    """A directory on the local filesystem; writes are atomic (temporary file + rename)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser()
+
+    def path(self, key: str) -> Path:
+        if "/" in key or key.startswith("."):
+            raise ValueError(f"bad cache key {key!r}")
+        return self.root / key
+
+    def exists(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def get(self, key: str) -> bytes:
+        return self.path(key).read_bytes()
+
+    def put(self, key: str, data: bytes) -> None:
+        write_atomic(self.path(key), data)
+
+    def where(self, key: str) -> str:
+        return str(self.path(key))
+
+
+def default_cache_dir() -> Path:
+    """`$PCG_SYNTH_CACHE/groups`, else `~/.cache/pcg-synth/groups`."""
+    root = os.environ.get("PCG_SYNTH_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "pcg-synth") / "groups"
+
+
+def cache_key(embeddings_hash: str, theta: float, max_group_size: int | None, dedup: bool) -> str:
+    """The file name for one request: a hash of everything the groups depend on."""
+    request = {"embeddings_sha256": embeddings_hash, "theta": float(theta),
+               "max_group_size": max_group_size, "dedup": bool(dedup), "format_version": FORMAT_VERSION}
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:40] + ".safetensors"
+
+
+def build_with_metadata(
+    embeddings: torch.Tensor | np.ndarray,
+    theta: float,
+    max_group_size: int | None = None,
+    dedup: bool = False,
+    source: str = "input_embeddings",
+    backend: str = "auto",
+    workers: int = 0,
+    device: str | None = None,
+    progress: bool = False,
+    embeddings_hash: str | None = None,
+) -> SpeechGroups:
+    """Build groups and record their provenance in `meta` (ready for `store.to_bytes`).
+
+    Args:
+        workers: 0 builds in this process; N >= 1 uses N Ray workers (`distributed.py`).
+        embeddings_hash: the precomputed `embeddings_sha256(embeddings)`, if known.
+        Others: as `build.build_groups`.
+    """
+    start = time.perf_counter()
+    if workers:
+        from engine.groups.distributed import build_groups_distributed
+
+        groups = build_groups_distributed(embeddings, theta, max_group_size, workers=workers,
+                                          backend=backend, progress=progress)
+    else:
+        groups = build_groups(embeddings, theta, max_group_size, progress=progress, backend=backend,
+                              device=device)
+    if dedup:
+        groups = deduplicate(groups)
+    groups.meta.update(source=source, embeddings_shape=list(embeddings.shape),
+                       embeddings_sha256=embeddings_hash or embeddings_sha256(embeddings),
+                       build_seconds=round(time.perf_counter() - start, 3))
+    return groups
+
+
+def get_groups(
+    embeddings: torch.Tensor | np.ndarray,
+    theta: float,
+    max_group_size: int | None = None,
+    cache_dir: str | Path | None = None,
+    source: str = "input_embeddings",
+    progress: bool = False,
+    dedup: bool = False,
+    store: BlobStore | None = None,
+    backend: str = "auto",
+    workers: int = 0,
+) -> SpeechGroups:
+    """Groups for `embeddings` `[V, D]` from the cache, built and stored only when absent.
+
+    Args:
+        embeddings: the target's speech rows (`Synthesizer.speech_embeddings()`).
+        theta: cosine threshold in (0, 1].
+        max_group_size: optional cap (truncated groups are counted).
+        cache_dir: a local cache directory (default `default_cache_dir()`); ignored with `store`.
+        source: which table the rows came from (recorded, not part of the key: the key hashes
+            the rows themselves).
+        progress: progress bar while building.
+        dedup: store identical groups once (changes N(t); PCG_SPEC.md section 1).
+        store: any `BlobStore` (e.g. object storage) instead of a local directory.
+        backend, workers: how to build on a miss (see `build_with_metadata`).
+
+    Returns:
+        The groups; `meta["cache"]` is `"hit"` or `"miss"` and `meta["cache_path"]` says where.
+        A corrupt or mislabelled cached entry is rebuilt and replaced, with a warning.
+    """
+    theta, max_group_size = check_theta(theta), check_cap(max_group_size)
+    store = store or LocalDirStore(cache_dir or default_cache_dir())
+    emb_hash = embeddings_sha256(embeddings)
+    key = cache_key(emb_hash, theta, max_group_size, dedup)
+    expect = {"embeddings_sha256": emb_hash, "theta": theta, "max_group_size": max_group_size,
+              "dedup": bool(dedup)}
+    if store.exists(key):
+        try:
+            groups = from_bytes(store.get(key), store.where(key), expect)
+            groups.meta.update(cache="hit", cache_path=store.where(key))
+            return groups
+        except GroupFileError as exc:
+            warnings.warn(f"{exc}; rebuilding this cache entry", stacklevel=2)
+    groups = build_with_metadata(embeddings, theta, max_group_size, dedup, source, backend,
+                                 workers, progress=progress, embeddings_hash=emb_hash)
+    store.put(key, to_bytes(groups))
+    groups.meta.update(cache="miss", cache_path=store.where(key))
+    return groups

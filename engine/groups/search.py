@@ -1,0 +1,162 @@
+"""Similarity-search backends: candidate pairs whose float32 cosine is at least a floor.
+
+A backend only proposes candidates (query, member, float32 cosine). Which candidates become
+group members is decided in `engine.groups.build`, the same way for every backend, so faiss and
+torch builds give identical groups. Backends:
+
+- `faiss`: exact inner-product search over an `IndexFlatIP`. faiss-cpu on the host, or the faiss
+  GPU build when it is installed *and* `faiss.get_num_gpus() > 0` (a faiss GPU call without a
+  GPU aborts the process instead of raising). GPU faiss has no range search, so it runs kNN with
+  k = 2048 and falls back to the CPU index for queries with more neighbours
+  (`faiss.contrib.exhaustive_search.range_search_gpu`).
+- `torch`: one float32 matmul per block of query rows against the whole table, on any device
+  (the GPU backend where faiss has no GPU build).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import torch
+
+BACKENDS = ("auto", "faiss", "torch")
+FAISS_GPU_K = 2048  # the largest k faiss GPU kNN supports
+
+
+class Candidates(NamedTuple):
+    """Candidate pairs of one slice of query rows, in no particular order."""
+
+    rows: np.ndarray  # [P] int64 global query ids
+    cols: np.ndarray  # [P] int64 member ids
+    sims: np.ndarray  # [P] float64 cosines as the backend computed them (float32 precision)
+
+
+class Searcher(Protocol):
+    name: str
+
+    def __call__(self, lo: int, hi: int, floor: float) -> Candidates:
+        """Pairs `(q, t)` with `lo <= q < hi` and backend cosine >= `floor` (a superset is fine)."""
+
+
+def exact_cosines(x: np.ndarray, rows: np.ndarray, cols: np.ndarray, chunk: int = 4096) -> np.ndarray:
+    """Canonical cosines: float64 dot products of the float32 unit rows, `[P]` pairs -> `[P]`.
+
+    Every backend's close calls are settled by this one function, so backends cannot disagree
+    on them; the products commute, so `(a, b)` and `(b, a)` sum the same terms.
+    """
+    out = np.empty(len(rows), dtype=np.float64)
+    for s in range(0, len(rows), chunk):
+        a = x[rows[s:s + chunk]].astype(np.float64)
+        b = x[cols[s:s + chunk]].astype(np.float64)
+        out[s:s + chunk] = np.einsum("ij,ij->i", a, b)
+    return out
+
+
+def faiss_importable() -> bool:
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def faiss_gpu_available() -> bool:
+    """True only when a faiss GPU build sees a GPU; never calls a GPU function otherwise."""
+    if not faiss_importable():
+        return False
+    import faiss
+
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """`auto` | `faiss` | `torch` -> `faiss-gpu` | `faiss-cpu` | `torch`.
+
+    `auto` prefers faiss (faster than torch on CPU); on a CUDA device it takes faiss only where
+    the GPU build is present, else torch on the GPU rather than faiss-cpu on the host.
+
+    Raises:
+        ValueError: unknown backend, or `faiss` asked for but not installed.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    on_gpu = device.type == "cuda"
+    if backend == "torch":
+        return "torch"
+    if backend == "faiss" and not faiss_importable():
+        raise ValueError("backend 'faiss' needs the faiss package (pip install faiss-cpu, or a "
+                         "faiss GPU build); use backend 'torch' instead")
+    if on_gpu and faiss_gpu_available():
+        return "faiss-gpu"
+    if backend == "auto":
+        return "torch" if on_gpu or not faiss_importable() else "faiss-cpu"
+    return "faiss-cpu"
+
+
+class TorchSearcher:
+    """Block matmul on `device`: `[block, D] @ [D, V]` cosines per step."""
+
+    name = "torch"
+
+    def __init__(self, x: np.ndarray, device: torch.device, block: int = 1024) -> None:
+        self.x = torch.as_tensor(np.ascontiguousarray(x)).to(device)  # [V, D] float32, unit rows
+        self.block = block
+
+    def __call__(self, lo: int, hi: int, floor: float) -> Candidates:
+        rows, cols, sims = [], [], []
+        # TF32 matmuls would round cosines by ~1e-3: keep full float32 while searching.
+        precision = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")
+        try:
+            for start in range(lo, hi, self.block):
+                stop = min(start + self.block, hi)
+                block = self.x[start:stop] @ self.x.T  # [blk, V]
+                r, c = (block >= floor).nonzero(as_tuple=True)
+                rows.append((r + start).cpu().numpy())
+                cols.append(c.cpu().numpy())
+                sims.append(block[r, c].cpu().numpy())
+        finally:
+            torch.set_float32_matmul_precision(precision)
+        return Candidates(np.concatenate(rows).astype(np.int64), np.concatenate(cols).astype(np.int64),
+                          np.concatenate(sims).astype(np.float64))
+
+
+class FaissSearcher:
+    """Exact inner-product range search over an `IndexFlatIP` (faiss-cpu or faiss GPU)."""
+
+    def __init__(self, x: np.ndarray, gpu: bool = False) -> None:
+        import faiss
+
+        self.x = np.ascontiguousarray(x, dtype=np.float32)  # [V, D] unit rows
+        self.cpu_index = faiss.IndexFlatIP(self.x.shape[1])
+        self.cpu_index.add(self.x)
+        self.gpu_index = None
+        if gpu:  # only reached when faiss_gpu_available() said yes
+            self.resources = faiss.StandardGpuResources()
+            self.gpu_index = faiss.index_cpu_to_gpu(self.resources, 0, self.cpu_index)
+        self.name = "faiss-gpu" if gpu else "faiss-cpu"
+
+    def __call__(self, lo: int, hi: int, floor: float) -> Candidates:
+        queries = self.x[lo:hi]
+        # faiss keeps inner products strictly above the radius; the floor is below theta anyway.
+        if self.gpu_index is None:
+            lims, sims, ids = self.cpu_index.range_search(queries, float(floor))
+        else:
+            from faiss.contrib.exhaustive_search import range_search_gpu
+
+            k = min(FAISS_GPU_K, self.x.shape[0])
+            lims, sims, ids = range_search_gpu(queries, float(floor), self.gpu_index,
+                                               self.cpu_index, gpu_k=k)
+        rows = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(lims.astype(np.int64)))
+        return Candidates(rows, ids.astype(np.int64), sims.astype(np.float64))
+
+
+def make_searcher(x: np.ndarray, backend: str = "auto", device: str | torch.device = "cpu",
+                  block: int = 1024) -> Searcher:
+    """A searcher over the unit rows `x` `[V, D]` float32 for `backend` on `device`."""
+    device = torch.device(device)
+    resolved = resolve_backend(backend, device)
+    if resolved == "torch":
+        return TorchSearcher(x, device, block)
+    return FaissSearcher(x, gpu=resolved == "faiss-gpu")

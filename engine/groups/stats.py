@@ -1,0 +1,66 @@
+"""Group-size statistics: what `pcg-synth groups stats` prints and the file's metadata records."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.groups.csr import SpeechGroups
+
+
+def token_group_sizes(groups: SpeechGroups) -> np.ndarray:
+    """`[V]` |G(t)| for every token (deduplicated groups are looked up through `home`)."""
+    sizes = groups.sizes
+    return sizes if groups.home is None else sizes[groups.home]
+
+
+def size_histogram(sizes: np.ndarray) -> list[dict]:
+    """Counts in power-of-two bins `[1]`, `[2]`, `[3, 4]`, `[5, 8]`, ... up to the largest size."""
+    bins, lo, hi = [], 1, 1
+    top = int(sizes.max()) if len(sizes) else 1
+    while lo <= top:
+        count = int(((sizes >= lo) & (sizes <= hi)).sum())
+        bins.append({"min": lo, "max": hi, "groups": count})
+        lo, hi = hi + 1, hi * 2
+    return bins
+
+
+def group_stats(groups: SpeechGroups) -> dict:
+    """Sizes of the per-token groups G(t), singletons, coverage, truncation and storage bytes.
+
+    `coverage` is the fraction of tokens whose group holds another token, i.e. tokens PCG can
+    stand in for; the rest behave exactly as under standard speculative decoding.
+    """
+    sizes = token_group_sizes(groups)
+    singletons = int((sizes == 1).sum())
+    return {
+        "num_tokens": groups.num_tokens,
+        "num_groups": groups.num_groups,
+        "nnz": int(groups.indptr[-1]),
+        "mean_size": round(float(sizes.mean()), 4),
+        "median_size": float(np.median(sizes)),
+        "p99_size": float(np.percentile(sizes, 99)),
+        "max_size": int(sizes.max()),
+        "singletons": singletons,
+        "coverage": round(1.0 - singletons / groups.num_tokens, 6),
+        "truncated": groups.truncated,
+        "csr_bytes": int(groups.indptr.nbytes + groups.members.nbytes),
+        "histogram": size_histogram(sizes),
+    }
+
+
+def format_stats(stats: dict, title: str = "") -> str:
+    """A readable block for the terminal."""
+    lines = [title] if title else []
+    lines.append(f"tokens {stats['num_tokens']}  groups {stats['num_groups']}  "
+                 f"members {stats['nnz']}  CSR bytes {stats['csr_bytes']}")
+    lines.append(f"size mean {stats['mean_size']:.2f}  median {stats['median_size']:g}  "
+                 f"p99 {stats['p99_size']:g}  max {stats['max_size']}")
+    lines.append(f"singletons {stats['singletons']}  coverage {stats['coverage']:.4f}  "
+                 f"truncated {stats['truncated']}")
+    lines.append("size histogram:")
+    peak = max(b["groups"] for b in stats["histogram"]) or 1
+    for b in stats["histogram"]:
+        label = str(b["min"]) if b["min"] == b["max"] else f"{b['min']}-{b['max']}"
+        bar = "#" * round(40 * b["groups"] / peak)
+        lines.append(f"  {label:>11s} {b['groups']:8d} {bar}")
+    return "\n".join(lines)

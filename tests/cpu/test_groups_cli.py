@@ -1,0 +1,118 @@
+"""`pcg-synth groups build | stats | sweep`, through `register` on a fresh parser (the same code the
+main CLI calls), against the tiny kit's real checkpoint and small matrices."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import ray
+
+from engine.groups.build import build_groups, unit_rows
+from engine.groups.cache import get_groups
+from engine.cli import main
+from engine.groups.source import load_speech_embeddings
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["groups", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def small_npy(tmp_path) -> str:
+    path = tmp_path / "emb.npy"
+    np.save(path, np.random.default_rng(0).standard_normal((800, 16)).astype(np.float32))
+    return str(path)
+
+
+@pytest.mark.slow  # one full 65,536^2 search plus a Ray cluster: ~25-40 s on 2 cores
+def test_build_from_checkpoint_with_two_workers_fills_the_cache(kit_dir, kit_synth, tmp_path, capsys,
+                                                                monkeypatch):
+    """One 65,536-token build through Ray; the API's own embeddings then hit the same entry."""
+    monkeypatch.setenv("RAY_ADDRESS", "local")  # a fresh local cluster, not another test's
+    assert not ray.is_initialized()
+    code, out, _ = run(capsys, "build", "--target", str(kit_dir / "target"), "--theta", "0.4",
+                       "--workers", "2", "--cache-dir", str(tmp_path), "--quiet")
+    assert code == 0, out
+    assert "tokens 65536" in out and "truncated 0" in out and "written to" in out
+    assert not ray.is_initialized(), "the CLI must shut down the cluster it started"
+    hit = get_groups(kit_synth.speech_embeddings(), 0.4, cache_dir=tmp_path)
+    assert hit.meta["cache"] == "hit"
+    assert hit.num_tokens == 65536 and hit.members.dtype == np.uint16
+    # A few groups against brute force on the model's rows.
+    x = unit_rows(kit_synth.speech_embeddings()).astype(np.float64)
+    for t in (0, 4242, 65535):
+        want = np.flatnonzero(x @ x[t] >= 0.4)
+        np.testing.assert_array_equal(hit.group_of(t), np.union1d(want, [t]))
+    code, out, _ = run(capsys, "stats", hit.meta["cache_path"])
+    assert code == 0
+    assert "theta 0.4" in out and "source input_embeddings" in out and "size histogram" in out
+    assert f"singletons {int((hit.sizes == 1).sum())}" in out
+
+
+def test_loader_reads_the_models_speech_rows(kit_dir, kit_synth):
+    rows = load_speech_embeddings(kit_dir / "target")
+    assert rows.shape == (65536, 128)
+    assert np.array_equal(rows.numpy(), kit_synth.speech_embeddings().numpy())
+    head = load_speech_embeddings(kit_dir / "target", source="lm_head")  # tied: same table
+    assert np.array_equal(head.numpy(), rows.numpy())
+
+
+def test_build_to_file_then_stats(small_npy, tmp_path, capsys):
+    out_path = tmp_path / "g.safetensors"
+    code, out, _ = run(capsys, "build", "--embeddings", small_npy, "--theta", "0.3",
+                       "--max-group-size", "8", "--dedup", "--out", str(out_path), "--quiet")
+    assert code == 0 and out_path.is_file()
+    expected = build_groups(np.load(small_npy), 0.3, 8)
+    assert f"truncated {expected.truncated}" in out and expected.truncated > 0
+    code, out, _ = run(capsys, "stats", str(out_path), "--json")
+    meta = json.loads(out)
+    assert code == 0 and meta["dedup"] is True and meta["max_group_size"] == 8
+    assert meta["stats"]["truncated"] == expected.truncated
+    assert meta["file_bytes"] == out_path.stat().st_size
+
+
+def test_sweep_prints_one_row_per_theta(small_npy, capsys):
+    code, out, _ = run(capsys, "sweep", "--embeddings", small_npy, "--thetas", "0.35,0.40,0.45",
+                       "--json", "--quiet")
+    rows = json.loads(out)
+    assert code == 0 and [r["theta"] for r in rows] == [0.35, 0.4, 0.45]
+    for r in rows:
+        assert r["mean_size"] == pytest.approx(build_groups(np.load(small_npy), r["theta"]).sizes.mean(),
+                                               abs=1e-4)
+    code, out, _ = run(capsys, "sweep", "--embeddings", small_npy, "--thetas", "0.35,0.40", "--quiet")
+    assert "mean size" in out and "coverage" in out and len(out.strip().splitlines()) == 5
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["build", "--embeddings", "x.npy", "--theta", "1.5"],
+     r"theta must lie in \(0, 1\] \(a cosine threshold\); got 1.5"),
+    (["build", "--embeddings", "missing.npy", "--theta", "0.4"], "--embeddings missing.npy does not exist"),
+    (["build", "--theta", "0.4"], "give --target DIR"),
+    (["build", "--embeddings", "x.npy", "--theta", "0.4", "--max-group-size", "0"],
+     "max_group_size must be a positive integer"),
+    (["build", "--target", "/nonexistent/ckpt", "--theta", "0.4"],
+     "model directory /nonexistent/ckpt does not exist"),
+    (["sweep", "--embeddings", "x.npy", "--thetas", "0.3,abc"], "thetas must be comma-separated"),
+    (["stats", "/nonexistent/g.safetensors"], "groups file /nonexistent/g.safetensors does not exist"),
+])
+def test_user_errors_are_one_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+    assert re.search(message, err), err
+
+
+def test_stats_on_a_corrupt_file_is_one_line(small_npy, tmp_path, capsys):
+    path = tmp_path / "g.safetensors"
+    assert run(capsys, "build", "--embeddings", small_npy, "--theta", "0.4", "--out", str(path),
+               "--quiet")[0] == 0
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10
+    path.write_bytes(bytes(data))
+    code, _, err = run(capsys, "stats", str(path))
+    assert code == 2 and err == f"error: {path}: corrupt groups file (content hash mismatch)\n"
