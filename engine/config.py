@@ -53,3 +53,121 @@ class DecodingSettings(BaseModel):
     @property
     def warp(self) -> Warp:
         return Warp(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
+
+
+# ---- jobs ----------------------------------------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+
+from engine.io.storage import StorageOptions  # noqa: E402
+
+
+class ModelsSpec(BaseModel):
+    """Which checkpoints to load (local directories or s3:// URIs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: str = Field(description="Target checkpoint (Hugging Face Llama format), e.g. a Llasa-8B copy.")
+    draft: str | None = Field(None, description="Draft checkpoint sharing the target's vocabulary; "
+                                                "required unless decoding.method is 'ar'.")
+    codec: str = Field(description="X-codec2 checkpoint (transformers format, e.g. xcodec2-hf).")
+    groups: str | None = Field(None, description=(
+        "A prebuilt groups file (`pcg-synth groups build`); by default groups for decoding.theta "
+        "are fetched from the cache or built once by the driver."))
+    groups_cache: str | None = Field(None, description=(
+        "Where built groups are cached (a directory or s3:// prefix); default: "
+        "<output.uri>/_cache/groups, so every worker of the cluster can read them."))
+    dtype: str = Field("auto", description="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16.")
+
+
+class InputSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    manifests: list[str] = Field(min_length=1, description=(
+        "Manifest files or directories/prefixes of them (.jsonl, .csv, .parquet; local or s3://). "
+        "Rows: id, text, optional prompt_text + prompt_codes | prompt_audio (clip URI), prompt_id, "
+        "seed, temperature, top_p, top_k, repetition_penalty."))
+
+
+class OutputSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uri: str = Field(description="Output directory or s3:// prefix: data/*.parquet, _commits/, summary.json.")
+    audio_format: Literal["wav", "flac"] = Field("flac", description="Audio bytes in the dataset.")
+    prompt_audio: Literal["strip", "include", "context"] = Field("strip", description=(
+        "Voice-prompt audio in the output: strip, include, or decode with it as context and cut it."))
+
+
+class ResourcesSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: int = Field(1, ge=1, description="Synthesis actors (one per GPU on GPU clusters).")
+    gpus_per_worker: float = Field(0, ge=0, description="GPUs per actor: 1 on GPU clusters, 0 on CPU.")
+    cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per actor.")
+    batch_size: int = Field(8, ge=1, description="Rows decoded together per worker (continuous batching).")
+    rows_per_shard: int = Field(256, ge=1, description="Manifest rows per output shard (one Parquet file).")
+    max_retries: int = Field(3, ge=0, description="Retries of a shard whose worker died or failed.")
+    device: str = Field("auto", description="auto (cuda where the worker has a GPU, else cpu), cpu, cuda.")
+
+
+class JobSpec(BaseModel):
+    """A synthesis job: models, decoding, manifests in, an Arrow audio dataset out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("synthesis", pattern=r"^[A-Za-z0-9._-]+$", description="Job name (logs, summary).")
+    models: ModelsSpec
+    decoding: DecodingSettings = Field(default_factory=DecodingSettings)
+    input: InputSpec
+    output: OutputSpec
+    storage: StorageOptions = Field(default_factory=StorageOptions, description=(
+        "Object-storage endpoint/region/profile; credentials come from the AWS chain."))
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+
+    @model_validator(mode="after")
+    def _needs_draft(self) -> "JobSpec":
+        if self.decoding.method != "ar" and self.models.draft is None:
+            raise ValueError(f"models.draft is required for decoding.method {self.decoding.method!r}")
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path) -> "JobSpec":
+        """Read and validate a YAML spec; relative local paths are taken from the spec's folder.
+
+        Raises:
+            ValueError: unreadable YAML (pydantic's ValidationError for bad fields).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"job spec {path} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a job spec is a YAML mapping")
+        return cls.model_validate(resolve_paths(raw, path.parent.resolve()))
+
+
+def _local(value: str, base: Path) -> str:
+    if "://" in value or Path(value).is_absolute():
+        return value
+    return str((base / value).resolve())
+
+
+def resolve_paths(raw: dict, base: Path) -> dict:
+    """Make relative local paths in models/input/output absolute against `base`."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    models = out.get("models") or {}
+    for key in ("target", "draft", "codec", "groups", "groups_cache"):
+        if isinstance(models.get(key), str):
+            models[key] = _local(models[key], base)
+    inp = out.get("input") or {}
+    if isinstance(inp.get("manifests"), list):
+        inp["manifests"] = [_local(m, base) if isinstance(m, str) else m for m in inp["manifests"]]
+    outp = out.get("output") or {}
+    if isinstance(outp.get("uri"), str):
+        outp["uri"] = _local(outp["uri"], base)
+    return out

@@ -79,7 +79,7 @@ def check_export_args(results: Sequence[SynthesisResult], prompts, parquet_path,
         raise ValueError("item ids repeat: audio files are named by id, so ids must be unique")
 
 
-def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings,
+def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings | Sequence[DecodingSettings],
                  codec_dir: str | Path | None, parquet_path: str | Path | BinaryIO | None = None,
                  wav_dir: str | Path | None = None, device: str = "cpu", audio_format: str = "wav", *,
                  dtype: str = "auto", prompts: Sequence[VoicePrompt | None] | None = None,
@@ -88,7 +88,8 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings,
 
     Args:
         results: the core's results (any order of success and failure).
-        settings: the settings they were decoded with (stored per row).
+        settings: the settings they were decoded with (stored per row): one for all, or one
+            per result.
         codec_dir: the X-codec2 checkpoint directory (ignored when `codec` is given).
         parquet_path: a `.parquet` path (written atomically) or a binary file-like object.
         wav_dir: a directory for one `{id}.{audio_format}` file per item with audio.
@@ -118,6 +119,9 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings,
 
         codec = Xcodec2Codec.load(codec_dir, device=device, dtype=dtype)
     prompts = list(prompts) if prompts is not None else [None] * len(results)
+    per_row = [settings] * len(results) if isinstance(settings, DecodingSettings) else list(settings)
+    if len(per_row) != len(results):
+        raise ValueError(f"{len(per_row)} settings for {len(results)} results: align them")
     out_dir = Path(wav_dir) if wav_dir is not None else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -130,7 +134,7 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings,
             rows = render_rows(codec, results[part], prompts[part], prompt_audio, audio_format)
             codec_s += time.perf_counter() - start
             if writer is not None:
-                writer.write_table(build_table(rows, settings, codec.sample_rate))
+                writer.write_table(build_table(rows, per_row[part], codec.sample_rate))
             for row in rows:
                 if row.audio is None:
                     continue

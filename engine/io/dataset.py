@@ -99,12 +99,16 @@ class AudioRow:
     error: str | None = None
 
 
-def build_table(rows: Sequence[AudioRow], settings: DecodingSettings,
+def build_table(rows: Sequence[AudioRow], settings: DecodingSettings | Sequence[DecodingSettings],
                 sampling_rate: int = SAMPLING_RATE) -> pa.Table:
-    """A shard's rows as a table with `dataset_schema(sampling_rate)` (pure: no I/O)."""
-    settings_json = json.dumps(settings.model_dump(), sort_keys=True)
+    """A shard's rows as a table with `dataset_schema(sampling_rate)` (pure: no I/O).
+
+    `settings` is one `DecodingSettings` for all rows, or one per row (per-row overrides)."""
+    per_row = [settings] * len(rows) if isinstance(settings, DecodingSettings) else list(settings)
+    if len(per_row) != len(rows):
+        raise ValueError(f"{len(per_row)} settings for {len(rows)} rows")
     columns: dict[str, list] = {name: [] for name in dataset_schema(sampling_rate).names}
-    for row in rows:
+    for row, row_settings in zip(rows, per_row):
         res = row.result
         has_audio = row.audio is not None
         values = {
@@ -117,8 +121,8 @@ def build_table(rows: Sequence[AudioRow], settings: DecodingSettings,
             "sampling_rate": sampling_rate,
             "prompt_id": row.prompt_id,
             "prompt_audio": row.prompt_audio if row.prompt_id is not None else None,
-            "method": settings.method,
-            "settings": settings_json,
+            "method": row_settings.method,
+            "settings": json.dumps(row_settings.model_dump(), sort_keys=True),
             "seed": res.seed,
             "finish_reason": res.finish_reason,
             "stats": res.stats.to_dict() if res.stats is not None else None,

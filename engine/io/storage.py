@@ -144,6 +144,24 @@ class Storage:
         except Exception as exc:  # noqa: BLE001
             raise self._fail(loc, "read", exc) from None
 
+    def read_range(self, uri: str, start: int, stop: int) -> bytes:
+        """Bytes `[start, stop)` of an object (an S3 ranged GET; a seek locally)."""
+        if stop <= start:
+            return b""
+        loc = parse(uri)
+        if loc.scheme == "file":
+            try:
+                with open(loc.path, "rb") as f:
+                    f.seek(start)
+                    return f.read(stop - start)
+            except OSError as exc:
+                raise StorageError(f"cannot read {loc.uri}: {exc.strerror}") from None
+        try:
+            obj = self.s3.get_object(Bucket=loc.bucket, Key=loc.path, Range=f"bytes={start}-{stop - 1}")
+            return obj["Body"].read()
+        except Exception as exc:  # noqa: BLE001
+            raise self._fail(loc, "read", exc) from None
+
     def write_bytes(self, uri: str, data: bytes) -> None:
         """Write atomically: a temporary file renamed into place, or one S3 PUT."""
         loc = parse(uri)
@@ -218,3 +236,38 @@ class Storage:
                 kwargs.update(endpoint_override=ep.netloc, scheme=ep.scheme or "https")
             self._arrow_s3 = pafs.S3FileSystem(**kwargs)
         return self._arrow_s3, f"{loc.bucket}/{loc.path}"
+
+    def local_dir(self, uri: str, cache_root: str | os.PathLike | None = None) -> Path:
+        """A local directory with the contents of `uri`: the path itself for local URIs; for
+        s3:// a copy under `cache_root` (default `$PCG_SYNTH_CACHE/models` or
+        `~/.cache/pcg-synth/models`), fetched once and reused while object sizes match.
+
+        Raises:
+            StorageError: nothing under `uri`, or a download failed.
+        """
+        loc = parse(uri)
+        if loc.scheme == "file":
+            return Path(loc.path)
+        import hashlib
+
+        root = Path(cache_root) if cache_root else Path(
+            os.environ.get("PCG_SYNTH_CACHE", Path.home() / ".cache" / "pcg-synth")) / "models"
+        dest = root / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:24]
+        prefix = loc.path.rstrip("/") + "/"
+        objects = [u for u in self.list(uri) if parse(u).path.startswith(prefix)]
+        if not objects:
+            raise StorageError(f"nothing to fetch under {uri}")
+        for obj in objects:
+            key = parse(obj).path
+            target = dest / key[len(prefix):]
+            size = self.s3.head_object(Bucket=loc.bucket, Key=key)["ContentLength"]
+            if target.is_file() and target.stat().st_size == size:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.part")
+            try:
+                self.s3.download_file(loc.bucket, key, str(tmp))
+            except Exception as exc:  # noqa: BLE001
+                raise self._fail(Location("s3", loc.bucket, key), "fetch", exc) from None
+            os.replace(tmp, target)
+        return dest

@@ -61,3 +61,20 @@ def test_errors_name_the_uri_and_never_the_credentials(s3_endpoint, s3_bucket):
         parse("s3:///key")
     with pytest.raises(StorageError, match="cannot read"):
         Storage().read_bytes("/nonexistent/file")
+
+
+def test_local_dir_fetches_an_s3_checkpoint_once(s3_endpoint, s3_bucket, tmp_path):
+    storage = Storage(StorageOptions(endpoint_url=s3_endpoint))
+    storage.write_bytes(f"s3://{s3_bucket}/models/m/config.json", b"{}")
+    storage.write_bytes(f"s3://{s3_bucket}/models/m/sub/w.bin", b"12345")
+    storage.write_bytes(f"s3://{s3_bucket}/models/m2/other", b"not mine")
+    local = storage.local_dir(f"s3://{s3_bucket}/models/m", cache_root=tmp_path)
+    assert (local / "config.json").read_bytes() == b"{}"
+    assert (local / "sub" / "w.bin").read_bytes() == b"12345"
+    assert not (local / "other").exists()
+    stamp = (local / "sub" / "w.bin").stat().st_mtime_ns
+    assert storage.local_dir(f"s3://{s3_bucket}/models/m/", cache_root=tmp_path) == local
+    assert (local / "sub" / "w.bin").stat().st_mtime_ns == stamp  # not fetched again
+    assert storage.local_dir(str(tmp_path)) == tmp_path
+    with pytest.raises(StorageError, match="nothing to fetch"):
+        storage.local_dir(f"s3://{s3_bucket}/models/none", cache_root=tmp_path)

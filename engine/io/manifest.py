@@ -1,0 +1,143 @@
+"""Text manifests: JSONL, CSV or Parquet files of utterances to synthesize.
+
+Row fields: `id`, `text` (required); `prompt_id`, `prompt_text`, `prompt_codes`, `prompt_audio`
+(voice prompt: transcript + X-codec2 codes, or a clip URI); `seed`, `temperature`, `top_p`,
+`top_k`, `repetition_penalty` (per-row overrides). A malformed row becomes a `RowError` that
+travels with the shard into the output; it never stops the other rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engine.io.storage import Storage
+
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+
+
+class ManifestRow(BaseModel):
+    """One utterance of a manifest."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(min_length=1)
+    text: str
+    prompt_id: str | None = None
+    prompt_text: str | None = None
+    prompt_codes: list[int] | None = None
+    prompt_audio: str | None = None
+    seed: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id_to_str(cls, v):
+        return str(v) if isinstance(v, int) else v
+
+    @field_validator("text")
+    @classmethod
+    def _text_not_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("text is empty")
+        return v
+
+    @field_validator("prompt_codes", mode="before")
+    @classmethod
+    def _codes(cls, v):
+        if isinstance(v, str):  # CSV cells: "1 2 3" or "[1, 2, 3]"
+            v = json.loads(v) if v.strip().startswith("[") else [int(x) for x in v.split()]
+        if v is not None and any(not 0 <= int(c) < 65536 for c in v):
+            raise ValueError("prompt_codes must lie in 0..65535")
+        return v
+
+    def overrides(self) -> dict:
+        """Per-row sampling overrides that are set."""
+        keys = ("temperature", "top_p", "top_k", "repetition_penalty")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+@dataclass
+class RowError:
+    """A row that could not be used: where it was and why."""
+
+    source: str  # "<uri>:<row number>"
+    id: str | None
+    error: str
+    text: str = ""
+
+
+def manifest_format(uri: str) -> str:
+    suffix = PurePosixPath(uri.split("?")[0]).suffix.lower()
+    if suffix not in FORMATS:
+        raise ValueError(f"{uri}: unknown manifest format {suffix!r} (use .jsonl, .csv or .parquet)")
+    return FORMATS[suffix]
+
+
+def parse_jsonl(data: bytes) -> list[dict | str]:
+    """Rows of JSONL bytes; a line that is not a JSON object stays a string (an error row)."""
+    rows: list[dict | str] = []
+    for raw in data.splitlines():  # bytes rules, exactly as `jsonl_offsets` counts lines
+        if not raw.strip():
+            continue
+        line = raw.decode("utf-8", errors="replace").lstrip("\ufeff")  # a BOM on line 1
+        try:
+            value = json.loads(line)
+            rows.append(value if isinstance(value, dict) else line)
+        except json.JSONDecodeError:
+            rows.append(line)
+    return rows
+
+
+def jsonl_offsets(data: bytes) -> list[int]:
+    """Byte offset where each non-empty line starts, plus the end of the data."""
+    offsets, pos = [], 0
+    for line in data.splitlines(keepends=True):
+        if line.strip():
+            offsets.append(pos)
+        pos += len(line)
+    return offsets + [len(data)]
+
+
+def parse_rows(uri: str, data: bytes) -> list[dict | str]:
+    """Every row of a manifest file's bytes."""
+    kind = manifest_format(uri)
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(io.BytesIO(data)).to_pylist()
+    if kind == "csv":
+        text = data.decode("utf-8", errors="replace")
+        return [dict(r) for r in csv.DictReader(io.StringIO(text))]
+    return parse_jsonl(data)
+
+
+def raw_rows(storage: Storage, uri: str) -> list[dict | str]:
+    """Every row of a manifest file as a dict, or the undecodable line as a string."""
+    return parse_rows(uri, storage.read_bytes(uri))
+
+
+def validate(raw: dict | str, source: str) -> ManifestRow | RowError:
+    if isinstance(raw, str):
+        return RowError(source, None, "not a JSON object", raw[:200])
+    # empty CSV cells mean "not given" for optional fields; id and text keep theirs (clear errors)
+    clean = {k: v for k, v in raw.items() if v is not None and (v != "" or k in ("id", "text"))}
+    try:
+        return ManifestRow(**clean)
+    except ValidationError as exc:
+        why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'row'}: {e['msg']}" for e in exc.errors())
+        ident = raw.get("id")
+        return RowError(source, None if ident is None else str(ident), why, str(raw.get("text", ""))[:200])
+
+
+def validated(raws: list[dict | str], uri: str, first_row: int) -> list[ManifestRow | RowError]:
+    """Rows in manifest order, each a `ManifestRow` or a `RowError` (`first_row` is 0-based)."""
+    return [validate(raw, f"{uri}:{n}") for n, raw in enumerate(raws, first_row + 1)]

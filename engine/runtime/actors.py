@@ -1,0 +1,45 @@
+"""Ray actors: thin shells around the Ray-free worker logic."""
+
+from __future__ import annotations
+
+import ray
+
+from engine.config import JobSpec
+from engine.groups.csr import SpeechGroups
+from engine.runtime.plan import Shard
+
+
+@ray.remote(max_restarts=0, max_task_retries=0)  # the driver decides about retries
+class SynthesisWorker:
+    """Holds target + draft + codec (+ groups) once and synthesizes shard after shard."""
+
+    def __init__(self, spec_json: str, groups: SpeechGroups | None, worker_id: str) -> None:
+        from engine.runtime.worker import ShardProcessor
+
+        self.processor = ShardProcessor(JobSpec.model_validate_json(spec_json), groups, worker_id)
+
+    def info(self) -> dict:
+        return self.processor.info()
+
+    def process(self, shard: Shard, attempt: int) -> dict:
+        return self.processor.process(shard, attempt)
+
+
+def worker_options(spec: JobSpec) -> dict:
+    """Resources per actor: `num_gpus` pins each worker to its own GPU(s)."""
+    res = spec.resources
+    return {"num_cpus": res.cpus_per_worker, "num_gpus": res.gpus_per_worker}
+
+
+def cluster_capacity(spec: JobSpec) -> int:
+    """How many workers the live nodes can hold at once."""
+    res = spec.resources
+    totals = {"CPU": 0.0, "GPU": 0.0}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            for key in totals:
+                totals[key] += node.get("Resources", {}).get(key, 0.0)
+    fits = [int(totals["CPU"] // res.cpus_per_worker)]
+    if res.gpus_per_worker > 0:
+        fits.append(int(totals["GPU"] // res.gpus_per_worker))
+    return min(fits)

@@ -1,0 +1,144 @@
+"""The job driver: validate, plan, resume, prepare groups, run the worker pool, summarize."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable
+
+import ray
+from tqdm.auto import tqdm
+
+from engine.config import JobSpec
+from engine.io.storage import Storage, StorageError
+from engine.runtime.plan import Layout, Plan, make_plan
+from engine.runtime.pool import JobFailed, WorkerPool
+from engine.runtime.summary import progress_postfix, summarize, summary_table
+
+
+def preflight(spec: JobSpec, storage: Storage) -> None:
+    """Fail before any work on what can be checked cheaply: models present, output writable.
+
+    Raises:
+        ValueError: naming the spec field at fault.
+    """
+    for field in ("target", "draft", "codec"):
+        uri = getattr(spec.models, field)
+        if uri is None:
+            continue
+        if not storage.exists(f"{uri.rstrip('/')}/config.json"):
+            raise ValueError(f"models.{field}: no checkpoint at {uri} (config.json missing)")
+    if spec.models.groups and not storage.exists(spec.models.groups):
+        raise ValueError(f"models.groups: no groups file at {spec.models.groups}")
+    probe = Layout(spec.output.uri).root.rstrip("/") + "/_probe"
+    try:
+        storage.write_bytes(probe, b"")
+        storage.delete(probe)
+    except (StorageError, OSError) as exc:
+        raise ValueError(f"output.uri: cannot write under {spec.output.uri} ({exc})") from None
+
+
+def check_resume(spec: JobSpec, plan: Plan, storage: Storage, layout: Layout) -> set[str]:
+    """Record the job in the output, or verify a rerun is the same job; returns the committed
+    shard ids.
+
+    Raises:
+        ValueError: the output holds a different job.
+    """
+    if storage.exists(layout.job):
+        earlier = json.loads(storage.read_bytes(layout.job))
+        if earlier.get("fingerprint") != plan.fingerprint:
+            raise ValueError(
+                f"output.uri {spec.output.uri} holds another job (plan {earlier.get('fingerprint')}, "
+                f"this one {plan.fingerprint}: manifests, models or settings changed); choose a new "
+                "output.uri or delete the old one")
+    else:
+        record = {"name": spec.name, "spec": spec.model_dump(mode="json"), **plan.to_dict()}
+        storage.write_bytes(layout.job, json.dumps(record, indent=1).encode())
+    ids = {s.id for s in plan.shards}
+    committed = {u.rsplit("/", 1)[-1][: -len(".json")] for u in storage.list(layout.commit("x").rsplit("/", 1)[0])}
+    return committed & ids
+
+
+def prepare_groups(spec: JobSpec, storage: Storage, layout: Layout):
+    """PCG groups for the job: a given file, or cached/built once here for every worker."""
+    if spec.decoding.method != "pcg":
+        return None
+    from engine.groups.store import from_bytes
+
+    if spec.models.groups:
+        return from_bytes(storage.read_bytes(spec.models.groups))
+    from engine.groups.cache import get_groups
+    from engine.groups.source import load_speech_embeddings
+    from engine.runtime.storage_blobs import StorageBlobStore
+
+    embeddings = load_speech_embeddings(storage.local_dir(spec.models.target))
+    store = StorageBlobStore(storage, spec.models.groups_cache or layout.groups_cache)
+    return get_groups(embeddings, spec.decoding.theta, spec.decoding.max_group_size, store=store,
+                      progress=True)
+
+
+class JobRunner:
+    """Runs a job spec on the Ray cluster this process is connected to (or a local one).
+
+    Args:
+        spec: the job.
+        address: Ray address (`auto`, `ray://...`); None starts or joins a local cluster.
+        progress: show the progress bar and the final table.
+        on_commit: extra callback per committed shard (tests use it to inject failures).
+    """
+
+    def __init__(self, spec: JobSpec, address: str | None = None, progress: bool = True,
+                 on_commit: Callable[[dict], None] | None = None) -> None:
+        self.spec, self.address, self.progress, self.on_commit = spec, address, progress, on_commit
+        self.storage = Storage(spec.storage)
+        self.layout = Layout(spec.output.uri)
+
+    def run(self) -> dict:
+        """Run to completion; returns the summary (also written to `summary.json`).
+
+        Raises:
+            ValueError: bad spec or inputs (before any work); JobFailed: workers cannot start.
+        """
+        spec, storage, layout = self.spec, self.storage, self.layout
+        preflight(spec, storage)
+        plan = make_plan(spec, storage)
+        committed = check_resume(spec, plan, storage, layout)
+        todo = [s for s in plan.shards if s.id not in committed]
+        started = time.perf_counter()
+        records: list[dict] = []
+        report = None
+        setup_s = 0.0
+        if todo:
+            groups = prepare_groups(spec, storage, layout)
+            if not ray.is_initialized():
+                ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+            setup_s = time.perf_counter() - started
+            done_rows = sum(s.rows for s in plan.shards if s.id in committed)
+            bar = tqdm(total=plan.rows, initial=done_rows, unit="row", desc=spec.name,
+                       disable=not self.progress)
+
+            def commit(record: dict) -> None:
+                records.append(record)
+                bar.update(record["rows"])
+                bar.set_postfix_str(progress_postfix(records, time.perf_counter() - started))
+                if self.on_commit:
+                    self.on_commit(record)
+
+            pool = WorkerPool(spec, ray.put(groups) if groups is not None else None, commit)
+            try:
+                report = pool.run(todo)
+            finally:
+                bar.close()
+        all_records = [json.loads(storage.read_bytes(layout.commit(s))) for s in plan.shards
+                       if storage.exists(layout.commit(s))]
+        summary = summarize(spec, plan, all_records, records, report, len(committed),
+                            time.perf_counter() - started, setup_s)
+        storage.write_bytes(layout.summary, json.dumps(summary, indent=1).encode())
+        if self.progress:
+            print(summary_table(summary))
+        if summary["shards"]["failed"]:
+            failed = ", ".join(f"{k}: {v}" for k, v in list(summary["failed_shards"].items())[:3])
+            raise JobFailed(f"{summary['shards']['failed']} shard(s) failed ({failed}); "
+                            "rerun the job to retry them")
+        return summary

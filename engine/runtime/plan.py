@@ -1,0 +1,142 @@
+"""The shard plan: which manifest rows go into which output shard, decided once by the driver.
+
+Shards never span manifest files and are numbered in manifest order, so the same inputs and
+`rows_per_shard` always give the same plan. Duplicate ids are found here, across the whole job:
+every occurrence after the first is marked, and the worker turns it into an error record.
+The plan's fingerprint covers the manifests' contents, the decoding settings, the models and
+the output format: a rerun into the same output resumes only when nothing of that changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from engine.config import JobSpec
+from engine.io.manifest import FORMATS, jsonl_offsets, manifest_format, parse_rows
+from engine.io.storage import Storage, join
+
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows `[start, stop)` of one manifest file.
+
+    Attributes:
+        id: `shard-00000`, stable for a plan.
+        manifest: the manifest's URI.
+        duplicates: row index in the file -> where that id first appeared.
+        byte_range: for JSONL, the bytes holding exactly these rows (the worker reads only
+            them, with a ranged GET on S3); None: the worker reads the whole file.
+    """
+
+    id: str
+    manifest: str
+    start: int
+    stop: int
+    duplicates: dict[int, str] = field(default_factory=dict)
+    byte_range: tuple[int, int] | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class Plan:
+    shards: list[Shard]
+    rows: int
+    manifests: list[str]
+    fingerprint: str
+
+    def to_dict(self) -> dict:
+        return {"plan_version": PLAN_VERSION, "fingerprint": self.fingerprint, "rows": self.rows,
+                "manifests": self.manifests, "shards": [asdict(s) for s in self.shards]}
+
+
+def manifest_files(spec: JobSpec, storage: Storage) -> list[str]:
+    """Expand `input.manifests` (files, directories, prefixes) into manifest files.
+
+    Raises:
+        ValueError: an entry names nothing readable as a manifest.
+    """
+    files: list[str] = []
+    for i, entry in enumerate(spec.input.manifests):
+        if storage.exists(entry):
+            found = [entry]
+        else:
+            found = [u for u in storage.list(entry) if any(u.lower().endswith(s) for s in FORMATS)]
+        if not found:
+            raise ValueError(f"input.manifests[{i}]: no manifest files (.jsonl, .csv, .parquet) at {entry}")
+        files.extend(u for u in found if u not in files)
+    return files
+
+
+def settings_fingerprint(spec: JobSpec) -> dict:
+    """What, besides the manifests, determines the output rows."""
+    return {"decoding": spec.decoding.model_dump(), "models": spec.models.model_dump(),
+            "output": {"audio_format": spec.output.audio_format, "prompt_audio": spec.output.prompt_audio},
+            "rows_per_shard": spec.resources.rows_per_shard, "batch_size": spec.resources.batch_size}
+
+
+def make_plan(spec: JobSpec, storage: Storage) -> Plan:
+    """Read every manifest once (ids and row counts) and cut it into shards."""
+    digest = hashlib.sha256(json.dumps(settings_fingerprint(spec), sort_keys=True).encode())
+    digest.update(str(PLAN_VERSION).encode())
+    shards: list[Shard] = []
+    first_seen: dict[str, str] = {}
+    files = manifest_files(spec, storage)
+    total = 0
+    per = spec.resources.rows_per_shard
+    for uri in files:
+        data = storage.read_bytes(uri)
+        digest.update(uri.encode())
+        digest.update(hashlib.sha256(data).digest())
+        rows = parse_rows(uri, data)
+        offsets = jsonl_offsets(data) if manifest_format(uri) == "jsonl" else None
+        dups: dict[int, str] = {}
+        for n, row in enumerate(rows):
+            ident = row.get("id") if isinstance(row, dict) else None
+            if ident is None or ident == "":
+                continue
+            key = str(ident)
+            if key in first_seen:
+                dups[n] = first_seen[key]
+            else:
+                first_seen[key] = f"{uri}:{n + 1}"
+        for start in range(0, len(rows), per):
+            stop = min(start + per, len(rows))
+            mine = {i: src for i, src in dups.items() if start <= i < stop}
+            span = (offsets[start], offsets[stop]) if offsets else None
+            shards.append(Shard(f"shard-{len(shards):05d}", uri, start, stop, mine, span))
+        total += len(rows)
+    if total == 0:
+        raise ValueError("the manifests hold no rows")
+    return Plan(shards, total, files, digest.hexdigest()[:32])
+
+
+class Layout:
+    """Where a job's files live under `output.uri`."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def data(self, shard: Shard | str) -> str:
+        return join(self.root, "data", f"{getattr(shard, 'id', shard)}.parquet")
+
+    def commit(self, shard: Shard | str) -> str:
+        return join(self.root, "_commits", f"{getattr(shard, 'id', shard)}.json")
+
+    @property
+    def job(self) -> str:
+        return join(self.root, "_job.json")
+
+    @property
+    def summary(self) -> str:
+        return join(self.root, "summary.json")
+
+    @property
+    def groups_cache(self) -> str:
+        return join(self.root, "_cache", "groups")

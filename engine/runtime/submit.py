@@ -1,0 +1,68 @@
+"""Submitting jobs to a remote Ray cluster through the Ray Jobs API, and asking about them."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from engine.config import JobSpec
+from engine.io.storage import is_remote
+
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def client(address: str):
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(address)
+
+
+def local_paths(spec: JobSpec) -> list[str]:
+    """Spec fields that point at this machine's disk (the cluster may not have them)."""
+    fields = {f"models.{k}": v for k, v in spec.models.model_dump().items()
+              if k != "dtype" and isinstance(v, str)}
+    fields.update({f"input.manifests[{i}]": m for i, m in enumerate(spec.input.manifests)})
+    fields["output.uri"] = spec.output.uri
+    return [f"{name}={value}" for name, value in fields.items() if not is_remote(value)]
+
+
+def submit(spec_path: str | Path, address: str, runtime_env: str | Path | None = None) -> str:
+    """Validate the spec here, upload it as the job's working directory and start
+    `pcg-synth run job.yaml --address auto` on the cluster. Returns the submission id."""
+    spec = JobSpec.load(spec_path)
+    local = local_paths(spec)
+    if local:
+        print("warning: these paths must exist on every cluster node (use s3:// otherwise): "
+              + ", ".join(local), file=sys.stderr)
+    env = yaml.safe_load(Path(runtime_env).read_text()) if runtime_env else {}
+    if not isinstance(env or {}, dict):
+        raise ValueError(f"{runtime_env}: a runtime environment is a YAML mapping")
+    with tempfile.TemporaryDirectory(prefix="pcg-synth-submit-") as work:
+        (Path(work) / "job.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        env = {**(env or {}), "working_dir": work}
+        return client(address).submit_job(
+            entrypoint="pcg-synth run job.yaml --address auto", runtime_env=env,
+            submission_id=f"pcg-synth-{spec.name}-{int(time.time())}",
+            metadata={"pcg_synth_job": spec.name, "output": spec.output.uri})
+
+
+def status(job_id: str, address: str, wait: bool = False, poll_s: float = 2.0) -> tuple[str, str]:
+    """(status, the end of the job's log); with `wait`, block until the job ends.
+
+    Raises:
+        ValueError: the cluster does not know the job (or cannot be asked)."""
+    c = client(address)
+    try:
+        while True:
+            state = str(c.get_job_status(job_id)).split(".")[-1]
+            if not wait or state in TERMINAL:
+                break
+            time.sleep(poll_s)
+        logs = c.get_job_logs(job_id)
+    except RuntimeError as exc:  # the Jobs API reports HTTP errors as RuntimeError
+        raise ValueError(f"job {job_id} at {address}: {str(exc).splitlines()[0]}") from None
+    return state, "\n".join(logs.splitlines()[-25:])

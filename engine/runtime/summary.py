@@ -1,0 +1,116 @@
+"""The job summary (`summary.json`), its printed table and the progress bar's figures."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from engine.config import JobSpec
+from engine.runtime.plan import Plan
+
+CODES_PER_SECOND = 50
+
+
+def acceptance(records: list[dict]) -> tuple[list[float], float]:
+    """Per-position acceptance and mean accepted length over commit records."""
+    width = max((len(r["reached"]) for r in records), default=0)
+    reached, accepted = [0] * width, [0] * width
+    for r in records:
+        for i, (a, b) in enumerate(zip(r["reached"], r["accepted"])):
+            reached[i] += a
+            accepted[i] += b
+    rounds = sum(r["rounds"] for r in records)
+    mal = sum(r["emitted"] for r in records) / rounds if rounds else 0.0
+    return [a / b if b else 0.0 for a, b in zip(accepted, reached)], mal
+
+
+def progress_postfix(records: list[dict], elapsed: float) -> str:
+    """Audio hours, tokens/s and acceptance so far in this run."""
+    tokens = sum(r["generated_tokens"] for r in records)
+    hours = sum(r["audio_seconds"] for r in records) / 3600
+    per_pos, mal = acceptance(records)
+    acc = f" acc={sum(per_pos) / len(per_pos):.2f}" if per_pos else ""
+    return f"audio={hours:.3f}h tok/s={tokens / max(elapsed, 1e-9):.0f}{acc} mal={mal:.2f}"
+
+
+def per_worker(records: list[dict]) -> dict:
+    out: dict[str, dict] = defaultdict(lambda: {"shards": 0, "rows": 0, "generated_tokens": 0,
+                                                "audio_seconds": 0.0, "decode_s": 0.0, "codec_s": 0.0})
+    for r in records:
+        w = out[r["worker"]]
+        w["shards"] += 1
+        w["rows"] += r["rows"]
+        w["generated_tokens"] += r["generated_tokens"]
+        w["audio_seconds"] = round(w["audio_seconds"] + r["audio_seconds"], 3)
+        w["decode_s"] = round(w["decode_s"] + r["decode_s"], 3)
+        w["codec_s"] = round(w["codec_s"] + r["codec_s"], 3)
+        w.update(node=r.get("node"), gpu_ids=r.get("gpu_ids"), device=r.get("device"), host=r.get("host"))
+    for w in out.values():
+        w["tokens_per_s"] = round(w["generated_tokens"] / w["decode_s"], 2) if w["decode_s"] else None
+    return dict(out)
+
+
+def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: list[dict], report,
+              committed_before: int, wall_s: float, setup_s: float = 0.0) -> dict:
+    """Totals over every committed shard; throughput and workers of this run only.
+
+    Throughput is over the synthesis phase (`wall_s - setup_s`: workers loading models
+    included, planning, group building and cluster start-up not)."""
+    synth_s = max(wall_s - setup_s, 1e-9)
+    per_pos, mal = acceptance(all_records)
+    tokens = sum(r["generated_tokens"] for r in all_records)
+    audio = sum(r["audio_seconds"] for r in all_records)
+    run_tokens = sum(r["generated_tokens"] for r in run_records)
+    run_audio = sum(r["audio_seconds"] for r in run_records)
+    run_rows = sum(r["rows"] for r in run_records)
+    failed = dict(report.failed) if report else {}
+    return {
+        "job": spec.name,
+        "output": spec.output.uri,
+        "fingerprint": plan.fingerprint,
+        "method": spec.decoding.method,
+        "decoding": spec.decoding.model_dump(),
+        "rows": plan.rows,
+        "rows_ok": sum(r["ok"] for r in all_records),
+        "rows_failed": sum(r["failed"] for r in all_records),
+        "rows_committed": sum(r["rows"] for r in all_records),
+        "audio_seconds": round(audio, 3),
+        "audio_hours": round(audio / 3600, 5),
+        "generated_tokens": tokens,
+        "target_calls": sum(r["rounds"] for r in all_records),
+        "acceptance_per_position": [round(x, 4) for x in per_pos],
+        "mean_accepted_length": round(mal, 4),
+        "thinning_trials": sum(r["thinning_trials"] for r in all_records),
+        "shards": {"total": len(plan.shards), "committed": len(all_records),
+                   "committed_before": committed_before, "run_now": len(run_records),
+                   "retries": report.retries if report else 0,
+                   "workers_replaced": report.replaced if report else 0, "failed": len(failed)},
+        "failed_shards": failed,
+        "wall_s": round(wall_s, 3),
+        "setup_s": round(setup_s, 3),
+        "throughput": {"tokens_per_s": round(run_tokens / synth_s, 2) if run_records else None,
+                       "audio_s_per_s": round(run_audio / synth_s, 3) if run_records else None,
+                       "rows_per_s": round(run_rows / synth_s, 3) if run_records else None},
+        "workers": per_worker(run_records),
+    }
+
+
+def summary_table(s: dict) -> str:
+    acc = " ".join(f"{a:.2f}" for a in s["acceptance_per_position"]) or "-"
+    sh = s["shards"]
+    rows = [
+        ("job", f"{s['job']} -> {s['output']}"),
+        ("method", s["method"]),
+        ("rows", f"{s['rows_ok']} ok, {s['rows_failed']} failed, {s['rows']} in manifests"),
+        ("shards", f"{sh['committed']}/{sh['total']} committed ({sh['committed_before']} before this run, "
+                   f"{sh['retries']} retries, {sh['failed']} failed)"),
+        ("audio", f"{s['audio_seconds']:.1f} s ({s['audio_hours']:.4f} h)"),
+        ("tokens", f"{s['generated_tokens']} in {s['target_calls']} target calls"),
+        ("acceptance", f"{acc} (mean accepted length {s['mean_accepted_length']:.2f})"),
+        ("throughput", f"{s['throughput']['tokens_per_s']} tok/s, {s['throughput']['audio_s_per_s']} "
+                       f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"),
+    ]
+    for name, w in sorted(s["workers"].items()):
+        rows.append((f"worker {name}", f"{w['shards']} shards, {w['rows']} rows, {w['tokens_per_s']} tok/s, "
+                                       f"{w['device']} gpus={w['gpu_ids']}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,184 @@
+"""What a synthesis worker does, without Ray: hold the models once, turn shards into files.
+
+A shard becomes one Parquet file (every manifest row exactly once: audio rows and error rows)
+and then a commit record. The commit record is written last, so a shard counts as done only
+when its data file is complete; a worker that dies in between leaves an uncommitted shard that
+is redone (and its data file overwritten with identical content).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import time
+from functools import lru_cache
+from pathlib import PurePosixPath
+
+import torch
+from pydantic import ValidationError
+
+from engine.api import SynthesisItem, SynthesisResult, Synthesizer, item_seed
+from engine.config import DecodingSettings, JobSpec
+from engine.decoding.stats import aggregate
+from engine.groups.csr import SpeechGroups
+from engine.io.manifest import ManifestRow, RowError, parse_jsonl, parse_rows, validated
+from engine.io.storage import Storage, StorageError, parse
+from engine.runtime.plan import Layout, Shard
+
+
+def pick_device(setting: str) -> str:
+    if setting != "auto":
+        return setting
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def relative_to(manifest: str, ref: str) -> str:
+    """A clip reference from a manifest row: absolute URIs stay, relative ones are taken from
+    the manifest's folder."""
+    if "://" in ref or ref.startswith("/"):
+        return ref
+    loc = parse(manifest)
+    base = str(PurePosixPath(loc.path).parent / ref)
+    return f"s3://{loc.bucket}/{base}" if loc.scheme == "s3" else base
+
+
+class ShardProcessor:
+    """Models, codec and groups of one worker, and the shard -> Parquet + commit pipeline.
+
+    Args:
+        spec: the job.
+        groups: PCG groups prepared by the driver (None unless the method is `pcg`).
+        worker_id: a label for the summary's per-worker figures.
+    """
+
+    def __init__(self, spec: JobSpec, groups: SpeechGroups | None = None, worker_id: str = "w0") -> None:
+        from engine.codec.prompts import PromptCache
+        from engine.codec.xcodec2 import Xcodec2Codec
+
+        self.spec, self.worker_id = spec, worker_id
+        self.storage = Storage(spec.storage)
+        self.layout = Layout(spec.output.uri)
+        self.device = pick_device(spec.resources.device)
+        local = self.storage.local_dir
+        draft = local(spec.models.draft) if spec.models.draft else None
+        self.synth = Synthesizer.load(local(spec.models.target), draft=draft, device=self.device,
+                                      dtype=spec.models.dtype, batch_size=spec.resources.batch_size)
+        if groups is not None:
+            self.synth.set_groups(groups)
+        self.codec = Xcodec2Codec.load(local(spec.models.codec), device=self.device)
+        self.prompt_cache = PromptCache()
+        self._read_whole = lru_cache(maxsize=2)(self._parse_file)
+
+    def info(self) -> dict:
+        import ray
+
+        gpus = ray.get_gpu_ids() if ray.is_initialized() else []
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {"worker": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
+                "node": node, "gpu_ids": [str(g) for g in gpus], "device": self.device}
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def _parse_file(self, uri: str) -> list:
+        return parse_rows(uri, self.storage.read_bytes(uri))
+
+    def rows_of(self, shard: Shard) -> list[ManifestRow | RowError]:
+        """The shard's rows in manifest order; duplicates (found by the plan) become errors."""
+        if shard.byte_range is not None:
+            raws = parse_jsonl(self.storage.read_range(shard.manifest, *shard.byte_range))
+        else:
+            raws = self._read_whole(shard.manifest)[shard.start:shard.stop]
+        if len(raws) != shard.rows:
+            raise RuntimeError(f"{shard.manifest} changed since the job was planned "
+                               f"({len(raws)} rows where {shard.rows} were planned)")
+        rows = validated(raws, shard.manifest, shard.start)
+        for i, first in shard.duplicates.items():
+            row = rows[i - shard.start]
+            if isinstance(row, ManifestRow):
+                rows[i - shard.start] = RowError(f"{shard.manifest}:{i + 1}", row.id,
+                                                 f"duplicate id (first at {first})", row.text)
+        return rows
+
+    def voice_prompt(self, shard: Shard, row: ManifestRow):
+        """The row's voice prompt (None without one); clips are read through storage, encoded
+        once and cached by content."""
+        from engine.codec.audio import read_clip
+        from engine.codec.prompts import load_voice_prompt
+
+        if row.prompt_codes is None and row.prompt_audio is None:
+            return None
+        if row.prompt_codes is not None:
+            return load_voice_prompt(row.prompt_text or "", codes=row.prompt_codes, id=row.prompt_id)
+        clip = relative_to(shard.manifest, row.prompt_audio)
+        wave = read_clip(io.BytesIO(self.storage.read_bytes(clip)))
+        codes = self.prompt_cache.encode(self.codec, wave)
+        return load_voice_prompt(row.prompt_text or "", codes=codes, id=row.prompt_id)
+
+    # ---- processing ------------------------------------------------------------------------
+
+    def prepare(self, shard: Shard):
+        """Per row: (item or None, settings, prompt, error result or None)."""
+        base = self.spec.decoding
+        out = []
+        for row in self.rows_of(shard):
+            if isinstance(row, RowError):
+                ident = row.id or f"!{row.source}"
+                out.append((None, base, None, SynthesisResult(
+                    id=ident, text=row.text, seed=item_seed(base.seed, ident), error=row.error)))
+                continue
+            try:
+                settings = DecodingSettings(**{**base.model_dump(), **row.overrides()})
+                prompt = self.voice_prompt(shard, row)
+            except (ValidationError, ValueError, StorageError) as exc:
+                out.append((None, base, None, SynthesisResult(
+                    id=row.id, text=row.text, seed=item_seed(base.seed, row.id), error=str(exc))))
+                continue
+            item = SynthesisItem(text=row.text, id=row.id, seed=row.seed,
+                                 prompt_text=prompt.text if prompt else None,
+                                 prompt_codes=list(prompt.codes) if prompt else None)
+            out.append((item, settings, prompt, None))
+        return out
+
+    def decode(self, prepared) -> list[SynthesisResult]:
+        """Decode the good rows, one batch run per distinct settings (per-row overrides)."""
+        results = [err for _, _, _, err in prepared]
+        by_settings: dict[str, list[int]] = {}
+        for i, (item, settings, _, _) in enumerate(prepared):
+            if item is not None:
+                by_settings.setdefault(settings.model_dump_json(), []).append(i)
+        for indices in by_settings.values():
+            settings = prepared[indices[0]][1]
+            done, _ = self.synth.synthesize([prepared[i][0] for i in indices], settings)
+            for i, res in zip(indices, done):
+                results[i] = res
+        return results
+
+    def process(self, shard: Shard, attempt: int = 1) -> dict:
+        """Synthesize one shard, write its Parquet file, then its commit record."""
+        from engine.codec.export import export_audio
+
+        start = time.perf_counter()
+        prepared = self.prepare(shard)
+        results = self.decode(prepared)
+        decode_s = time.perf_counter() - start
+        buffer = io.BytesIO()
+        exported = export_audio(results, [s for _, s, _, _ in prepared], None, parquet_path=buffer,
+                                codec=self.codec, audio_format=self.spec.output.audio_format,
+                                prompts=[p for _, _, p, _ in prepared],
+                                prompt_audio=self.spec.output.prompt_audio)
+        self.storage.write_bytes(self.layout.data(shard), buffer.getvalue())
+        stats = aggregate([r.stats for r in results if r.stats is not None])
+        record = {
+            "shard": shard.id, "manifest": shard.manifest, "rows": shard.rows,
+            "ok": exported["with_audio"], "failed": shard.rows - exported["with_audio"],
+            "audio_seconds": exported["audio_seconds"], "generated_tokens": stats.generated_tokens,
+            "rounds": stats.rounds, "emitted": stats.emitted, "reached": stats.reached,
+            "accepted": stats.accepted, "thinning_trials": stats.thinning_trials,
+            "decode_s": round(decode_s, 4), "codec_s": exported["codec_seconds"],
+            "wall_s": round(time.perf_counter() - start, 4), "attempt": attempt,
+            "data": self.layout.data(shard), **self.info(),
+        }
+        self.storage.write_bytes(self.layout.commit(shard), json.dumps(record, indent=1).encode())
+        return record

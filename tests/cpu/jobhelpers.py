@@ -1,0 +1,59 @@
+"""Helpers shared by the job tests: specs over the kit, reading a job's output."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import soundfile as sf
+
+from engine.config import JobSpec
+from engine.io.storage import Storage
+
+
+def write_manifest(path: Path, rows: list[dict | str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def texts(n: int, prefix: str = "u") -> list[dict]:
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+    return [{"id": f"{prefix}{i:03d}", "text": f"Sentence {words[i % 8]} number {i}."} for i in range(n)]
+
+
+def job_spec(kit_dir: Path, manifests: list[str], output: str, **over) -> JobSpec:
+    raw = {
+        "name": "test-job",
+        "models": {"target": str(kit_dir / "target"), "draft": str(kit_dir / "draft"),
+                   "codec": str(kit_dir / "codec")},
+        "decoding": {"method": "exact", "max_new_tokens": 16, "seed": 1},
+        "input": {"manifests": manifests},
+        "output": {"uri": output, "audio_format": "flac"},
+        "resources": {"workers": 2, "batch_size": 4, "rows_per_shard": 3, "cpus_per_worker": 1},
+    }
+    for key, value in over.items():
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+    return JobSpec.model_validate(raw)
+
+
+def read_output(spec: JobSpec) -> list[dict]:
+    """Every row of the job's dataset, shard by shard."""
+    storage = Storage(spec.storage)
+    rows = []
+    for uri in storage.list(spec.output.uri.rstrip("/") + "/data"):
+        fs, path = storage.arrow_filesystem(uri)
+        rows.extend(pq.read_table(path, filesystem=fs).to_pylist())
+    return rows
+
+
+def audio_ok(row: dict) -> bool:
+    samples, rate = sf.read(io.BytesIO(row["audio"]["bytes"]))
+    return rate == 16_000 and len(samples) == 320 * len(row["codes"]) > 0
+
+
+def comparable(rows: list[dict]) -> list[tuple]:
+    return sorted((r["id"], tuple(r["codes"]), r["finish_reason"], r["error"],
+                   r["audio"]["bytes"] if r["audio"] else None) for r in rows)

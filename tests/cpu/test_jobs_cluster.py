@@ -1,0 +1,91 @@
+"""Jobs on a multi-node Ray cluster (ray.cluster_utils.Cluster, logical GPUs on CPU machines):
+placement one worker per GPU, a worker process killed mid-job, a node removed mid-job."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from engine.runtime.job import JobRunner
+from jobhelpers import audio_ok, job_spec, read_output, texts, write_manifest
+
+
+@pytest.fixture
+def cluster():
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def gpu_nodes(cluster: Cluster, count: int, gpus: int) -> list:
+    nodes = [cluster.add_node(num_cpus=gpus, num_gpus=gpus) for _ in range(count)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    return nodes
+
+
+def gpu_spec(kit_dir, tmp_path, rows: int, workers: int, rows_per_shard: int = 2):
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(rows))
+    return job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
+                    resources={"workers": workers, "gpus_per_worker": 1, "cpus_per_worker": 1,
+                               "rows_per_shard": rows_per_shard, "device": "cpu"})
+
+
+def assert_each_row_once(spec, rows: int) -> None:
+    out = read_output(spec)
+    assert collections.Counter(r["id"] for r in out) == collections.Counter(f"u{i:03d}" for i in range(rows))
+    assert all(audio_ok(r) for r in out)
+
+
+def test_workers_are_placed_one_per_gpu(cluster, kit_dir, tmp_path):
+    gpu_nodes(cluster, count=2, gpus=2)
+    spec = gpu_spec(kit_dir, tmp_path, rows=16, workers=4)
+    summary = JobRunner(spec, progress=False).run()
+    placements = {(w["node"], tuple(w["gpu_ids"])) for w in summary["workers"].values()}
+    assert all(len(gpus) == 1 for _, gpus in placements)
+    assert len(placements) == len(summary["workers"]) >= 3  # distinct GPUs, no GPU shared
+    assert len({node for node, _ in placements}) == 2
+    assert_each_row_once(spec, 16)
+
+
+def test_a_worker_killed_mid_job_is_replaced_and_its_shard_retried(cluster, kit_dir, tmp_path):
+    gpu_nodes(cluster, count=1, gpus=2)
+    killed = []
+
+    def kill_once(record):
+        if not killed:
+            killed.append(record["pid"])
+            os.kill(record["pid"], signal.SIGKILL)  # a real crash of the worker process
+
+    spec = gpu_spec(kit_dir, tmp_path, rows=12, workers=2)
+    summary = JobRunner(spec, progress=False, on_commit=kill_once).run()
+    assert killed
+    assert summary["shards"]["retries"] >= 1 and summary["shards"]["workers_replaced"] >= 1
+    assert summary["shards"]["committed"] == summary["shards"]["total"] == 6
+    assert_each_row_once(spec, 12)
+
+
+def test_a_node_removed_mid_job_leaves_the_rest_to_finish(cluster, kit_dir, tmp_path):
+    nodes = gpu_nodes(cluster, count=2, gpus=1)
+    by_id = {n.node_id: n for n in nodes}
+    removed = []
+
+    def remove_node_once(record):
+        if not removed:
+            victim = next(n for nid, n in by_id.items() if nid != record["node"])
+            cluster.remove_node(victim)
+            removed.append(victim.node_id)
+
+    spec = gpu_spec(kit_dir, tmp_path, rows=12, workers=2)
+    summary = JobRunner(spec, progress=False, on_commit=remove_node_once).run()
+    assert removed
+    assert summary["shards"]["committed"] == summary["shards"]["total"] == 6
+    assert_each_row_once(spec, 12)

@@ -1,0 +1,97 @@
+"""`pcg-synth submit` / `status` against a real Ray head with its Jobs API on this machine,
+and the cluster launcher config against the schema shipped inside the ray package."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+import ray
+import yaml
+
+from engine.cli import main
+from jobhelpers import job_spec, read_output, texts, write_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    if ray.is_initialized():
+        ray.shutdown()
+    port, dash = free_port(), free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    head = subprocess.Popen(["ray", "start", "--head", f"--port={port}", f"--dashboard-port={dash}",
+                             "--num-cpus=2", "--include-dashboard=true", "--block"],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    address = f"http://127.0.0.1:{dash}"
+    from ray.job_submission import JobSubmissionClient
+
+    deadline = time.time() + 120
+    while True:
+        try:
+            JobSubmissionClient(address)
+            break
+        except Exception:  # noqa: BLE001 - not up yet
+            assert head.poll() is None and time.time() < deadline, "the Ray head did not start"
+            time.sleep(1)
+    yield address
+    os.killpg(head.pid, signal.SIGTERM)
+    head.wait(timeout=60)
+
+
+def test_submit_runs_the_job_on_the_cluster_and_status_reports_it(ray_head, kit_dir, tmp_path, capsys):
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(4))
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), resources={"workers": 1})
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    env_file = ROOT / "cluster" / "runtime-env.yaml"
+    assert main(["submit", str(spec_file), "--address", ray_head, "--runtime-env", str(env_file)]) == 0
+    out = capsys.readouterr()
+    job_id = out.out.split()[1]
+    assert "must exist on every cluster node" in out.err  # local paths are flagged
+    assert main(["status", job_id, "--address", ray_head, "--wait"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{job_id}: SUCCEEDED" in printed and "4 ok, 0 failed" in printed  # the job's own table
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["rows_ok"] == 4 and len(read_output(spec)) == 4
+
+
+def test_status_of_an_unknown_job_fails_clearly(ray_head, capsys):
+    assert main(["status", "no-such-job", "--address", ray_head]) == 2
+    assert "no-such-job" in capsys.readouterr().err
+
+
+def test_cluster_launcher_config_matches_rays_schema():
+    schema_file = Path(ray.__file__).parent / "autoscaler" / "ray-schema.json"
+    schema = json.loads(schema_file.read_text())
+    config = yaml.safe_load((ROOT / "ray-cluster.yaml").read_text())
+    jsonschema.validate(config, schema)
+    assert config["available_node_types"]["head"]["resources"] == {"CPU": 0}
+    broken = {**config, "provider": {"type": "aws", "region": 7}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
+
+
+def test_example_job_specs_are_valid():
+    from engine.config import JobSpec
+
+    for name in ("quickstart.yaml", "synthesize-s3.yaml"):
+        spec = JobSpec.load(ROOT / "jobs" / name)
+        assert spec.output.uri
+    rayjob = yaml.safe_load((ROOT / "cluster" / "rayjob.yaml").read_text())
+    assert rayjob["kind"] == "RayJob" and "pcg-synth run" in rayjob["spec"]["entrypoint"]
