@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe  # noqa: E402
+from machine import describe, write_result  # noqa: E402
 
 from engine.codec.xcodec2 import Xcodec2Codec  # noqa: E402
 
@@ -126,10 +126,7 @@ def main() -> None:
            "machine": machine, "results": results}
     if args.note:
         doc["note"] = args.note
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"written to {args.out}")
+    write_result(doc, args.out)
 
 
 if __name__ == "__main__":

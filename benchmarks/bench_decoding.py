@@ -10,14 +10,13 @@ repetition, so drift of the machine cancels. A warm-up pass per method is exclud
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe  # noqa: E402
+from machine import describe, write_result  # noqa: E402
 
 from engine import DecodingSettings, SynthesisItem, Synthesizer  # noqa: E402
 
@@ -104,10 +103,8 @@ def main() -> None:
     for b in [int(x) for x in args.batch_sizes.split(",")]:
         result["batches"][str(b)] = run_batch(synth, b, args.reps, args.max_new_tokens, args.gamma, args.theta)
         print(f"batch {b} done", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    out.with_suffix(".md").write_text(markdown(result))
+    write_result(result, args.out)
+    Path(args.out).with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
 
 

@@ -15,26 +15,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
+import sys
+
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe, write_result  # noqa: E402
 
 
 def machine() -> dict:
     import faiss
     import ray
-    import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
     mem = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                 if line.startswith("MemTotal")), 0)
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / 2**20, 1),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "faiss": faiss.__version__, "ray": ray.__version__, "numpy": np.__version__,
-            "cuda": torch.cuda.is_available()}
+    return {**describe("cpu"), "memory_gib": round(mem / 2**20, 1), "faiss": faiss.__version__,
+            "ray": ray.__version__, "numpy": np.__version__}
+
+
+def load_note(runs: list[dict]) -> str:
+    """What the 1-minute load averages say about the machine during the runs."""
+    peak = max((max(r["load_avg_1m_before"], r["load_avg_1m_after"]) for r in runs), default=0.0)
+    if peak > (os.cpu_count() or 1) + 0.5:  # more than the benchmark's own threads
+        return f"other processes ran concurrently (1-minute load up to {peak}); timings are upper bounds"
+    return f"no other load (1-minute load average at most {peak}, the benchmark's own included)"
 
 
 def timed(label: str, fn, flops: float) -> tuple[dict, object]:
@@ -88,18 +95,14 @@ def main() -> None:
     ray.shutdown()
     identical = all(np.array_equal(g.indptr, results[0].indptr)
                     and np.array_equal(g.members, results[0].members) for g in results)
-    doc = {"benchmark": "groups build", "shape": [args.tokens, args.dim], "theta": args.theta,
+    doc = {"how": "python " + " ".join(sys.argv), "benchmark": "groups build", "shape": [args.tokens, args.dim], "theta": args.theta,
            "embeddings": f"standard normal float32, seed {args.seed}", "flop": flops,
            "machine": machine(), "ray_init_seconds": ray_start, "runs": runs,
            "all_runs_identical": identical,
            "gpu": "pending: no GPU was available in this session (run with --workers 1 on a CUDA "
                   "machine: one actor per GPU, faiss GPU build or torch)",
-           "note": "shared 2-core machine: other jobs ran concurrently (see load averages); "
-                   "timings are upper bounds"}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"written to {args.out}")
+           "note": load_note(runs)}
+    write_result(doc, args.out)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
+from pathlib import Path
 
 import torch
 
@@ -31,3 +33,11 @@ def describe(device: str = "cpu") -> dict:
     if device.startswith("cuda") and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
+
+
+def write_result(doc: dict, out: str | None) -> None:
+    """Write a result file (JSON) where asked."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"written to {out}")

@@ -87,7 +87,7 @@ class InputSpec(BaseModel):
 
     manifests: list[str] = Field(min_length=1, description=(
         "Manifest files or directories/prefixes of them (.jsonl, .csv, .parquet; local or s3://). "
-        "Rows: id, text, optional prompt_text + prompt_codes | prompt_audio (clip URI), prompt_id, "
+        "Rows: id, text, optional prompt_text with prompt_codes or prompt_audio (a clip URI), prompt_id, "
         "seed, temperature, top_p, top_k, repetition_penalty."))
 
 

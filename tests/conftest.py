@@ -52,7 +52,7 @@ def kit_groups(kit_synth, groups_cache):
     return get_groups(kit_synth.speech_embeddings(), 0.4, cache_dir=groups_cache)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -70,7 +70,7 @@ def s3_endpoint():
            "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:

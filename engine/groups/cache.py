@@ -21,8 +21,8 @@ import torch
 from engine.groups.build import build_groups, check_cap, check_theta
 from engine.groups.csr import SpeechGroups
 from engine.groups.source import embeddings_sha256
-from engine.groups.store import (FORMAT_VERSION, GroupFileError, deduplicate, from_bytes, to_bytes,
-                                 write_atomic)
+from engine.groups.store import FORMAT_VERSION, GroupFileError, deduplicate, from_bytes, to_bytes
+from engine.io.storage import write_atomic
 
 
 @runtime_checkable

@@ -44,7 +44,8 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
 def cmd_build(args) -> int:
     from engine.groups.cache import LocalDirStore, build_with_metadata, cache_key, default_cache_dir
     from engine.groups.stats import format_stats, group_stats
-    from engine.groups.store import to_bytes, write_atomic
+    from engine.groups.store import to_bytes
+    from engine.io.storage import write_atomic
 
     theta, cap = check_theta(args.theta), check_cap(args.max_group_size)  # before any loading
     if args.workers < 0:

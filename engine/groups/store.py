@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,7 @@ from safetensors.numpy import save as st_save
 
 from engine.groups.csr import SpeechGroups
 from engine.groups.stats import group_stats
+from engine.io.storage import write_atomic
 
 FORMAT = "pcg-synth/speech-groups"
 FORMAT_VERSION = 1
@@ -190,19 +189,6 @@ def from_bytes(data: bytes, name: str = "<bytes>", expect: dict | None = None) -
                         num_tokens=meta["num_tokens"], home=home,
                         max_group_size=meta["max_group_size"], truncated=meta["truncated"],
                         meta=info, full_sizes=t.get("full_sizes"))
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_groups(groups: SpeechGroups, path: str | Path) -> Path:

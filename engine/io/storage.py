@@ -70,6 +70,20 @@ def join(base: str, *parts: str) -> str:
     return out
 
 
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write a local file via a temporary sibling and a rename: readers never see half a file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def is_remote(uri: str) -> bool:
     return parse(uri).scheme == "s3"
 
@@ -166,16 +180,7 @@ class Storage:
         """Write atomically: a temporary file renamed into place, or one S3 PUT."""
         loc = parse(uri)
         if loc.scheme == "file":
-            target = Path(loc.path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_atomic(loc.path, data)
             return
         try:
             self.s3.put_object(Bucket=loc.bucket, Key=loc.path, Body=data)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,16 +15,11 @@ import pytest
 import ray
 import yaml
 
+from conftest import free_port
 from engine.cli import main
 from jobhelpers import job_spec, read_output, texts, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +89,14 @@ def test_example_job_specs_are_valid():
         assert spec.output.uri
     rayjob = yaml.safe_load((ROOT / "cluster" / "rayjob.yaml").read_text())
     assert rayjob["kind"] == "RayJob" and "pcg-synth run" in rayjob["spec"]["entrypoint"]
+
+
+def test_every_job_spec_field_is_documented_in_the_readme():
+    from engine.config import DecodingSettings, InputSpec, ModelsSpec, OutputSpec, ResourcesSpec
+    from engine.io.storage import StorageOptions
+
+    readme = (ROOT / "README.md").read_text()
+    for prefix, model in [("models", ModelsSpec), ("decoding", DecodingSettings), ("input", InputSpec),
+                          ("output", OutputSpec), ("storage", StorageOptions), ("resources", ResourcesSpec)]:
+        for name in model.model_fields:
+            assert f"`{prefix}.{name}`" in readme, f"{prefix}.{name} is not documented"
