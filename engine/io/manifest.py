@@ -16,7 +16,6 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.io.storage import Storage
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
@@ -118,11 +117,6 @@ def parse_rows(uri: str, data: bytes) -> list[dict | str]:
         text = data.decode("utf-8", errors="replace")
         return [dict(r) for r in csv.DictReader(io.StringIO(text))]
     return parse_jsonl(data)
-
-
-def raw_rows(storage: Storage, uri: str) -> list[dict | str]:
-    """Every row of a manifest file as a dict, or the undecodable line as a string."""
-    return parse_rows(uri, storage.read_bytes(uri))
 
 
 def validate(raw: dict | str, source: str) -> ManifestRow | RowError:
