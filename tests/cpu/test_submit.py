@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,8 +28,11 @@ def ray_head():
     if ray.is_initialized():
         ray.shutdown()
     port, dash = free_port(), free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    head = subprocess.Popen(["ray", "start", "--head", f"--port={port}", f"--dashboard-port={dash}",
+    # The environment's own executables (ray, pcg-synth), found by the job server on PATH as on
+    # a real cluster node, without relying on an activated virtualenv.
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    head = subprocess.Popen([str(Path(bindir) / "ray"), "start", "--head", f"--port={port}", f"--dashboard-port={dash}",
                              "--num-cpus=2", "--include-dashboard=true", "--block"],
                             env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
