@@ -252,7 +252,8 @@ def add_jobs(sub) -> None:
                                    "workers on Ray and write an Arrow/Parquet audio dataset with "
                                    "summary.json. Rerunning resumes: committed shards are skipped.")
     p.add_argument("spec", help="job spec (YAML); see jobs/quickstart.yaml")
-    p.add_argument("--address", help="Ray cluster address (auto, ray://HEAD:10001); default: local Ray")
+    p.add_argument("--address", help="Ray cluster address (auto: the running cluster, ray://HEAD:10001); "
+                                      "default: $RAY_ADDRESS if set, else a fresh local Ray")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table; print a JSON line")
     p.set_defaults(func=cmd_run)
     s = sub.add_parser("submit", help="submit a job spec to a Ray cluster (Ray Jobs API)",

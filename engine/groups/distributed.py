@@ -61,12 +61,11 @@ class SliceWorker:
 
 
 def ensure_ray() -> bool:
-    """Ray's default: the cluster in `RAY_ADDRESS` (`local` forces a fresh one), else a running
-    local cluster from `ray start`, else a new local one. Returns True if this call initialised."""
-    if ray.is_initialized():
-        return False
-    ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
-    return True
+    """The cluster in `RAY_ADDRESS`, else a fresh local one (never a stale `ray start` cluster).
+    Returns True if this call initialised Ray."""
+    from engine.runtime.connect import init_ray
+
+    return init_ray(include_dashboard=False)
 
 
 def worker_plan(workers: int | None, cpus_per_worker: int) -> tuple[int, dict]:

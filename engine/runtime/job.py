@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from engine.config import JobSpec
 from engine.io.storage import Storage, StorageError
+from engine.runtime.connect import init_ray
 from engine.runtime.plan import Layout, Plan, make_plan
 from engine.runtime.pool import JobFailed, WorkerPool
 from engine.runtime.summary import progress_postfix, summarize, summary_table
@@ -83,7 +84,8 @@ class JobRunner:
 
     Args:
         spec: the job.
-        address: Ray address (`auto`, `ray://...`); None starts or joins a local cluster.
+        address: Ray address (`auto`, `ray://HEAD:10001`, `local`); None: `RAY_ADDRESS` if set,
+            else a fresh local cluster.
         progress: show the progress bar and the final table.
         on_commit: extra callback per committed shard (tests use it to inject failures).
     """
@@ -111,8 +113,7 @@ class JobRunner:
         setup_s = 0.0
         if todo:
             groups = prepare_groups(spec, storage, layout)
-            if not ray.is_initialized():
-                ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+            init_ray(self.address, log_to_driver=False, configure_logging=False)
             setup_s = time.perf_counter() - started
             done_rows = sum(s.rows for s in plan.shards if s.id in committed)
             bar = tqdm(total=plan.rows, initial=done_rows, unit="row", desc=spec.name,

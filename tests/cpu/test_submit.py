@@ -23,30 +23,35 @@ from jobhelpers import job_spec, read_output, texts, write_manifest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def ray_head():
-    if ray.is_initialized():
-        ray.shutdown()
-    port, dash = free_port(), free_port()
-    # The environment's own executables (ray, pcg-synth), found by the job server on PATH as on
-    # a real cluster node, without relying on an activated virtualenv.
-    bindir = str(Path(sys.executable).parent)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
-    head = subprocess.Popen([str(Path(bindir) / "ray"), "start", "--head", f"--port={port}", f"--dashboard-port={dash}",
-                             "--num-cpus=2", "--include-dashboard=true", "--block"],
-                            env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    address = f"http://127.0.0.1:{dash}"
+def start_head() -> tuple[subprocess.Popen, str]:
+    """`ray start --head --block` from this environment's bin/ (ray and pcg-synth are found on
+    PATH by the job server, as on a real cluster node, without an activated virtualenv); returns
+    the process and the Jobs API address once it answers."""
     from ray.job_submission import JobSubmissionClient
 
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    port, dash = free_port(), free_port()
+    head = subprocess.Popen([str(Path(bindir) / "ray"), "start", "--head", f"--port={port}",
+                             f"--dashboard-port={dash}", "--num-cpus=2", "--include-dashboard=true",
+                             "--block"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = f"http://127.0.0.1:{dash}"
     deadline = time.time() + 120
     while True:
         try:
             JobSubmissionClient(address)
-            break
+            return head, address
         except Exception:  # noqa: BLE001 - not up yet
             assert head.poll() is None and time.time() < deadline, "the Ray head did not start"
             time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    if ray.is_initialized():
+        ray.shutdown()
+    head, address = start_head()
     yield address
     os.killpg(head.pid, signal.SIGTERM)
     head.wait(timeout=60)
@@ -104,3 +109,22 @@ def test_every_job_spec_field_is_documented_in_the_readme():
                           ("output", OutputSpec), ("storage", StorageOptions), ("resources", ResourcesSpec)]:
         for name in model.model_fields:
             assert f"`{prefix}.{name}`" in readme, f"{prefix}.{name} is not documented"
+
+
+def test_run_starts_a_fresh_local_cluster_after_a_ray_head_died(kit_dir, tmp_path):
+    """A `ray start` cluster that died leaves its address behind in Ray's session files; Ray's
+    own default would try to join it and hang. `pcg-synth run` must start a fresh one."""
+    if ray.is_initialized():
+        ray.shutdown()
+    head, _ = start_head()
+    os.killpg(head.pid, signal.SIGKILL)  # dies uncleanly: its records stay
+    head.wait(timeout=60)
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(2))
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), resources={"workers": 1})
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(spec_file), "--quiet"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["rows_ok"] == 2
