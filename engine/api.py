@@ -74,6 +74,14 @@ class RunSummary:
     failed: int
     wall_s: float
     stats: RowStats
+    decode_rounds: int = 0  # decode rounds of the batch
+    slot_rounds: int = 0  # rows active, summed over those rounds
+    batch_size: int = 1
+
+    @property
+    def slot_utilisation(self) -> float:
+        """Mean fraction of the batch's slots that held a row per decode round."""
+        return self.slot_rounds / (self.decode_rounds * self.batch_size) if self.decode_rounds else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -97,6 +105,7 @@ class RunSummary:
             "drafted": s.drafted,
             "thinning_trials": s.thinning_trials,
             "fallbacks": s.fallbacks,
+            "slot_utilisation": round(self.slot_utilisation, 4),
         }
 
 
@@ -254,5 +263,6 @@ class Synthesizer:
         stats = aggregate([r.stats for r in results if r.stats is not None])
         summary = RunSummary(method=settings.method, settings=settings.model_dump(), items=len(results),
                              ok=len(requests), failed=len(results) - len(requests), wall_s=wall,
-                             stats=stats)
+                             stats=stats, decode_rounds=decoder.rounds_run,
+                             slot_rounds=decoder.slot_rounds, batch_size=decoder.batch)
         return results, summary

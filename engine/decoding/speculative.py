@@ -105,6 +105,8 @@ class SpeculativeDecoder:
         self.stat_counts = torch.zeros(b, 4, dtype=torch.long, device=dev)  # rounds, emitted, trials, fallbacks
         self.host_len = np.zeros(b, dtype=np.int64)
         self.host_prompt = np.zeros(b, dtype=np.int64)
+        self.rounds_run = 0  # decode rounds since the last `run` began
+        self.slot_rounds = 0  # active rows summed over those rounds
 
     # ---- admission -------------------------------------------------------------------------
 
@@ -272,6 +274,7 @@ class SpeculativeDecoder:
                                  f"{self.max_len}-token limit")
         free = list(range(self.batch))
         owner: dict[int, Request] = {}
+        self.rounds_run = self.slot_rounds = 0
         while queue or owner:
             if free and queue:
                 take = min(len(free), len(queue))
@@ -280,6 +283,8 @@ class SpeculativeDecoder:
                 self.admit(slots, batch)
                 owner.update(zip(slots, batch))
             active = sorted(owner)
+            self.rounds_run += 1
+            self.slot_rounds += len(active)
             counts, finished = self.step(active)
             self.host_len[active] += counts
             for slot, done in zip(active, finished):

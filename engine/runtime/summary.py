@@ -34,7 +34,9 @@ def progress_postfix(records: list[dict], elapsed: float) -> str:
 
 def per_worker(records: list[dict]) -> dict:
     out: dict[str, dict] = defaultdict(lambda: {"shards": 0, "rows": 0, "generated_tokens": 0,
-                                                "audio_seconds": 0.0, "decode_s": 0.0, "codec_s": 0.0})
+                                                "audio_seconds": 0.0, "decode_s": 0.0, "codec_s": 0.0,
+                                                "busy_s": 0.0, "decode_rounds": 0, "slot_rounds": 0,
+                                                "slots": 0})
     for r in records:
         w = out[r["worker"]]
         w["shards"] += 1
@@ -43,10 +45,26 @@ def per_worker(records: list[dict]) -> dict:
         w["audio_seconds"] = round(w["audio_seconds"] + r["audio_seconds"], 3)
         w["decode_s"] = round(w["decode_s"] + r["decode_s"], 3)
         w["codec_s"] = round(w["codec_s"] + r["codec_s"], 3)
+        w["busy_s"] = round(w["busy_s"] + r["wall_s"], 3)
+        w["decode_rounds"] += r.get("decode_rounds", 0)
+        w["slot_rounds"] += r.get("slot_rounds", 0)
+        w["slots"] += r.get("decode_rounds", 0) * r.get("batch_size", 1)
         w.update(node=r.get("node"), gpu_ids=r.get("gpu_ids"), device=r.get("device"), host=r.get("host"))
     for w in out.values():
         w["tokens_per_s"] = round(w["generated_tokens"] / w["decode_s"], 2) if w["decode_s"] else None
+        # how full the batch was while decoding (continuous batching keeps it near 1)
+        w["slot_utilisation"] = round(w.pop("slot_rounds") / w.pop("slots"), 4) if w["slots"] else None
     return dict(out)
+
+
+def utilisation(records: list[dict], synth_s: float, workers: int) -> dict:
+    """How busy the workers were: time spent on shards over the synthesis phase (model loading
+    and idle waits are the rest), and batch slots filled per decode round."""
+    busy = sum(r["wall_s"] for r in records)
+    slots = sum(r.get("decode_rounds", 0) * r.get("batch_size", 1) for r in records)
+    filled = sum(r.get("slot_rounds", 0) for r in records)
+    return {"worker_busy_fraction": round(busy / (synth_s * workers), 4) if records else None,
+            "slot_utilisation": round(filled / slots, 4) if slots else None}
 
 
 def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: list[dict], report,
@@ -91,6 +109,7 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
                        "audio_s_per_s": round(run_audio / synth_s, 3) if run_records else None,
                        "rows_per_s": round(run_rows / synth_s, 3) if run_records else None},
         "workers": per_worker(run_records),
+        "utilisation": utilisation(run_records, synth_s, min(spec.resources.workers, len(run_records))),
     }
 
 
@@ -106,11 +125,13 @@ def summary_table(s: dict) -> str:
         ("audio", f"{s['audio_seconds']:.1f} s ({s['audio_hours']:.4f} h)"),
         ("tokens", f"{s['generated_tokens']} in {s['target_calls']} target calls"),
         ("acceptance", f"{acc} (mean accepted length {s['mean_accepted_length']:.2f})"),
+        ("utilisation", f"workers busy {s['utilisation']['worker_busy_fraction']}, batch slots filled "
+                        f"{s['utilisation']['slot_utilisation']}"),
         ("throughput", f"{s['throughput']['tokens_per_s']} tok/s, {s['throughput']['audio_s_per_s']} "
                        f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"),
     ]
     for name, w in sorted(s["workers"].items()):
         rows.append((f"worker {name}", f"{w['shards']} shards, {w['rows']} rows, {w['tokens_per_s']} tok/s, "
-                                       f"{w['device']} gpus={w['gpu_ids']}"))
+                                       f"slots {w['slot_utilisation']}, {w['device']} gpus={w['gpu_ids']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -141,19 +141,23 @@ class ShardProcessor:
             out.append((item, settings, prompt, None))
         return out
 
-    def decode(self, prepared) -> list[SynthesisResult]:
-        """Decode the good rows, one batch run per distinct settings (per-row overrides)."""
+    def decode(self, prepared) -> tuple[list[SynthesisResult], dict]:
+        """Decode the good rows, one batch run per distinct settings (per-row overrides).
+        Returns the results and the batch's slot occupancy (decode rounds, busy slot-rounds)."""
         results = [err for _, _, _, err in prepared]
+        occupancy = {"decode_rounds": 0, "slot_rounds": 0}
         by_settings: dict[str, list[int]] = {}
         for i, (item, settings, _, _) in enumerate(prepared):
             if item is not None:
                 by_settings.setdefault(settings.model_dump_json(), []).append(i)
         for indices in by_settings.values():
             settings = prepared[indices[0]][1]
-            done, _ = self.synth.synthesize([prepared[i][0] for i in indices], settings)
+            done, summary = self.synth.synthesize([prepared[i][0] for i in indices], settings)
+            occupancy["decode_rounds"] += summary.decode_rounds
+            occupancy["slot_rounds"] += summary.slot_rounds
             for i, res in zip(indices, done):
                 results[i] = res
-        return results
+        return results, occupancy
 
     def process(self, shard: Shard, attempt: int = 1) -> dict:
         """Synthesize one shard, write its Parquet file, then its commit record."""
@@ -161,7 +165,7 @@ class ShardProcessor:
 
         start = time.perf_counter()
         prepared = self.prepare(shard)
-        results = self.decode(prepared)
+        results, occupancy = self.decode(prepared)
         decode_s = time.perf_counter() - start
         buffer = io.BytesIO()
         exported = export_audio(results, [s for _, s, _, _ in prepared], None, parquet_path=buffer,
@@ -178,6 +182,7 @@ class ShardProcessor:
             "accepted": stats.accepted, "thinning_trials": stats.thinning_trials,
             "decode_s": round(decode_s, 4), "codec_s": exported["codec_seconds"],
             "wall_s": round(time.perf_counter() - start, 4), "attempt": attempt,
+            "batch_size": self.spec.resources.batch_size, **occupancy,
             "data": self.layout.data(shard), **self.info(),
         }
         self.storage.write_bytes(self.layout.commit(shard), json.dumps(record, indent=1).encode())

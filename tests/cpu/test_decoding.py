@@ -89,9 +89,11 @@ def test_greedy_pcg_emits_only_group_mates_of_the_target_argmax(synth64, kit_gro
 @pytest.mark.parametrize("method", ["exact", "pcg", "ssd", "topk", "ar"])
 def test_sampling_is_independent_of_batch_composition(synth64, kit_groups, method):
     settings = DecodingSettings(method=method, theta=kit_groups.theta, max_new_tokens=40, seed=7)
-    one, _ = synth64.synthesize(TEXTS, settings, batch_size=1)
+    one, single = synth64.synthesize(TEXTS, settings, batch_size=1)
     many, summary = synth64.synthesize(TEXTS, settings, batch_size=3)  # 8 items through 3 slots
     assert codes_of(one) == codes_of(many)
+    assert single.slot_utilisation == 1.0
+    assert 0.5 < summary.slot_utilisation < 1.0  # refilled while the queue lasts, drains at the end
     assert [r.finish_reason for r in one] == [r.finish_reason for r in many]
     assert summary.ok == len(TEXTS)
 

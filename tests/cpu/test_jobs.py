@@ -53,6 +53,9 @@ def test_quickstart_job_end_to_end(local_ray, kit_dir, tmp_path, groups_cache, k
     assert summary["shards"]["committed"] == summary["shards"]["total"] == 3
     assert len(summary["acceptance_per_position"]) == 3 and summary["mean_accepted_length"] >= 1
     assert set(summary["workers"]) <= {"w0", "w1"} and summary["throughput"]["tokens_per_s"] > 0
+    assert 0 < summary["utilisation"]["worker_busy_fraction"] <= 1
+    assert 0 < summary["utilisation"]["slot_utilisation"] <= 1
+    assert all(0 < w["slot_utilisation"] <= 1 for w in summary["workers"].values())
     on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert on_disk["rows_ok"] == summary["rows_ok"]
     import datasets
