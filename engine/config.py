@@ -112,12 +112,70 @@ class ResourcesSpec(BaseModel):
     device: str = Field("auto", description="auto (cuda where the worker has a GPU, else cpu), cpu, cuda.")
 
 
+class VoicePromptSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, description="Prompt id (goes into every row's provenance).")
+    text: str = Field(min_length=1, description="Transcript of the prompt clip.")
+    codes: list[int] | None = Field(None, description="X-codec2 codes of the clip (or give audio).")
+    audio: str | None = Field(None, description="WAV/FLAC clip URI (encoded once, cached).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "VoicePromptSpec":
+        if (self.codes is None) == (self.audio is None):
+            raise ValueError(f"voice prompt {self.id!r}: give exactly one of codes or audio")
+        return self
+
+
+class AugmentSpec(BaseModel):
+    """An augmentation corpus: every manifest text crossed with voices, seeds, sampling settings
+    and methods, capped per text and by an audio budget (kind: augment)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompts: list[VoicePromptSpec] = Field(default_factory=list, description=(
+        "Voices to clone; each variant uses one (none: the model's own voice)."))
+    include_no_prompt: bool = Field(False, description="Also make variants without a voice prompt.")
+    seeds: list[int] = Field([0], min_length=1, description="Sampling seeds per combination.")
+    temperatures: list[float] | None = Field(None, description="Temperatures (default: decoding.temperature).")
+    top_ps: list[float] | None = Field(None, description="top_p values (default: decoding.top_p).")
+    methods: list[Method] | None = Field(None, description="Acceptance rules (default: decoding.method).")
+    max_variants_per_text: int | None = Field(None, ge=1, description=(
+        "Cap per text; combinations are then sampled, balanced across voices."))
+    max_audio_hours: float | None = Field(None, gt=0, description=(
+        "Budget of estimated audio (text length / chars_per_second); variants per text are "
+        "reduced evenly until the corpus fits. The summary reports the real hours."))
+    chars_per_second: float = Field(15.0, gt=0, description="Speaking rate used to estimate durations.")
+    sample_seed: int = Field(0, ge=0, description="Seed of the combination sampling and the shuffle.")
+
+    @model_validator(mode="after")
+    def _values(self) -> "AugmentSpec":
+        if any(not 0.0 <= t for t in self.temperatures or []):
+            raise ValueError("temperatures must be >= 0")
+        if any(not 0.0 < p <= 1.0 for p in self.top_ps or []):
+            raise ValueError("top_ps must lie in (0, 1]")
+        ids = [p.id for p in self.prompts]
+        if len(set(ids)) != len(ids):
+            raise ValueError("prompt ids must be unique")
+        return self
+
+    @property
+    def voices(self) -> list["VoicePromptSpec | None"]:
+        """The voices to cross with: the prompts, plus None (the model's own voice) when asked
+        for or when no prompt is given."""
+        own = [None] if self.include_no_prompt or not self.prompts else []
+        return [*self.prompts, *own]
+
+
 class JobSpec(BaseModel):
     """A synthesis job: models, decoding, manifests in, an Arrow audio dataset out."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field("synthesis", pattern=r"^[A-Za-z0-9._-]+$", description="Job name (logs, summary).")
+    kind: Literal["synthesize", "augment"] = Field("synthesize", description=(
+        "synthesize: one row per manifest row; augment: the `augment` cross product per row."))
+    augment: AugmentSpec | None = Field(None, description="The augmentation grid (kind: augment).")
     models: ModelsSpec
     decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     input: InputSpec
@@ -128,8 +186,12 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _needs_draft(self) -> "JobSpec":
-        if self.decoding.method != "ar" and self.models.draft is None:
-            raise ValueError(f"models.draft is required for decoding.method {self.decoding.method!r}")
+        methods = set(self.augment.methods or []) if self.augment else set()
+        methods.add(self.decoding.method)
+        if methods - {"ar"} and self.models.draft is None:
+            raise ValueError(f"models.draft is required for method(s) {sorted(methods - {'ar'})}")
+        if (self.kind == "augment") != (self.augment is not None):
+            raise ValueError("kind: augment goes with an `augment` section (and only then)")
         return self
 
     @classmethod
@@ -167,6 +229,10 @@ def resolve_paths(raw: dict, base: Path) -> dict:
     inp = out.get("input") or {}
     if isinstance(inp.get("manifests"), list):
         inp["manifests"] = [_local(m, base) if isinstance(m, str) else m for m in inp["manifests"]]
+    aug = out.get("augment") or {}
+    for prompt in aug.get("prompts") or []:
+        if isinstance(prompt, dict) and isinstance(prompt.get("audio"), str):
+            prompt["audio"] = _local(prompt["audio"], base)
     outp = out.get("output") or {}
     if isinstance(outp.get("uri"), str):
         outp["uri"] = _local(outp["uri"], base)

@@ -31,16 +31,18 @@ def file_name(item_id: str, fmt: str) -> str:
 
 
 def render_rows(codec: Codec, results: Sequence[SynthesisResult], prompts: Sequence[VoicePrompt | None],
-                prompt_audio: str = "strip", audio_format: str = "wav") -> list[AudioRow]:
+                prompt_audio: str = "strip", audio_format: str = "wav",
+                provenance: Sequence[dict | None] | None = None) -> list[AudioRow]:
     """Decode one window of results into dataset rows (input order kept).
 
     Items without codes, with a decoding error or with out-of-range codes become rows with an
     `error` and no audio; the others are decoded together, equal lengths batched.
     """
     rows, todo = [], []  # todo: (row index, codes to decode, leading codes to cut)
-    for i, (res, prompt) in enumerate(zip(results, prompts)):
+    provenance = provenance if provenance is not None else [None] * len(results)
+    for i, (res, prompt, origin) in enumerate(zip(results, prompts, provenance)):
         rows.append(AudioRow(result=res, prompt_id=prompt.id if prompt else None,
-                             prompt_audio=prompt_audio if prompt else None))
+                             prompt_audio=prompt_audio if prompt else None, provenance=origin))
         if res.error:
             continue
         if not res.codes:
@@ -83,7 +85,8 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
                  codec_dir: str | Path | None, parquet_path: str | Path | BinaryIO | None = None,
                  wav_dir: str | Path | None = None, device: str = "cpu", audio_format: str = "wav", *,
                  dtype: str = "auto", prompts: Sequence[VoicePrompt | None] | None = None,
-                 prompt_audio: str = "strip", codec: Codec | None = None, window: int = 256) -> dict:
+                 prompt_audio: str = "strip", codec: Codec | None = None, window: int = 256,
+                 provenance: Sequence[dict | None] | None = None) -> dict:
     """Decode results with X-codec2 and write a Parquet shard and/or audio files.
 
     Args:
@@ -101,6 +104,8 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
         prompt_audio: `strip` (default), `include` or `context`; see `codes_for_audio`.
         codec: an already loaded codec (workers reuse theirs).
         window: items decoded and written per step (bounds memory).
+        provenance: per result, where it came from (text id, prompt, seeds, model revisions):
+            the `text_id` and `provenance` columns.
 
     Returns:
         {rows, with_audio, failed, audio_seconds, codec_seconds, audio_s_per_s, parquet,
@@ -131,7 +136,8 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
                   if parquet_path is not None else None)
         for part in windows(len(results), window):
             start = time.perf_counter()
-            rows = render_rows(codec, results[part], prompts[part], prompt_audio, audio_format)
+            origins = provenance[part] if provenance is not None else None
+            rows = render_rows(codec, results[part], prompts[part], prompt_audio, audio_format, origins)
             codec_s += time.perf_counter() - start
             if writer is not None:
                 writer.write_table(build_table(rows, per_row[part], codec.sample_rate))

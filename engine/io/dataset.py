@@ -69,6 +69,8 @@ def dataset_schema(sampling_rate: int = SAMPLING_RATE) -> pa.Schema:
         pa.field("method", pa.string()),
         pa.field("settings", pa.string()),  # DecodingSettings as JSON (sorted keys)
         pa.field("seed", pa.int64()),
+        pa.field("text_id", pa.string()),  # augmentation: the manifest row a variant came from
+        pa.field("provenance", pa.string()),  # JSON: prompt, augmentation seed, model revisions
         pa.field("finish_reason", pa.string()),
         pa.field("stats", stats_type()),
         pa.field("error", pa.string()),
@@ -97,6 +99,7 @@ class AudioRow:
     prompt_id: str | None = None
     prompt_audio: str | None = None
     error: str | None = None
+    provenance: dict | None = None
 
 
 def build_table(rows: Sequence[AudioRow], settings: DecodingSettings | Sequence[DecodingSettings],
@@ -124,6 +127,8 @@ def build_table(rows: Sequence[AudioRow], settings: DecodingSettings | Sequence[
             "method": row_settings.method,
             "settings": json.dumps(row_settings.model_dump(), sort_keys=True),
             "seed": res.seed,
+            "text_id": (row.provenance or {}).get("text_id"),
+            "provenance": json.dumps(row.provenance, sort_keys=True) if row.provenance else None,
             "finish_reason": res.finish_reason,
             "stats": res.stats.to_dict() if res.stats is not None else None,
             "error": res.error or row.error,

@@ -1,8 +1,9 @@
 """Text manifests: JSONL, CSV or Parquet files of utterances to synthesize.
 
 Row fields: `id`, `text` (required); `prompt_id`, `prompt_text`, `prompt_codes`, `prompt_audio`
-(voice prompt: transcript + X-codec2 codes, or a clip URI); `seed`, `temperature`, `top_p`,
-`top_k`, `repetition_penalty` (per-row overrides). A malformed row becomes a `RowError` that
+(voice prompt: transcript + X-codec2 codes, or a clip URI); `seed`, `method`, `temperature`,
+`top_p`, `top_k`, `repetition_penalty` (per-row overrides); `text_id`, `augment_seed`
+(provenance of augmentation variants). A malformed row becomes a `RowError` that
 travels with the shard into the output; it never stops the other rows.
 """
 
@@ -13,6 +14,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -32,6 +34,9 @@ class ManifestRow(BaseModel):
     prompt_codes: list[int] | None = None
     prompt_audio: str | None = None
     seed: int | None = Field(None, ge=0)
+    method: Literal["ar", "exact", "pcg", "ssd", "topk"] | None = None
+    text_id: str | None = None  # augmentation: the source row's id
+    augment_seed: int | None = None  # augmentation: the grid's seed for this variant
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
@@ -60,7 +65,7 @@ class ManifestRow(BaseModel):
 
     def overrides(self) -> dict:
         """Per-row sampling overrides that are set."""
-        keys = ("temperature", "top_p", "top_k", "repetition_penalty")
+        keys = ("method", "temperature", "top_p", "top_k", "repetition_penalty")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 

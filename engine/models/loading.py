@@ -151,3 +151,18 @@ def load_model(
     load_weights(model, path, device)
     model.eval().requires_grad_(False)
     return LoadedModel(path=path, model=model, tokenizer=tokenizer, layout=layout, config=config)
+
+
+def checkpoint_revision(path: str | Path) -> str:
+    """A short fingerprint of a checkpoint directory for provenance: config, tokenizer and the
+    names and sizes of its weight files (cheap: the weights themselves are not read)."""
+    import hashlib
+
+    path = Path(path)
+    digest = hashlib.sha256()
+    for name in ("config.json", "tokenizer.json"):
+        if (path / name).is_file():
+            digest.update((path / name).read_bytes())
+    for f in sorted(path.glob("*.safetensors")):
+        digest.update(f"{f.name}:{f.stat().st_size}".encode())
+    return digest.hexdigest()[:16]

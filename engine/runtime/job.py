@@ -104,7 +104,15 @@ class JobRunner:
         """
         spec, storage, layout = self.spec, self.storage, self.layout
         preflight(spec, storage)
-        plan = make_plan(spec, storage)
+        expansion = None
+        if spec.kind == "augment":
+            from engine.config import InputSpec
+            from engine.runtime.augment import expand
+
+            expansion = expand(spec, storage, layout.root)
+            plan = make_plan(spec.model_copy(update={"input": InputSpec(manifests=[expansion.uri])}), storage)
+        else:
+            plan = make_plan(spec, storage)
         committed = check_resume(spec, plan, storage, layout)
         todo = [s for s in plan.shards if s.id not in committed]
         started = time.perf_counter()
@@ -135,6 +143,8 @@ class JobRunner:
                        if storage.exists(layout.commit(s))]
         summary = summarize(spec, plan, all_records, records, report, len(committed),
                             time.perf_counter() - started, setup_s)
+        if expansion is not None:
+            summary["augment"] = expansion.to_dict()
         storage.write_bytes(layout.summary, json.dumps(summary, indent=1).encode())
         if self.progress:
             print(summary_table(summary))

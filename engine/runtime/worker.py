@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import PurePosixPath
 
@@ -26,6 +27,17 @@ from engine.groups.csr import SpeechGroups
 from engine.io.manifest import ManifestRow, RowError, parse_jsonl, parse_rows, validated
 from engine.io.storage import Storage, StorageError, parse
 from engine.runtime.plan import Layout, Shard
+
+
+@dataclass
+class Prepared:
+    """One manifest row ready to decode (`item`), or already failed (`error`)."""
+
+    item: SynthesisItem | None
+    settings: DecodingSettings
+    prompt: object | None  # VoicePrompt
+    error: SynthesisResult | None
+    origin: dict
 
 
 def pick_device(setting: str) -> str:
@@ -68,6 +80,10 @@ class ShardProcessor:
         if groups is not None:
             self.synth.set_groups(groups)
         self.codec = Xcodec2Codec.load(local(spec.models.codec), device=self.device)
+        from engine.models.loading import checkpoint_revision
+
+        dirs = {"target": local(spec.models.target), "draft": draft, "codec": local(spec.models.codec)}
+        self.revisions = {k: checkpoint_revision(v) for k, v in dirs.items() if v is not None}
         self.prompt_cache = PromptCache()
         self._read_whole = lru_cache(maxsize=2)(self._parse_file)
 
@@ -118,41 +134,51 @@ class ShardProcessor:
 
     # ---- processing ------------------------------------------------------------------------
 
-    def prepare(self, shard: Shard):
-        """Per row: (item or None, settings, prompt, error result or None)."""
+    def origin(self, row: ManifestRow | RowError) -> dict:
+        """Provenance of a row: where it came from and which models made it."""
+        out = {"models": self.revisions}
+        if isinstance(row, ManifestRow):
+            out.update({k: v for k, v in (("text_id", row.text_id), ("prompt_id", row.prompt_id),
+                                          ("augment_seed", row.augment_seed)) if v is not None})
+        return out
+
+    def prepare(self, shard: Shard) -> list[Prepared]:
+        """The shard's rows, each ready to decode or already an error result."""
         base = self.spec.decoding
         out = []
         for row in self.rows_of(shard):
             if isinstance(row, RowError):
                 ident = row.id or f"!{row.source}"
-                out.append((None, base, None, SynthesisResult(
-                    id=ident, text=row.text, seed=item_seed(base.seed, ident), error=row.error)))
+                out.append(Prepared(None, base, None, SynthesisResult(
+                    id=ident, text=row.text, seed=item_seed(base.seed, ident), error=row.error),
+                    self.origin(row)))
                 continue
             try:
                 settings = DecodingSettings(**{**base.model_dump(), **row.overrides()})
                 prompt = self.voice_prompt(shard, row)
             except (ValidationError, ValueError, StorageError) as exc:
-                out.append((None, base, None, SynthesisResult(
-                    id=row.id, text=row.text, seed=item_seed(base.seed, row.id), error=str(exc))))
+                out.append(Prepared(None, base, None, SynthesisResult(
+                    id=row.id, text=row.text, seed=item_seed(base.seed, row.id), error=str(exc)),
+                    self.origin(row)))
                 continue
             item = SynthesisItem(text=row.text, id=row.id, seed=row.seed,
                                  prompt_text=prompt.text if prompt else None,
                                  prompt_codes=list(prompt.codes) if prompt else None)
-            out.append((item, settings, prompt, None))
+            out.append(Prepared(item, settings, prompt, None, self.origin(row)))
         return out
 
-    def decode(self, prepared) -> tuple[list[SynthesisResult], dict]:
+    def decode(self, prepared: list[Prepared]) -> tuple[list[SynthesisResult], dict]:
         """Decode the good rows, one batch run per distinct settings (per-row overrides).
         Returns the results and the batch's slot occupancy (decode rounds, busy slot-rounds)."""
-        results = [err for _, _, _, err in prepared]
+        results = [p.error for p in prepared]
         occupancy = {"decode_rounds": 0, "slot_rounds": 0}
         by_settings: dict[str, list[int]] = {}
-        for i, (item, settings, _, _) in enumerate(prepared):
-            if item is not None:
-                by_settings.setdefault(settings.model_dump_json(), []).append(i)
+        for i, p in enumerate(prepared):
+            if p.item is not None:
+                by_settings.setdefault(p.settings.model_dump_json(), []).append(i)
         for indices in by_settings.values():
-            settings = prepared[indices[0]][1]
-            done, summary = self.synth.synthesize([prepared[i][0] for i in indices], settings)
+            settings = prepared[indices[0]].settings
+            done, summary = self.synth.synthesize([prepared[i].item for i in indices], settings)
             occupancy["decode_rounds"] += summary.decode_rounds
             occupancy["slot_rounds"] += summary.slot_rounds
             for i, res in zip(indices, done):
@@ -168,10 +194,11 @@ class ShardProcessor:
         results, occupancy = self.decode(prepared)
         decode_s = time.perf_counter() - start
         buffer = io.BytesIO()
-        exported = export_audio(results, [s for _, s, _, _ in prepared], None, parquet_path=buffer,
+        exported = export_audio(results, [p.settings for p in prepared], None, parquet_path=buffer,
                                 codec=self.codec, audio_format=self.spec.output.audio_format,
-                                prompts=[p for _, _, p, _ in prepared],
-                                prompt_audio=self.spec.output.prompt_audio)
+                                prompts=[p.prompt for p in prepared],
+                                prompt_audio=self.spec.output.prompt_audio,
+                                provenance=[p.origin for p in prepared])
         self.storage.write_bytes(self.layout.data(shard), buffer.getvalue())
         stats = aggregate([r.stats for r in results if r.stats is not None])
         record = {

@@ -35,7 +35,8 @@ def job_spec(kit_dir: Path, manifests: list[str], output: str, **over) -> JobSpe
         "resources": {"workers": 2, "batch_size": 4, "rows_per_shard": 3, "cpus_per_worker": 1},
     }
     for key, value in over.items():
-        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+        merge = isinstance(value, dict) and isinstance(raw.get(key), dict)
+        raw[key] = {**raw[key], **value} if merge else value
     return JobSpec.model_validate(raw)
 
 

@@ -161,3 +161,41 @@ def test_interrupted_job_resumes_without_redoing_committed_shards(local_ray, kit
     resumed, uninterrupted = read_output(spec), read_output(fresh)
     assert comparable(resumed) == comparable(uninterrupted)
     assert collections.Counter(r["id"] for r in resumed) == collections.Counter(f"u{i:03d}" for i in range(12))
+
+
+def test_augment_job_crosses_texts_with_voices_seeds_and_methods_within_budget(local_ray, kit_dir, tmp_path):
+    from engine.runtime.augment import fit_budget
+
+    texts_in = [{"id": "t1", "text": "The first sentence of the corpus."},
+                {"id": "t2", "text": "A second sentence, a little longer than the first."},
+                {"id": "t3", "text": "Third."}, {"id": "bad", "text": ""}]
+    manifest = write_manifest(tmp_path / "m.jsonl", texts_in)
+    seconds = [len(t["text"]) / 15.0 for t in texts_in[:3]]
+    budget_h = 3.5 * sum(seconds) / 3600  # room for 3 variants per text, not 4
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), kind="augment",
+                    augment={"prompts": [{"id": "v1", "text": "Voice one.", "codes": [11, 12, 13]},
+                                         {"id": "v2", "text": "Voice two.", "codes": [21, 22, 23, 24]}],
+                             "include_no_prompt": True, "seeds": [0, 1], "methods": ["exact", "ar"],
+                             "max_variants_per_text": 4, "max_audio_hours": budget_h},
+                    resources={"rows_per_shard": 4})
+    summary = JobRunner(spec, progress=False).run()
+    rows = read_output(spec)
+    aug = summary["augment"]
+    assert aug["grid"] == 3 * 2 * 2 and aug["variants"] == 9 and aug["bad_rows"] == 1
+    assert aug["over_budget"] == 3 and aug["capped"] == 3 * (12 - 4)
+    assert aug["estimated_hours"] <= budget_h
+    assert len(rows) == 10 and len({r["id"] for r in rows}) == 10  # no duplicates, bad row once
+    variants = [r for r in rows if r["text_id"] is not None]
+    assert collections.Counter(r["text_id"] for r in variants) == {"t1": 3, "t2": 3, "t3": 3}
+    for r in variants:
+        origin = json.loads(r["provenance"])
+        assert origin["text_id"] == r["text_id"] and set(origin["models"]) == {"target", "draft", "codec"}
+        assert r["method"] in ("exact", "ar") and json.loads(r["settings"])["method"] == r["method"]
+        assert (r["prompt_id"] or None) == origin.get("prompt_id")
+        assert r["error"] is None and audio_ok(r)
+    for text_id in ("t1", "t2", "t3"):  # three distinct combinations per text, voices mixed
+        mine = [r for r in variants if r["text_id"] == text_id]
+        assert len({(r["prompt_id"], json.loads(r["provenance"])["augment_seed"], r["method"]) for r in mine}) == 3
+        assert len({r["prompt_id"] for r in mine}) >= 2
+    assert "text is empty" in next(r["error"] for r in rows if r["id"] == "bad")
+    assert fit_budget([1.0, 2.0], [4, 4], 6.0) == 2 and fit_budget([1.0], [4], 0.5) == 0
