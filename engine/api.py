@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from engine.adaptive import GammaChoice, choose_gamma
 from engine.config import DecodingSettings
 from engine.decoding.speculative import Request, SpeculativeDecoder
 from engine.decoding.stats import RowStats, aggregate
@@ -74,6 +75,7 @@ class RunSummary:
     failed: int
     wall_s: float
     stats: RowStats
+    gamma_choice: dict | None = None  # what `gamma: auto` decided, and why
     decode_rounds: int = 0  # decode rounds of the batch
     slot_rounds: int = 0  # rows active, summed over those rounds
     batch_size: int = 1
@@ -106,6 +108,7 @@ class RunSummary:
             "thinning_trials": s.thinning_trials,
             "fallbacks": s.fallbacks,
             "slot_utilisation": round(self.slot_utilisation, 4),
+            "gamma_choice": self.gamma_choice,
         }
 
 
@@ -149,6 +152,7 @@ class Synthesizer:
         self.batch_size, self.max_context = batch_size, max_context
         self.prompter = LlasaPrompter(target.tokenizer, target.layout, date_string)
         self._groups: dict[tuple, GroupIndex] = {}
+        self._gamma: dict[tuple, GammaChoice] = {}
         self._decoder: tuple[tuple, SpeculativeDecoder] | None = None
 
     @classmethod
@@ -209,6 +213,26 @@ class Synthesizer:
         self._decoder = (key, decoder)
         return decoder
 
+    def resolve_gamma(self, settings: DecodingSettings, requests: list[Request], batch: int,
+                      ) -> tuple[DecodingSettings, GammaChoice | None]:
+        """Settings with a concrete gamma. For `gamma: auto` a pilot (gamma 4, a few short rows)
+        measures acceptance, then `choose_gamma` times the steps at `batch`; the choice is kept
+        per (settings, batch). Speculation off means `ar`."""
+        if settings.gamma != "auto" or not settings.speculative:
+            return (settings.model_copy(update={"gamma": 3}) if settings.gamma == "auto" else settings), None
+        key = (settings.model_dump_json(), batch)
+        if key not in self._gamma:
+            pilot = settings.model_copy(update={"gamma": 4, "max_new_tokens": 48})
+            probe = [Request(key=i, prompt_ids=r.prompt_ids, seed=r.seed, max_new_tokens=48)
+                     for i, r in enumerate(requests[: min(8, batch)])]
+            stats = aggregate([row.stats for _, row in self.decoder(pilot, min(8, batch)).run(probe)])
+            acceptance = sum(stats.accepted) / max(sum(stats.reached), 1)
+            context = int(sum(len(r.prompt_ids) for r in probe) / max(len(probe), 1)) + 64
+            self._gamma[key] = choose_gamma(self.target.model, self.draft.model, batch, acceptance, context)
+        choice = self._gamma[key]
+        update = {"gamma": choice.gamma} if choice.gamma else {"method": "ar", "gamma": 1}
+        return settings.model_copy(update=update), choice
+
     def prepare(self, index: int, item: SynthesisItem | str, settings: DecodingSettings):
         """(result shell, request or None): bad items become error results, never exceptions."""
         if isinstance(item, str):
@@ -245,10 +269,13 @@ class Synthesizer:
             (one result per item, the run's summary).
         """
         settings = settings or DecodingSettings()
-        decoder = self.decoder(settings, batch_size)
         prepared = [self.prepare(i, item, settings) for i, item in enumerate(items)]
         results = [r for r, _ in prepared]
         requests = [q for _, q in prepared if q is not None]
+        if settings.speculative and self.draft is None:
+            raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
+        effective, choice = self.resolve_gamma(settings, requests, batch_size or self.batch_size)
+        decoder = self.decoder(effective, batch_size)
         start = time.perf_counter()
         bar = tqdm(total=len(requests), desc=f"decode [{settings.method}]", unit="utt",
                    disable=not progress)
@@ -263,6 +290,7 @@ class Synthesizer:
         stats = aggregate([r.stats for r in results if r.stats is not None])
         summary = RunSummary(method=settings.method, settings=settings.model_dump(), items=len(results),
                              ok=len(requests), failed=len(results) - len(requests), wall_s=wall,
-                             stats=stats, decode_rounds=decoder.rounds_run,
+                             stats=stats, gamma_choice=choice.to_dict() if choice else None,
+                             decode_rounds=decoder.rounds_run,
                              slot_rounds=decoder.slot_rounds, batch_size=decoder.batch)
         return results, summary

@@ -193,7 +193,7 @@ def add_generate(sub) -> None:
                                           "prompt_codes | prompt_audio (a clip path), seed}")
     dec = p.add_argument_group("decoding (defaults: see DecodingSettings)")
     dec.add_argument("--method", default="pcg", choices=METHOD_CHOICES)
-    dec.add_argument("--gamma", type=int)
+    dec.add_argument("--gamma", type=lambda v: v if v == "auto" else int(v), help="an integer or auto")
     dec.add_argument("--theta", type=float)
     dec.add_argument("--max-group-size", type=int)
     dec.add_argument("--beta", type=float)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.decoding.sampling import Warp
 
@@ -20,7 +20,10 @@ class DecodingSettings(BaseModel):
         "Acceptance rule: 'ar' (target alone, exact), 'exact' (standard speculative sampling, "
         "token-level exact), 'pcg' (group-level exact), 'ssd' (relaxed by beta, no guarantee), "
         "'topk' (accept inside the target's top-k, no guarantee)."))
-    gamma: int = Field(3, ge=1, le=32, description="Draft tokens per round (ignored by 'ar').")
+    gamma: int | Literal["auto"] = Field(3, description=(
+        "Draft tokens per round (ignored by 'ar'), or 'auto': chosen per batch size from the "
+        "measured cost of draft, verify and ar steps and a pilot's acceptance; speculation is "
+        "switched off where it does not pay."))
     theta: float = Field(0.4, gt=0.0, le=1.0, description=(
         "PCG: cosine threshold of the acoustic similarity groups, in (0, 1]; 1 gives singleton "
         "groups (PCG = exact). The paper found 0.38-0.45 best on Llasa-8B."))
@@ -39,6 +42,13 @@ class DecodingSettings(BaseModel):
         "it shorter."))
     seed: int = Field(0, ge=0, description=(
         "Job seed; each item's seed is derived from it and the item's id unless given."))
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma(cls, v):
+        if v != "auto" and not 1 <= v <= 32:
+            raise ValueError("gamma must be an integer from 1 to 32, or 'auto'")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "DecodingSettings":

@@ -67,6 +67,17 @@ def utilisation(records: list[dict], synth_s: float, workers: int) -> dict:
             "slot_utilisation": round(filled / slots, 4) if slots else None}
 
 
+def gamma_decisions(records: list[dict]) -> list[dict]:
+    """Distinct `gamma: auto` decisions of this run's workers (what was chosen and why)."""
+    seen: dict[tuple, dict] = {}
+    for r in records:
+        for c in r.get("gamma_choices", []):
+            key = (r["worker"], c["batch_size"], c["gamma"])
+            seen.setdefault(key, {"worker": r["worker"], "batch_size": c["batch_size"], "gamma": c["gamma"],
+                                  "acceptance": c["acceptance"], "reason": c["reason"]})
+    return list(seen.values())
+
+
 def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: list[dict], report,
               committed_before: int, wall_s: float, setup_s: float = 0.0) -> dict:
     """Totals over every committed shard; throughput and workers of this run only.
@@ -110,6 +121,7 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
                        "rows_per_s": round(run_rows / synth_s, 3) if run_records else None},
         "workers": per_worker(run_records),
         "utilisation": utilisation(run_records, synth_s, min(spec.resources.workers, len(run_records))),
+        "gamma_auto": gamma_decisions(run_records),
     }
 
 
@@ -130,6 +142,8 @@ def summary_table(s: dict) -> str:
         ("throughput", f"{s['throughput']['tokens_per_s']} tok/s, {s['throughput']['audio_s_per_s']} "
                        f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"),
     ]
+    for d in s.get("gamma_auto", []):
+        rows.append((f"gamma auto {d['worker']}", d["reason"]))
     for name, w in sorted(s["workers"].items()):
         rows.append((f"worker {name}", f"{w['shards']} shards, {w['rows']} rows, {w['tokens_per_s']} tok/s, "
                                        f"slots {w['slot_utilisation']}, {w['device']} gpus={w['gpu_ids']}"))

@@ -171,7 +171,7 @@ class ShardProcessor:
         """Decode the good rows, one batch run per distinct settings (per-row overrides).
         Returns the results and the batch's slot occupancy (decode rounds, busy slot-rounds)."""
         results = [p.error for p in prepared]
-        occupancy = {"decode_rounds": 0, "slot_rounds": 0}
+        occupancy = {"decode_rounds": 0, "slot_rounds": 0, "gamma_choices": []}
         by_settings: dict[str, list[int]] = {}
         for i, p in enumerate(prepared):
             if p.item is not None:
@@ -181,6 +181,8 @@ class ShardProcessor:
             done, summary = self.synth.synthesize([prepared[i].item for i in indices], settings)
             occupancy["decode_rounds"] += summary.decode_rounds
             occupancy["slot_rounds"] += summary.slot_rounds
+            if summary.gamma_choice:
+                occupancy["gamma_choices"].append(summary.gamma_choice)
             for i, res in zip(indices, done):
                 results[i] = res
         return results, occupancy

@@ -70,8 +70,10 @@ def test_job_reads_and_writes_s3(local_ray, kit_dir, s3_endpoint, s3_bucket, tmp
     storage.write_bytes(f"s3://{s3_bucket}/manifests/part-0.jsonl", body.encode())
     storage.write_bytes(f"s3://{s3_bucket}/manifests/part-1.csv", b"id,text\ncsv1,From a CSV file.\n")
     spec = job_spec(kit_dir, [f"s3://{s3_bucket}/manifests/"], f"s3://{s3_bucket}/runs/one",
-                    storage={"endpoint_url": s3_endpoint, "region": "us-east-1"})
+                    storage={"endpoint_url": s3_endpoint, "region": "us-east-1"},
+                    decoding={"gamma": "auto"})
     summary = JobRunner(spec, progress=False).run()
+    assert summary["gamma_auto"] and all(d["reason"] for d in summary["gamma_auto"])
     rows = read_output(spec)
     assert sorted(r["id"] for r in rows) == ["csv1"] + [f"u{i:03d}" for i in range(5)]
     assert all(audio_ok(r) for r in rows)
