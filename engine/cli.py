@@ -224,6 +224,14 @@ def cmd_run(args) -> int:
     from engine.runtime.job import JobRunner
 
     spec = JobSpec.load(args.spec)
+    if spec.kind == "sweep":
+        from engine.runtime.sweep import run_sweep
+
+        doc = run_sweep(spec, address=args.address, progress=not args.quiet)
+        if args.quiet:
+            print(json.dumps({"job": spec.name, "output": spec.output.uri, "runs": len(doc["runs"]),
+                              "plots": doc["plots"]}))
+        return 0
     summary = JobRunner(spec, address=args.address, progress=not args.quiet).run()
     if args.quiet:
         print(json.dumps({k: summary[k] for k in ("job", "output", "rows_ok", "rows_failed", "audio_seconds")}))

@@ -177,15 +177,48 @@ class AugmentSpec(BaseModel):
         return [*self.prompts, *own]
 
 
+class ModelPair(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$", description="Label of the pair in results and plots.")
+    target: str = Field(description="Target checkpoint.")
+    draft: str | None = Field(None, description="Draft checkpoint (None: only 'ar' points run).")
+
+
+class SweepSpec(BaseModel):
+    """A throughput experiment: every grid point is a measured synthesis run (kind: sweep)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: list[int] = Field([1], min_length=1, description="Worker counts (scaling).")
+    batch_sizes: list[int] = Field([8], min_length=1, description="Batch sizes per worker.")
+    gammas: list[int | Literal["auto"]] = Field([3], min_length=1, description="Draft lengths (or auto).")
+    thetas: list[float] = Field([0.4], min_length=1, description="PCG thresholds (pcg points only).")
+    methods: list[Method] = Field(["ar", "pcg"], min_length=1, description="Acceptance rules.")
+    model_pairs: list[ModelPair] = Field(default_factory=list, description=(
+        "Target/draft pairs to compare (default: models.target and models.draft)."))
+    repetitions: int = Field(1, ge=1, description="Runs per point (results keep each; plots use the median).")
+
+    @model_validator(mode="after")
+    def _values(self) -> "SweepSpec":
+        if any(w < 1 for w in self.workers) or any(b < 1 for b in self.batch_sizes):
+            raise ValueError("workers and batch_sizes must be >= 1")
+        if any(not 0.0 < t <= 1.0 for t in self.thetas):
+            raise ValueError("thetas must lie in (0, 1]")
+        return self
+
+
 class JobSpec(BaseModel):
     """A synthesis job: models, decoding, manifests in, an Arrow audio dataset out."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field("synthesis", pattern=r"^[A-Za-z0-9._-]+$", description="Job name (logs, summary).")
-    kind: Literal["synthesize", "augment"] = Field("synthesize", description=(
-        "synthesize: one row per manifest row; augment: the `augment` cross product per row."))
+    kind: Literal["synthesize", "augment", "sweep"] = Field("synthesize", description=(
+        "synthesize: one row per manifest row; augment: the `augment` cross product per row; "
+        "sweep: a throughput experiment over the `sweep` grid."))
     augment: AugmentSpec | None = Field(None, description="The augmentation grid (kind: augment).")
+    sweep: SweepSpec | None = Field(None, description="The throughput grid (kind: sweep).")
     models: ModelsSpec
     decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     input: InputSpec
@@ -197,11 +230,15 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _needs_draft(self) -> "JobSpec":
         methods = set(self.augment.methods or []) if self.augment else set()
+        if self.sweep is None or not self.sweep.model_pairs:
+            methods |= set(self.sweep.methods) if self.sweep else set()
         methods.add(self.decoding.method)
         if methods - {"ar"} and self.models.draft is None:
             raise ValueError(f"models.draft is required for method(s) {sorted(methods - {'ar'})}")
         if (self.kind == "augment") != (self.augment is not None):
             raise ValueError("kind: augment goes with an `augment` section (and only then)")
+        if (self.kind == "sweep") != (self.sweep is not None):
+            raise ValueError("kind: sweep goes with a `sweep` section (and only then)")
         return self
 
     @classmethod
@@ -239,6 +276,10 @@ def resolve_paths(raw: dict, base: Path) -> dict:
     inp = out.get("input") or {}
     if isinstance(inp.get("manifests"), list):
         inp["manifests"] = [_local(m, base) if isinstance(m, str) else m for m in inp["manifests"]]
+    for pair in (out.get("sweep") or {}).get("model_pairs") or []:
+        for key in ("target", "draft"):
+            if isinstance(pair, dict) and isinstance(pair.get(key), str):
+                pair[key] = _local(pair[key], base)
     aug = out.get("augment") or {}
     for prompt in aug.get("prompts") or []:
         if isinstance(prompt, dict) and isinstance(prompt.get("audio"), str):

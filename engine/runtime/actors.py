@@ -13,10 +13,13 @@ from engine.runtime.plan import Shard
 class SynthesisWorker:
     """Holds target + draft + codec (+ groups) once and synthesizes shard after shard."""
 
-    def __init__(self, spec_json: str, groups: SpeechGroups | None, worker_id: str) -> None:
+    def __init__(self, spec_json: str, groups: SpeechGroups | None, worker_id: str,
+                 warmup: bool = False) -> None:
         from engine.runtime.worker import ShardProcessor
 
         self.processor = ShardProcessor(JobSpec.model_validate_json(spec_json), groups, worker_id)
+        if warmup:
+            self.processor.warmup()
 
     def info(self) -> dict:
         return self.processor.info()

@@ -88,11 +88,13 @@ class JobRunner:
             else a fresh local cluster.
         progress: show the progress bar and the final table.
         on_commit: extra callback per committed shard (tests use it to inject failures).
+        warmup: workers warm up and start together (for throughput measurements).
     """
 
     def __init__(self, spec: JobSpec, address: str | None = None, progress: bool = True,
-                 on_commit: Callable[[dict], None] | None = None) -> None:
+                 on_commit: Callable[[dict], None] | None = None, warmup: bool = False) -> None:
         self.spec, self.address, self.progress, self.on_commit = spec, address, progress, on_commit
+        self.warmup = warmup
         self.storage = Storage(spec.storage)
         self.layout = Layout(spec.output.uri)
 
@@ -103,6 +105,8 @@ class JobRunner:
             ValueError: bad spec or inputs (before any work); JobFailed: workers cannot start.
         """
         spec, storage, layout = self.spec, self.storage, self.layout
+        if spec.kind == "sweep":
+            raise ValueError("kind: sweep runs many jobs: use engine.runtime.sweep.run_sweep (pcg-synth run does)")
         preflight(spec, storage)
         expansion = None
         if spec.kind == "augment":
@@ -134,7 +138,7 @@ class JobRunner:
                 if self.on_commit:
                     self.on_commit(record)
 
-            pool = WorkerPool(spec, ray.put(groups) if groups is not None else None, commit)
+            pool = WorkerPool(spec, ray.put(groups) if groups is not None else None, commit, self.warmup)
             try:
                 report = pool.run(todo)
             finally:

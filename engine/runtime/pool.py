@@ -33,6 +33,15 @@ class PoolReport:
     failed: dict[str, str] = field(default_factory=dict)  # shard id -> last error
     retries: int = 0
     replaced: int = 0
+    first_dispatch: float | None = None  # time.monotonic() of the first shard handed out
+    last_commit: float | None = None
+
+    @property
+    def steady_s(self) -> float | None:
+        """First dispatch to last commit: the synthesis itself, model loading excluded."""
+        if self.first_dispatch is None or self.last_commit is None:
+            return None
+        return self.last_commit - self.first_dispatch
 
 
 class WorkerPool:
@@ -42,10 +51,14 @@ class WorkerPool:
         spec: the job.
         groups_ref: object ref of the PCG groups (or None).
         on_commit: called with each commit record as it arrives.
+        warmup: workers warm up after loading, and no shard is handed out before every first
+            worker is ready (throughput measurements: nobody starts early).
     """
 
-    def __init__(self, spec: JobSpec, groups_ref, on_commit: Callable[[dict], None]) -> None:
+    def __init__(self, spec: JobSpec, groups_ref, on_commit: Callable[[dict], None],
+                 warmup: bool = False) -> None:
         self.spec, self.groups_ref, self.on_commit = spec, groups_ref, on_commit
+        self.warmup = warmup
         self.spec_json = spec.model_dump_json()
         self.free: deque[int] = deque()
         self.actors: dict[int, object] = {}
@@ -60,7 +73,7 @@ class WorkerPool:
         slot = self.next_id
         self.next_id += 1
         actor = SynthesisWorker.options(**worker_options(self.spec)).remote(
-            self.spec_json, self.groups_ref, f"w{slot}")
+            self.spec_json, self.groups_ref, f"w{slot}", self.warmup)
         self.actors[slot] = actor
         self.starting[actor.info.remote()] = (slot, time.monotonic())
 
@@ -85,9 +98,13 @@ class WorkerPool:
         for _ in range(min(self.spec.resources.workers, len(self.pending))):
             self.start_worker()
         try:
+            barrier = self.warmup
             while self.pending or self.inflight:
-                while self.free and self.pending:
+                barrier = barrier and bool(self.starting)
+                while self.free and self.pending and not barrier:
                     slot, shard = self.free.popleft(), self.pending.popleft()
+                    if self.report.first_dispatch is None:
+                        self.report.first_dispatch = time.monotonic()
                     self.attempts[shard.id] = self.attempts.get(shard.id, 0) + 1
                     ref = self.actors[slot].process.remote(shard, self.attempts[shard.id])
                     self.inflight[ref] = (slot, shard)
@@ -140,6 +157,7 @@ class WorkerPool:
             return
         self.free.append(slot)
         self.report.committed.append(record)
+        self.report.last_commit = time.monotonic()
         self.on_commit(record)
 
     def check_start_timeouts(self) -> None:

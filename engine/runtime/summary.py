@@ -67,6 +67,17 @@ def utilisation(records: list[dict], synth_s: float, workers: int) -> dict:
             "slot_utilisation": round(filled / slots, 4) if slots else None}
 
 
+def steady(records: list[dict], report) -> dict:
+    """Throughput from the first shard handed out to the last committed (model loading and
+    start-up excluded): what a sweep compares across points."""
+    seconds = report.steady_s if report else None
+    if not seconds:
+        return {"wall_s": None, "tokens_per_s": None, "audio_s_per_s": None}
+    return {"wall_s": round(seconds, 3),
+            "tokens_per_s": round(sum(r["generated_tokens"] for r in records) / seconds, 2),
+            "audio_s_per_s": round(sum(r["audio_seconds"] for r in records) / seconds, 3)}
+
+
 def gamma_decisions(records: list[dict]) -> list[dict]:
     """Distinct `gamma: auto` decisions of this run's workers (what was chosen and why)."""
     seen: dict[tuple, dict] = {}
@@ -122,6 +133,7 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "workers": per_worker(run_records),
         "utilisation": utilisation(run_records, synth_s, min(spec.resources.workers, len(run_records))),
         "gamma_auto": gamma_decisions(run_records),
+        "steady": steady(run_records, report),
     }
 
 

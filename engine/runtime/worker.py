@@ -87,6 +87,15 @@ class ShardProcessor:
         self.prompt_cache = PromptCache()
         self._read_whole = lru_cache(maxsize=2)(self._parse_file)
 
+    def warmup(self) -> None:
+        """Decode and encode a little with the job's settings, so allocation, kernel selection
+        and the decoder's caches are paid for before anything is timed."""
+        from engine.api import SynthesisItem as Item
+
+        items = [Item(text="Warm-up sentence number one.", id="w0"), Item(text="And two.", id="w1")]
+        results, _ = self.synth.synthesize(items, self.spec.decoding.model_copy(update={"max_new_tokens": 16}))
+        self.codec.decode([r.codes for r in results if r.codes])
+
     def info(self) -> dict:
         import ray
 

@@ -89,3 +89,31 @@ def test_a_node_removed_mid_job_leaves_the_rest_to_finish(cluster, kit_dir, tmp_
     assert removed
     assert summary["shards"]["committed"] == summary["shards"]["total"] == 6
     assert_each_row_once(spec, 12)
+
+
+def test_sweep_over_worker_counts_produces_results_and_plots(cluster, kit_dir, tmp_path):
+    import pyarrow.parquet as pq
+
+    from engine.runtime.sweep import run_sweep
+
+    gpu_nodes(cluster, count=2, gpus=1)
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(6))
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "sweep"), kind="sweep",
+                    sweep={"workers": [1, 2], "batch_sizes": [2, 4], "methods": ["exact"], "gammas": [2]},
+                    resources={"gpus_per_worker": 1, "cpus_per_worker": 1, "rows_per_shard": 1, "device": "cpu"})
+    doc = run_sweep(spec, progress=False)
+    table = pq.read_table(tmp_path / "sweep" / "sweep.parquet").to_pylist()
+    assert len(table) == len(doc["runs"]) == 2 * 2  # workers x batch sizes
+    assert {(r["workers"], r["batch_size"]) for r in table} == {(w, b) for w in (1, 2) for b in (2, 4)}
+    for r in table:
+        assert r["tokens_per_s"] > 0 and r["rows"] == 6 and r["steady_s"] > 0
+        assert r["method"] == "exact" and r["gamma"] == "2" and r["mean_accepted_length"] >= 1
+        if r["workers"] == 1:
+            assert r["scaling_efficiency"] == 1.0
+        else:
+            assert r["scaling_efficiency"] > 0
+    assert {p.rsplit("/", 1)[-1] for p in doc["plots"]} == {"throughput_vs_workers.png", "throughput_vs_batch.png"}
+    for p in doc["plots"]:
+        assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    again = run_sweep(spec, progress=False)  # every point done: nothing re-measured
+    assert [r["tokens_per_s"] for r in again["runs"]] == [r["tokens_per_s"] for r in doc["runs"]]

@@ -93,7 +93,7 @@ def test_cluster_launcher_config_matches_rays_schema():
 def test_example_job_specs_are_valid():
     from engine.config import JobSpec
 
-    for name in ("quickstart.yaml", "synthesize-s3.yaml", "augment.yaml"):
+    for name in ("quickstart.yaml", "synthesize-s3.yaml", "augment.yaml", "sweep.yaml"):
         spec = JobSpec.load(ROOT / "jobs" / name)
         assert spec.output.uri
     rayjob = yaml.safe_load((ROOT / "cluster" / "rayjob.yaml").read_text())
@@ -101,14 +101,15 @@ def test_example_job_specs_are_valid():
 
 
 def test_every_job_spec_field_is_documented_in_the_readme():
-    from engine.config import (AugmentSpec, DecodingSettings, InputSpec, ModelsSpec, OutputSpec,
-                               ResourcesSpec, VoicePromptSpec)
+    from engine.config import (AugmentSpec, DecodingSettings, InputSpec, ModelPair, ModelsSpec,
+                               OutputSpec, ResourcesSpec, SweepSpec, VoicePromptSpec)
     from engine.io.storage import StorageOptions
 
     readme = (ROOT / "README.md").read_text()
     for prefix, model in [("models", ModelsSpec), ("decoding", DecodingSettings), ("input", InputSpec),
                           ("output", OutputSpec), ("storage", StorageOptions), ("resources", ResourcesSpec),
-                          ("augment", AugmentSpec), ("augment.prompts[]", VoicePromptSpec)]:
+                          ("augment", AugmentSpec), ("augment.prompts[]", VoicePromptSpec),
+                          ("sweep", SweepSpec), ("sweep.model_pairs[]", ModelPair)]:
         for name in model.model_fields:
             assert f"`{prefix}.{name}`" in readme, f"{prefix}.{name} is not documented"
 

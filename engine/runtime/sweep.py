@@ -1,0 +1,133 @@
+"""Throughput experiments: every point of the `sweep` grid is a measured synthesis run.
+
+A point fixes workers, batch size, method, gamma, theta and a target/draft pair, and runs the
+job's manifests through the normal pipeline into `<output>/points/<point>/`, with workers warmed
+up and started together; its throughput is measured from the first shard handed out to the last
+committed (model loading excluded). Results: `<output>/sweep.parquet` (one row per run),
+`sweep.json`, and plots in `<output>/plots/`. Completed points are skipped on a rerun.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import statistics
+from collections import defaultdict
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.config import JobSpec, ModelPair
+from engine.io.storage import Storage, join
+from engine.runtime.job import JobRunner
+from engine.runtime.plan import Layout
+
+
+def points(spec: JobSpec) -> list[dict]:
+    """The grid, without points that cannot differ (`ar` has no gamma or theta; only `pcg` has
+    a theta; pairs without a draft run `ar` only)."""
+    sw = spec.sweep
+    pairs = sw.model_pairs or [ModelPair(name="models", target=spec.models.target, draft=spec.models.draft)]
+    out = []
+    for pair, workers, batch, method in itertools.product(pairs, sw.workers, sw.batch_sizes, sw.methods):
+        if method != "ar" and pair.draft is None:
+            continue
+        gammas = [None] if method == "ar" else sw.gammas
+        thetas = sw.thetas if method == "pcg" else [None]
+        for gamma, theta in itertools.product(gammas, thetas):
+            out.append({"pair": pair, "workers": workers, "batch_size": batch, "method": method,
+                        "gamma": gamma, "theta": theta})
+    return out
+
+
+def point_id(p: dict) -> str:
+    parts = [p["pair"].name, f"w{p['workers']}", f"b{p['batch_size']}", p["method"]]
+    parts += [f"g{p['gamma']}"] if p["gamma"] is not None else []
+    parts += [f"t{p['theta']}"] if p["theta"] is not None else []
+    return "-".join(parts)
+
+
+def point_spec(spec: JobSpec, p: dict, uri: str) -> JobSpec:
+    decoding = {"method": p["method"]}
+    decoding.update({k: p[k] for k in ("gamma", "theta") if p[k] is not None})
+    models = {"target": p["pair"].target, "draft": p["pair"].draft,
+              "groups_cache": spec.models.groups_cache or Layout(spec.output.uri).groups_cache}
+    return spec.model_copy(update={
+        "kind": "synthesize", "sweep": None, "name": f"{spec.name}-{point_id(p)}",
+        "models": spec.models.model_copy(update=models),
+        "decoding": spec.decoding.model_copy(update=decoding),
+        "resources": spec.resources.model_copy(update={"workers": p["workers"], "batch_size": p["batch_size"]}),
+        "output": spec.output.model_copy(update={"uri": uri})})
+
+
+def result_row(p: dict, rep: int, summary: dict) -> dict:
+    steady = summary["steady"]
+    return {"point": point_id(p), "repetition": rep, "pair": p["pair"].name, "workers": p["workers"],
+            "batch_size": p["batch_size"], "method": p["method"],
+            "gamma": None if p["gamma"] is None else str(p["gamma"]), "theta": p["theta"],
+            "rows": summary["rows"], "generated_tokens": summary["generated_tokens"],
+            "audio_seconds": summary["audio_seconds"], "steady_s": steady["wall_s"],
+            "tokens_per_s": steady["tokens_per_s"], "audio_s_per_s": steady["audio_s_per_s"],
+            "mean_accepted_length": summary["mean_accepted_length"],
+            "acceptance_per_position": summary["acceptance_per_position"],
+            "slot_utilisation": summary["utilisation"]["slot_utilisation"],
+            "worker_busy_fraction": summary["utilisation"]["worker_busy_fraction"],
+            "gamma_auto": json.dumps(summary["gamma_auto"]) if summary["gamma_auto"] else None}
+
+
+def add_scaling(rows: list[dict]) -> None:
+    """Scaling efficiency: throughput over `workers / w0` times the median throughput at the
+    fewest workers `w0` of the same configuration (1.0 = linear scaling)."""
+    same: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        same[(r["pair"], r["batch_size"], r["method"], r["gamma"], r["theta"])].append(r)
+    for group in same.values():
+        w0 = min(r["workers"] for r in group)
+        base = statistics.median([r["tokens_per_s"] or 0.0 for r in group if r["workers"] == w0])
+        for r in group:
+            ref = base * r["workers"] / w0
+            r["scaling_efficiency"] = round((r["tokens_per_s"] or 0.0) / ref, 4) if ref else None
+
+
+def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True) -> dict:
+    """Run (or resume) every point; returns the sweep document (also written as sweep.json)."""
+    storage = Storage(spec.storage)
+    root = spec.output.uri
+    rows = []
+    grid = points(spec)
+    for n, p in enumerate(grid, 1):
+        for rep in range(spec.sweep.repetitions):
+            uri = join(root, "points", f"{point_id(p)}-r{rep}")
+            done = join(uri, "summary.json")
+            if storage.exists(done):
+                summary = json.loads(storage.read_bytes(done))
+            else:
+                if progress:
+                    print(f"[{n}/{len(grid)}] {point_id(p)} repetition {rep}", flush=True)
+                summary = JobRunner(point_spec(spec, p, uri), address, progress=False, warmup=True).run()
+            rows.append(result_row(p, rep, summary))
+    add_scaling(rows)
+    table = pa.Table.from_pylist(rows)
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    storage.write_bytes(join(root, "sweep.parquet"), buffer.getvalue())
+    doc = {"job": spec.name, "output": root, "grid": spec.sweep.model_dump(mode="json"),
+           "decoding": spec.decoding.model_dump(mode="json"), "runs": rows}
+    from engine.runtime.sweep_plots import plot_sweep
+
+    doc["plots"] = plot_sweep(rows, storage, join(root, "plots"))
+    storage.write_bytes(join(root, "sweep.json"), json.dumps(doc, indent=1).encode())
+    if progress:
+        print(sweep_table(rows))
+    return doc
+
+
+def sweep_table(rows: list[dict]) -> str:
+    head = f"{'point':42s} {'tok/s':>9s} {'scaling':>8s} {'acc.len':>7s} {'slots':>6s}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['point'] + '-r' + str(r['repetition']):42s} {r['tokens_per_s'] or 0:9.1f} "
+                     f"{r['scaling_efficiency'] or 0:8.2f} {r['mean_accepted_length']:7.2f} "
+                     f"{r['slot_utilisation'] or 0:6.2f}")
+    return "\n".join(lines)
