@@ -1,0 +1,136 @@
+"""The cost model of speculative decoding: measured step times and the memory-bandwidth bound.
+
+One round costs a draft phase (one 2-token forward, then gamma - 1 one-token forwards, as
+`SpeculativeDecoder.propose` does) plus one target forward over gamma + 1 tokens; an `ar` step
+is one target forward over one token. With L tokens per round (mean accepted length, the
+bonus/recovered token included) the model predicts
+
+    speedup = L * t_ar / (t_draft_phase + t_verify),
+
+so speculation pays only when L exceeds the break-even length (t_draft_phase + t_verify) / t_ar.
+Sampling, verification and host syncs are outside the model; the measured speedup has them.
+On a GPU one decode step must at least stream the weights once: weight bytes / bandwidth.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from engine.models.llama import LlamaLM
+
+# Peak DRAM bandwidth (bytes/s) from vendor data sheets, matched against the device name.
+SPEC_BANDWIDTH = {
+    "H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12,
+    "A100-SXM4-80GB": 2.039e12, "A100 80GB PCIe": 1.935e12, "A100": 1.555e12,
+    "L40S": 0.864e12, "L4": 0.3e12, "A10G": 0.6e12, "A10": 0.6e12, "RTX 4090": 1.008e12,
+    "V100": 0.9e12, "T4": 0.32e12,
+}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 3) -> float:
+    """Median wall seconds of `fn()` over `reps` calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def forward_timer(model: LlamaLM, batch: int, width: int, context: int, logits_at: str):
+    """A closure running one forward of `width` tokens per row at positions `context..`."""
+    cache = model.new_cache(batch, context + width + 1)
+    ids = model.output_token_ids[torch.randint(0, model.vocab_out, (batch, width), device=model.device)]
+    pos = (context + torch.arange(width, device=model.device)).expand(batch, -1)
+    kv_len = context + width + 1
+
+    def run():
+        return model(ids, pos, cache, kv_len, logits_at=logits_at)
+    return run
+
+
+def step_times(target: LlamaLM, draft: LlamaLM | None, batch: int, gamma: int, context: int,
+               reps: int = 10) -> dict[str, float]:
+    """Median seconds of an `ar` step, a verify forward and a draft phase at this batch size."""
+    dev = target.device
+    out = {"ar_s": median_time(forward_timer(target, batch, 1, context, "all"), dev, reps),
+           "verify_s": median_time(forward_timer(target, batch, gamma + 1, context, "all"), dev, reps)}
+    if draft is not None:
+        first = forward_timer(draft, batch, 2, context, "last")
+        rest = forward_timer(draft, batch, 1, context + 2, "last")
+
+        def phase():
+            first()
+            for _ in range(gamma - 1):
+                rest()
+        out["draft_phase_s"] = median_time(phase, dev, reps)
+        out["draft_step_s"] = median_time(rest, dev, reps)
+    return out
+
+
+def predicted_speedup(accepted_length: float, gamma: int, times: dict[str, float]) -> float | None:
+    """L * t_ar / (t_draft_phase + t_verify)."""
+    if "draft_phase_s" not in times:
+        return None
+    return accepted_length * times["ar_s"] / (times["draft_phase_s"] + times["verify_s"])
+
+
+def break_even_length(times: dict[str, float]) -> float | None:
+    """Tokens per round a speculative method needs to match `ar`."""
+    if "draft_phase_s" not in times:
+        return None
+    return (times["draft_phase_s"] + times["verify_s"]) / times["ar_s"]
+
+
+def weight_bytes(model: LlamaLM) -> int:
+    """Bytes one decode step must read: every parameter except the embedding table (only the
+    fed tokens' rows are gathered); the sliced head counts."""
+    return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+               if name != "model.embed_tokens.weight")
+
+
+def kv_bytes(model: LlamaLM, batch: int, context: int) -> int:
+    """Bytes of keys and values one step reads at `context` positions per row."""
+    s = model.shape
+    return 2 * s.num_layers * batch * context * s.num_kv_heads * s.head_dim * model.head.element_size()
+
+
+def measured_bandwidth(device: torch.device, mib: int = 512, reps: int = 10) -> float:
+    """Copy bandwidth in bytes/s (read + write) of a `mib`-MiB device-to-device copy."""
+    n = mib * 2 ** 20 // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    seconds = median_time(lambda: dst.copy_(src), device, reps)
+    return 2 * n * 4 / seconds
+
+
+def spec_bandwidth(device: torch.device) -> float | None:
+    """Data-sheet bandwidth of a known GPU, else None."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in SPEC_BANDWIDTH.items():
+        if key in name:
+            return value
+    return None
+
+
+def bandwidth_bound(target: LlamaLM, batch: int, context: int, bandwidth: float) -> dict[str, float]:
+    """Lower bounds on one target step: weights alone, and weights plus the KV cache."""
+    w = weight_bytes(target)
+    kv = kv_bytes(target, batch, context)
+    return {"weight_bytes": w, "kv_bytes": kv, "weights_bound_s": w / bandwidth,
+            "weights_kv_bound_s": (w + kv) / bandwidth}
