@@ -2,7 +2,8 @@
 
 `pcg-synth kit build DIR` writes
     DIR/target/  Llama causal LM (HF config + safetensors + tokenizer), tied embeddings
-    DIR/draft/   a draft made of a subset of the target's layers (the paper's recipe)
+    DIR/draft/   a subset of the target's layers (the paper's recipe), distilled on target
+                 samples by `engine.draft` (the path `pcg-synth draft init/train` takes)
     DIR/codec/   a small random X-codec2 (transformers `Xcodec2Model`)
     DIR/kit.json what was built, from which seed, with a content hash
 
@@ -25,10 +26,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.draft.kit import KitDraftRecipe, build_kit_draft
 from engine.models.kit_tokenizer import build_tokenizer
 from engine.models.llasa import NUM_SPEECH_TOKENS, LlasaLayout
 
-KIT_VERSION = 1
+KIT_VERSION = 2  # 2: the draft is distilled, not the bare layer subset
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class KitSpec:
     num_heads: int = 4
     num_kv_heads: int = 2
     draft_layers: tuple[int, ...] = (0, 1, 3)
+    draft_training: KitDraftRecipe = field(default_factory=KitDraftRecipe)  # KD of the draft
     text_vocab_size: int = 1024
     num_clusters: int = 4096  # acoustic clusters over the 65,536 speech tokens
     cluster_cosine: float = 0.6  # expected cosine between two tokens of one cluster
@@ -252,11 +255,11 @@ def build_kit(out_dir: str | Path, spec: KitSpec | None = None, force: bool = Fa
     save_checkpoint(out / "target", target_cfg, tensors, tok_dir)
     eos_scale = calibrate_eos(spec, out / "target", tensors, layout)
     save_checkpoint(out / "target", target_cfg, tensors, tok_dir)
-    draft_cfg = llama_config(spec, len(tokenizer), len(spec.draft_layers), layout)
-    save_checkpoint(out / "draft", draft_cfg, layer_subset(tensors, spec.draft_layers), tok_dir)
+    draft_training = build_kit_draft(out / "target", out / "draft", spec.draft_layers,
+                                     spec.draft_training, spec.seed)
     build_codec(out / "codec", spec)
     shutil.rmtree(tok_dir)
     manifest = {"kit_version": KIT_VERSION, "spec": asdict(spec), "eos_scale": eos_scale,
-                "layout": asdict(layout), "sha256": kit_hash(out)}
+                "draft_training": draft_training, "layout": asdict(layout), "sha256": kit_hash(out)}
     (out / "kit.json").write_text(json.dumps(manifest, indent=2))
     return out

@@ -30,15 +30,14 @@ def test_kit_has_real_formats_and_llasa_layout(kit_dir):
     assert manifest["layout"]["first_speech"] == layout.first_speech
 
 
-def test_draft_is_a_layer_subset_of_the_target(kit_dir):
+def test_draft_has_the_chosen_layers_and_the_targets_embeddings(kit_dir):
+    """Built by `engine.draft` (init, then distillation: see test_draft_train.py)."""
     target = load_file(str(kit_dir / "target" / "model.safetensors"))
     draft = load_file(str(kit_dir / "draft" / "model.safetensors"))
     chosen = KitSpec().draft_layers
     assert json.loads((kit_dir / "draft" / "config.json").read_text())["num_hidden_layers"] == len(chosen)
-    for new, old in enumerate(chosen):
-        key = "self_attn.q_proj.weight"
-        assert torch.equal(draft[f"model.layers.{new}.{key}"], target[f"model.layers.{old}.{key}"])
     assert torch.equal(draft["model.embed_tokens.weight"], target["model.embed_tokens.weight"])
+    assert not any(k.startswith(f"model.layers.{len(chosen)}.") for k in draft)
 
 
 def test_kit_build_is_deterministic_and_refuses_to_overwrite(kit_dir, tmp_path):

@@ -1,0 +1,155 @@
+"""`pcg-synth draft init | train | eval`; `register(sub)` adds them to the main CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def cmd_init(args) -> int:
+    from engine.draft.init import init_draft
+
+    out = init_draft(args.target, args.out, layers=args.layers, source=args.source, force=args.force,
+                     max_shard_bytes=int(args.max_shard_gb * 1024**3), progress=not args.quiet)
+    info = json.loads((out / "pcg_draft.json").read_text())
+    print(f"draft written to {out}: layers {info['layers']} of {info['source']} "
+          f"({info['source_layers']} layers)")
+    return 0
+
+
+def settings_from(args):
+    from engine.draft.settings import TrainSettings
+    from engine.io.storage import StorageOptions
+
+    fields = {k: getattr(args, k) for k in (
+        "data", "draft", "out", "target", "loss", "temperature", "steps", "batch_size",
+        "micro_batch_size", "max_length", "lr", "warmup_steps", "weight_decay", "grad_clip",
+        "heldout_fraction", "heldout_max", "eval_every", "checkpoint_every", "keep_checkpoints",
+        "seed", "device", "dtype", "cache_target")}
+    fields["trainable"] = [p for p in args.trainable.split(",") if p.strip()]
+    storage = {k: getattr(args, k) for k in ("endpoint_url", "region", "profile") if getattr(args, k)}
+    fields["storage"] = StorageOptions(**storage)
+    return TrainSettings(**{k: v for k, v in fields.items() if v is not None})
+
+
+def cmd_train(args) -> int:
+    settings = settings_from(args)  # validated before any loading
+    if args.workers:
+        from engine.draft.distributed import train_draft_ray
+
+        record = train_draft_ray(settings, args.workers, use_gpu=args.use_gpu, address=args.address,
+                                 storage_path=args.storage_path, max_failures=args.max_failures)
+    else:
+        from engine.draft.run import train_draft
+
+        record = train_draft(settings, progress=not args.quiet)
+    shown = {k: round(v, 5) if isinstance(v, float) else v for k, v in record.items()}
+    print(f"trained draft written to {settings.out}: {json.dumps(shown)}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from engine.draft.evaluate import evaluate_drafts, format_eval, read_texts
+
+    methods = [m for m in args.methods.split(",") if m.strip()]
+    if args.out and Path(args.out).suffix != ".json":
+        raise ValueError(f"--out {args.out}: write a .json file")
+    result = evaluate_drafts(args.target, args.draft, read_texts(args.texts_file), methods,
+                             gamma=args.gamma, theta=args.theta, temperature=args.temperature,
+                             max_new_tokens=args.max_new_tokens, seed=args.seed,
+                             batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+                             progress=not args.quiet)
+    print(format_eval(result))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"target": args.target, **result}, indent=1))
+        print(f"written to {args.out}")
+    return 0
+
+
+def add_init(dsub) -> None:
+    p = dsub.add_parser("init", help="a draft from chosen target layers, or any same-vocabulary model",
+                        description="Write a draft checkpoint (Hugging Face Llama format): the chosen "
+                                    "decoder layers of --source (default: the target) with its "
+                                    "embeddings, final norm and head.")
+    p.add_argument("--target", required=True, help="target checkpoint directory")
+    p.add_argument("--out", required=True, help="directory for the draft")
+    p.add_argument("--layers", help="source layers to keep, in order, e.g. 0,1,15 (default with "
+                                    "--source: all of them)")
+    p.add_argument("--source", help="take layers from this model instead (same vocabulary as the "
+                                    "target, e.g. Llasa-1B for Llasa-8B)")
+    p.add_argument("--max-shard-gb", type=float, default=2.0, help="largest safetensors shard written")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_init)
+
+
+def add_train(dsub) -> None:
+    p = dsub.add_parser("train", help="distil (kd) or fine-tune (ce) a draft on speech codes",
+                        description="Train a draft on speech-code sequences: knowledge distillation "
+                                    "from the target on datasets this engine produced, cross-entropy "
+                                    "on other code datasets. Rerunning the same command resumes.")
+    p.add_argument("--data", required=True, help=".parquet/.jsonl file, directory or s3:// prefix")
+    p.add_argument("--draft", required=True, help="initial draft (e.g. from `draft init`)")
+    p.add_argument("--out", required=True, help="output directory (trained draft, checkpoints, log)")
+    p.add_argument("--target", help="target checkpoint (the kd teacher; held-out acceptance)")
+    p.add_argument("--loss", choices=["auto", "kd", "ce"])
+    p.add_argument("--temperature", type=float, help="kd temperature (default: the data's, else 0.8)")
+    p.add_argument("--trainable", default="layers,norm",
+                   help="trained parts among layers,norm,embeddings,head (default layers,norm)")
+    for flag, kind in (("--steps", int), ("--batch-size", int), ("--micro-batch-size", int),
+                       ("--max-length", int), ("--lr", float), ("--warmup-steps", int),
+                       ("--weight-decay", float), ("--grad-clip", float), ("--heldout-fraction", float),
+                       ("--heldout-max", int), ("--eval-every", int), ("--checkpoint-every", int),
+                       ("--keep-checkpoints", int), ("--seed", int)):
+        p.add_argument(flag, type=kind, help="see TrainSettings")
+    p.add_argument("--cache-target", action="store_true", default=None,
+                   help="keep the target's logits of every sequence in memory (small datasets)")
+    p.add_argument("--device", help="auto | cpu | cuda | cuda:N (single-process runs)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
+    ray_group = p.add_argument_group("Ray Train (several GPUs or nodes)")
+    ray_group.add_argument("--workers", type=int, default=0, help="0: this process; N: N Ray Train workers")
+    ray_group.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=None,
+                           help="one GPU per worker (default: when the cluster has enough)")
+    ray_group.add_argument("--address", help="Ray cluster (default: $RAY_ADDRESS, else a local one)")
+    ray_group.add_argument("--storage-path", help="where Ray keeps checkpoints (shared or s3://; default OUT/ray)")
+    ray_group.add_argument("--max-failures", type=int, default=0, help="worker-group restarts")
+    s3 = p.add_argument_group("S3")
+    s3.add_argument("--endpoint-url")
+    s3.add_argument("--region")
+    s3.add_argument("--profile")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+
+def add_eval(dsub) -> None:
+    p = dsub.add_parser("eval", help="mean accepted length and per-position acceptance of drafts",
+                        description="Decode held-out texts with each --draft against --target and "
+                                    "report acceptance per rule (before/after training: pass both).")
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True, action="append", help="a draft directory (repeatable)")
+    p.add_argument("--texts-file", help="one text per line (default: built-in held-out texts)")
+    p.add_argument("--methods", default="exact,pcg", help="comma-separated acceptance rules")
+    p.add_argument("--gamma", type=int, default=3)
+    p.add_argument("--theta", type=float, default=0.4)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--out", help="also write the figures to FILE.json")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
+
+def register(sub) -> None:
+    """Add `draft init | train | eval` to the top-level subparsers `sub`."""
+    p = sub.add_parser("draft", help="draft models: build, distil, evaluate",
+                       description="Build a draft for any target, train it on speech codes, and "
+                                   "measure its acceptance.")
+    dsub = p.add_subparsers(dest="draft_cmd", required=True)
+    add_init(dsub)
+    add_train(dsub)
+    add_eval(dsub)
