@@ -289,11 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
     kb.set_defaults(func=cmd_kit_build)
     add_generate(sub)
     add_jobs(sub)
+    from engine.bench.cli import register as register_bench
     from engine.codec.cli import register as register_codec
+    from engine.draft.cli import register as register_draft
     from engine.groups.cli import register as register_groups
 
     register_codec(sub)
     register_groups(sub)
+    register_draft(sub)
+    register_bench(sub)
     return parser
 
 

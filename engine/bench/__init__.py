@@ -1,0 +1,1 @@
+"""Benchmarks (`pcg-synth bench`) and the paper's evaluation protocol (`pcg-synth paper-table`)."""

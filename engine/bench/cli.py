@@ -1,0 +1,197 @@
+"""`pcg-synth bench`, `pcg-synth eval` and `pcg-synth paper-table`.
+
+`engine.cli` calls `register(sub)`; each command returns an exit status and raises ValueError
+for user mistakes (printed as one line by the main).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+
+def csv_of(kind):
+    def parse(text: str):
+        try:
+            return tuple(kind(x) for x in text.split(",") if x.strip())
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__}s") from exc
+    return parse
+
+
+def command_line(args=None) -> str:
+    """How this run was started, for its result file (a wrapper may set `args.how`)."""
+    if args is not None and getattr(args, "how", None):
+        return args.how
+    return "pcg-synth " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def write_json(doc: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def out_stem(out: str) -> Path:
+    path = Path(out)
+    return path.with_suffix("") if path.suffix == ".json" else path
+
+
+def add_model_args(p: argparse.ArgumentParser, presets: bool) -> None:
+    g = p.add_argument_group("models")
+    if presets:
+        g.add_argument("--preset", choices=["tiny", "llasa-1b-shape"],
+                       help="tiny: the tiny kit (CPU); llasa-1b-shape: Llasa-1B dimensions, random "
+                            "weights, 3-layer draft, built in memory (GPU)")
+    g.add_argument("--kit", help="a tiny kit directory (default for --preset tiny: built into the cache)")
+    g.add_argument("--target", help="target checkpoint directory")
+    g.add_argument("--draft", help="draft checkpoint directory (overrides a preset's draft)")
+    g.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+
+
+def add_quality_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("quality backends (local files only)")
+    g.add_argument("--asr", default="pocketsphinx",
+                   help="pocketsphinx (bundled, weak), none, or a local HF CTC/Whisper checkpoint directory")
+    g.add_argument("--speaker", default="resemblyzer",
+                   help="resemblyzer (bundled weights), none, or a local HF x-vector (WavLM-SV) directory")
+    g.add_argument("--dnsmos", action="store_true", help="also DNSMOS (pip install 'pcg-synth[dnsmos]')")
+    g.add_argument("--metrics-device", default="cpu", help="where ASR/speaker models run")
+
+
+def load_backends(args, prompts=None):
+    from engine.metrics.asr import load_asr
+    from engine.metrics.quality import Backends
+    from engine.metrics.speaker import load_speaker
+
+    dnsmos = None
+    if args.dnsmos:
+        from engine.metrics.dnsmos import DNSMOS
+
+        dnsmos = DNSMOS()
+    return Backends(asr=load_asr(args.asr, args.metrics_device),
+                    speaker=load_speaker(args.speaker, args.metrics_device), dnsmos=dnsmos, prompts=prompts)
+
+
+# ---- bench ------------------------------------------------------------------------------------
+
+
+def cmd_bench(args) -> int:
+    from engine.bench.plots import bench_plots, quality_vs_speedup
+    from engine.bench.presets import load_synthesizer
+    from engine.bench.report import markdown
+    from engine.bench.runner import BenchConfig, run_bench
+
+    cfg = BenchConfig(methods=args.methods, batch_sizes=args.batch_sizes, gammas=args.gammas,
+                      thetas=args.thetas, reps=args.reps, max_new_tokens=args.max_new_tokens,
+                      items_per_slot=args.items_per_slot, temperature=args.temperature, beta=args.beta,
+                      topk=args.topk, cost_model=not args.no_cost_model, cost_reps=args.cost_reps,
+                      context=args.context)
+    cfg.check()  # before loading any model
+    synth, models = load_synthesizer(args.preset, args.target, args.draft, args.kit, args.device,
+                                     args.dtype, args.save_preset)
+    doc = run_bench(synth, cfg, models, command_line(args), progress=not args.quiet)
+    stem = out_stem(args.out)
+    write_json(doc, stem.with_suffix(".json"))
+    text = markdown(doc)
+    stem.with_suffix(".md").write_text(text)
+    written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    if not args.no_plots:
+        written += bench_plots(doc, stem)
+        if args.quality:
+            table = json.loads(Path(args.quality).read_text())
+            written.append(quality_vs_speedup(table, stem.with_name(stem.name + "_quality_vs_speedup.png")))
+    print(text)
+    print("written: " + ", ".join(map(str, written)))
+    return 0
+
+
+def add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="speed of the acceptance rules: tokens/s, speedup, acceptance, cost model",
+                       description="Decode the same items with every method (interleaved, warm-up "
+                                   "excluded, repeated) over batch sizes, gamma and theta; write JSON, "
+                                   "a markdown table and PNG plots.")
+    add_model_args(p, presets=True)
+    p.add_argument("--save-preset", help="llasa-1b-shape: also write its target/ and draft/ checkpoints here")
+    g = p.add_argument_group("grid")
+    g.add_argument("--methods", type=csv_of(str), default=("ar", "exact", "pcg", "ssd", "topk"))
+    g.add_argument("--batch-sizes", type=csv_of(int), default=(1, 8, 32))
+    g.add_argument("--gammas", type=csv_of(int), default=(3,))
+    g.add_argument("--thetas", type=csv_of(float), default=(0.4,))
+    g.add_argument("--reps", type=int, default=3, help="repetitions (medians and min/max over them)")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--items-per-slot", type=int, default=2, help="items per run = this x batch size")
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--beta", type=float, default=0.3)
+    g.add_argument("--topk", type=int, default=50)
+    c = p.add_argument_group("cost model")
+    c.add_argument("--no-cost-model", action="store_true", help="skip the step timings")
+    c.add_argument("--cost-reps", type=int, default=10)
+    c.add_argument("--context", type=int, help="KV length for step timings (default: mean prompt + half the budget)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", required=True, help="PATH.json; PATH.md and PATH_*.png are written beside it")
+    o.add_argument("--quality", help="a paper-table JSON: adds the quality-vs-speedup plot")
+    o.add_argument("--no-plots", action="store_true")
+    o.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
+
+
+# ---- eval -------------------------------------------------------------------------------------
+
+
+def cmd_eval(args) -> int:
+    from engine.io.storage import Storage
+    from engine.metrics.quality import (
+        evaluate_table,
+        summarize,
+        summary_lines,
+        write_results,
+    )
+    from engine.metrics.references import PromptClips, read_dataset, sibling
+
+    storage = Storage()
+    table = read_dataset(args.dataset, storage)  # a bad path fails before models load
+    codec = None
+    if args.codec:
+        from engine.codec.xcodec2 import Xcodec2Codec
+
+        codec = Xcodec2Codec.load(args.codec, device=args.metrics_device, dtype="float32")
+    prompts = PromptClips(args.prompts, codec, storage) if args.prompts else None
+    backends = load_backends(args, prompts)
+    if backends.speaker is not None and prompts is None:
+        backends.notes.append("no speaker similarity: give the generation manifest with --prompts")
+    rows = evaluate_table(table, backends, batch=args.batch, progress=not args.quiet)
+    summary = {"dataset": args.dataset, **summarize(rows, backends)}
+    out = args.out or sibling(args.dataset, ".eval.parquet")
+    summary_uri = write_results(rows, summary, out, storage)
+    print(summary_lines(summary))
+    print(f"per-row metrics: {out}\nsummary: {summary_uri}")
+    return 0
+
+
+def add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="quality of a produced audio dataset: WER/CER, speaker similarity, DNSMOS",
+                       description="Transcribe every clip (offline ASR), score WER/CER against its input "
+                                   "text, speaker similarity to its voice prompt and optionally DNSMOS; "
+                                   "write per-row metrics (Parquet) and a summary (JSON).")
+    p.add_argument("dataset", help="a .parquet dataset file or a job's output directory (local or s3://)")
+    p.add_argument("--prompts", action="append", help="the manifest(s) the dataset was made from: voice-prompt "
+                                                     "clips for speaker similarity (repeatable)")
+    p.add_argument("--codec", help="X-codec2 directory: decode prompts given only as codes")
+    add_quality_args(p)
+    p.add_argument("--batch", type=int, default=16, help="clips per ASR call")
+    p.add_argument("--out", help="per-row metrics .parquet (default: DATASET.eval.parquet beside it)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_eval)
+
+
+def register(sub) -> None:
+    """Add `bench`, `eval` and `paper-table` to the `pcg-synth` subparsers."""
+    from engine.bench.paper_cli import add_paper_table
+
+    add_bench(sub)
+    add_eval(sub)
+    add_paper_table(sub)

@@ -1,0 +1,43 @@
+"""A description of the machine a benchmark ran on, for its result file."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+
+import torch
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def describe(device: str | torch.device = "cpu") -> dict:
+    """Date, platform, CPU, threads, Python/torch versions and the GPU's name where used."""
+    device = torch.device(device)
+    out = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_cores_visible": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+        out["cuda"] = torch.version.cuda
+    try:
+        out["load_average_1m"] = round(os.getloadavg()[0], 2)  # a busy machine skews timings
+    except OSError:
+        pass
+    return out

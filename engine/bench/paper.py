@@ -1,0 +1,178 @@
+"""`pcg-synth paper-table`: the paper's protocol on the user's models and manifest.
+
+Cross-sentence voice cloning over a manifest (LibriTTS test-clean in the paper), gamma 3,
+temperature 0.8, several seeds; per seed every method decodes the same items (methods
+interleaved, order rotated), its audio is written as a dataset and evaluated (WER, CER, speaker
+similarity to the prompt clip, optionally DNSMOS). Speedup is tokens/s over `ar`'s in the same
+seed. Table: mean +- std over seeds, as the paper's Table 1.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from engine.api import SynthesisItem, Synthesizer
+from engine.config import DecodingSettings
+from engine.io.storage import Storage
+from engine.metrics.quality import Backends, evaluate_table, summarize
+
+PAPER_ROWS = {  # PCG_SPEC section 7: Llasa-8B target, 3-layer draft, one H100, 500 utterances
+    "exact": {"speedup": 0.98, "wer": 11.1, "cer": 5.5, "similarity": 43.7, "nmos": 4.38},
+    "ssd": {"speedup": 1.4, "wer": 18.5, "cer": 11.6, "similarity": 42.5, "nmos": 3.78},
+    "pcg": {"speedup": 1.4, "wer": 13.8, "cer": 7.8, "similarity": 43.7, "nmos": 4.09},
+}
+METRICS = ("speedup", "tokens_per_s", "mean_accepted_length", "wer", "cer", "similarity", "dnsmos_ovrl")
+
+
+@dataclass
+class PaperConfig:
+    """The protocol's knobs (defaults: the paper's)."""
+
+    methods: tuple[str, ...] = ("ar", "exact", "ssd", "pcg")
+    gamma: int = 3
+    theta: float = 0.4
+    beta: float = 0.3
+    temperature: float = 0.8
+    seeds: tuple[int, ...] = (0, 1, 2)
+    batch_size: int = 1
+    max_new_tokens: int = 2000
+    limit: int | None = None
+
+    def settings(self, method: str, seed: int) -> DecodingSettings:
+        return DecodingSettings(method=method, gamma=self.gamma, theta=self.theta, beta=self.beta,
+                                temperature=self.temperature, seed=seed, max_new_tokens=self.max_new_tokens)
+
+
+def manifest_items(uri: str, codec, limit: int | None = None, storage: Storage | None = None
+                   ) -> tuple[list[SynthesisItem], list]:
+    """Items (voice prompts encoded once, cached by content) and their prompts, in manifest order.
+
+    Raises:
+        ValueError: a row is malformed (the protocol needs every row).
+    """
+    from engine.codec.audio import read_clip
+    from engine.codec.prompts import PromptCache, load_voice_prompt
+    from engine.io.manifest import RowError, parse_rows, validated
+    from engine.runtime.worker import relative_to
+
+    storage = storage or Storage()
+    rows = validated(parse_rows(uri, storage.read_bytes(uri)), uri, 0)[:limit]
+    cache, items, prompts = PromptCache(), [], []
+    for row in rows:
+        if isinstance(row, RowError):
+            raise ValueError(f"{row.source}: {row.error}")
+        prompt = None
+        if row.prompt_audio:
+            wave = read_clip(io.BytesIO(storage.read_bytes(relative_to(uri, row.prompt_audio))))
+            prompt = load_voice_prompt(row.prompt_text or "", codes=cache.encode(codec, wave), id=row.prompt_id)
+        elif row.prompt_codes:
+            prompt = load_voice_prompt(row.prompt_text or "", codes=row.prompt_codes, id=row.prompt_id)
+        items.append(SynthesisItem(text=row.text, id=row.id, prompt_text=prompt.text if prompt else None,
+                                   prompt_codes=list(prompt.codes) if prompt else None))
+        prompts.append(prompt)
+    return items, prompts
+
+
+def run_seed(synth: Synthesizer, codec, items, prompts, cfg: PaperConfig, seed: int, out: Path,
+             backends: Backends, progress: bool) -> dict[str, dict]:
+    """Every method on every item for one seed: speed, audio dataset, quality summary."""
+    from engine.codec.export import export_audio
+    from engine.metrics.references import read_dataset
+
+    order = list(cfg.methods)
+    k = seed % len(order)
+    out_rows = {}
+    for method in order[k:] + order[:k]:
+        settings = cfg.settings(method, seed)
+        results, summary = synth.synthesize(items, settings, batch_size=cfg.batch_size, progress=progress)
+        path = out / "datasets" / f"{method}.seed{seed}.parquet"
+        export_audio(results, settings, None, parquet_path=path, codec=codec, prompts=prompts)
+        rows = evaluate_table(read_dataset(str(path)), backends, progress=progress)
+        quality = summarize(rows, backends)["methods"].get(method, {})
+        out_rows[method] = {"speed": summary.to_dict(), "quality": quality}
+    return out_rows
+
+
+def mean_std(values: list[float | None]) -> dict:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+            "n": len(vals)}
+
+
+def table_rows(per_seed: dict[int, dict[str, dict]], methods: tuple[str, ...]) -> dict[str, dict]:
+    """Mean +- std over seeds per method; speedup against `ar` of the same seed."""
+    out = {}
+    for method in methods:
+        values: dict[str, list] = {k: [] for k in METRICS}
+        for runs in per_seed.values():
+            run, ar = runs[method], runs.get("ar")
+            tps = run["speed"]["tokens_per_s"]
+            values["speedup"].append(tps / ar["speed"]["tokens_per_s"] if ar else None)
+            values["tokens_per_s"].append(tps)
+            values["mean_accepted_length"].append(run["speed"]["mean_accepted_length"])
+            for key in ("wer", "cer", "similarity", "dnsmos_ovrl"):
+                values[key].append(run["quality"].get(key))
+        out[method] = {k: mean_std(v) for k, v in values.items()}
+    return out
+
+
+def run_protocol(synth: Synthesizer, codec, manifest: str, cfg: PaperConfig, out: Path,
+                 backends: Backends, models: dict, how: str, progress: bool = True) -> dict:
+    """The whole protocol; returns the table document (also the input of `render`)."""
+    from engine.bench.machine import describe
+
+    items, prompts = manifest_items(manifest, codec, cfg.limit)
+    if not items:
+        raise ValueError(f"{manifest}: no rows")
+    per_seed = {}
+    for seed in cfg.seeds:
+        per_seed[seed] = run_seed(synth, codec, items, prompts, cfg, seed, out, backends, progress)
+    return {"benchmark": "paper protocol (pcg-synth paper-table)", "how": how,
+            "machine": describe(synth.device), "models": models, "manifest": manifest,
+            "items": len(items), "settings": asdict(cfg), "backends": backends.describe(),
+            "rows": table_rows(per_seed, cfg.methods),
+            "per_seed": {str(k): v for k, v in per_seed.items()}, "paper": PAPER_ROWS}
+
+
+def _pm(stat: dict, scale: float = 1.0, spec: str = ".1f", suffix: str = "") -> str:
+    if stat["mean"] is None:
+        return "-"
+    return f"{format(stat['mean'] * scale, spec)}{suffix} +- {format(stat['std'] * scale, spec)}{suffix}"
+
+
+def render(doc: dict) -> str:
+    """The table as markdown, the paper's Table 1 beside it for reference."""
+    s, m, mc = doc["settings"], doc["models"], doc["machine"]
+    lines = [
+        f"# Paper protocol: {m.get('preset') or m['target']}",
+        "",
+        f"- models: target {m['target']}, draft {m['draft']}, codec {m.get('codec')}, {m.get('dtype')}",
+        f"- machine: {mc.get('gpu') or mc['cpu']} ({mc['device']}), torch {mc['torch']}, {mc['date']}",
+        f"- manifest: {doc['manifest']} ({doc['items']} utterances); gamma {s['gamma']}, temperature "
+        f"{s['temperature']}, theta {s['theta']}, SSD beta {s['beta']}, batch size {s['batch_size']}, "
+        f"up to {s['max_new_tokens']} tokens, seeds {', '.join(map(str, s['seeds']))}",
+        f"- quality backends: ASR {doc['backends']['asr']}; speaker {doc['backends']['speaker']}; "
+        f"DNSMOS {doc['backends']['dnsmos'] or '-'}",
+        f"- command: `{doc['how']}`",
+        "",
+        "| method | speedup vs AR | WER % | CER % | SIM (x100) | DNSMOS | mean accepted length |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    names = {"ar": "AR (target alone)", "exact": "exact SD", "ssd": f"SSD beta {s['beta']}",
+             "pcg": f"PCG theta {s['theta']}", "topk": "top-k"}
+    for method, row in doc["rows"].items():
+        lines.append(f"| {names.get(method, method)} | {_pm(row['speedup'], spec='.2f', suffix='x')} | "
+                     f"{_pm(row['wer'])} | {_pm(row['cer'])} | {_pm(row['similarity'], 100)} | "
+                     f"{_pm(row['dnsmos_ovrl'], spec='.2f')} | {_pm(row['mean_accepted_length'], spec='.2f')} |")
+    lines += ["", "The paper (Llasa-8B, 3-layer trained draft, one H100, 500 LibriTTS test-clean "
+              "utterances, HuBERT-large CTC ASR, WavLM verifier; NMOS, not DNSMOS):", "",
+              "| method | speedup vs AR | WER | CER | Sim-O | NMOS |", "|---|---|---|---|---|---|"]
+    for method, row in doc["paper"].items():
+        lines.append(f"| {names.get(method, method)} | {row['speedup']}x | {row['wer']} | {row['cer']} | "
+                     f"{row['similarity']} | {row['nmos']} |")
+    return "\n".join(lines) + "\n"

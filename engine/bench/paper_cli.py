@@ -1,0 +1,90 @@
+"""`pcg-synth paper-table`: the paper's protocol as one command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.bench.cli import (
+    add_model_args,
+    add_quality_args,
+    command_line,
+    csv_of,
+    load_backends,
+)
+
+
+def cmd_paper_table(args) -> int:
+    from engine.bench.paper import PaperConfig, render, run_protocol
+    from engine.bench.presets import load_synthesizer, tiny_kit
+    from engine.codec.xcodec2 import Xcodec2Codec
+    from engine.metrics.references import PromptClips
+
+    cfg = PaperConfig(methods=args.methods, gamma=args.gamma, theta=args.theta, beta=args.beta,
+                      temperature=args.temperature, seeds=args.seeds, batch_size=args.batch_size,
+                      max_new_tokens=args.max_new_tokens, limit=args.limit)
+    for method in cfg.methods:
+        cfg.settings(method, 0)  # invalid settings fail before any model loads
+    if (args.manifest is None) == (not args.demo):
+        raise ValueError("give --manifest URI (rows: id, text, prompt_text, prompt_audio) or --demo")
+    out = Path(args.out)
+    manifest = args.manifest
+    if args.demo:
+        from engine.bench.demo import write_demo_manifest
+
+        manifest = str(write_demo_manifest(out / "demo-manifest"))
+    preset = "tiny" if (args.kit or (args.target is None)) else None
+    synth, models = load_synthesizer(preset, args.target, args.draft, args.kit, args.device, args.dtype)
+    codec_dir = args.codec or (str(tiny_kit(args.kit) / "codec") if preset == "tiny" else None)
+    if codec_dir is None:
+        raise ValueError("give --codec DIR (an X-codec2 checkpoint) to turn codes into audio")
+    codec = Xcodec2Codec.load(codec_dir, device=str(synth.device), encoder_device="cpu")
+    models["codec"] = codec_dir
+    backends = load_backends(args, PromptClips([manifest]))
+    doc = run_protocol(synth, codec, manifest, cfg, out, backends, models, command_line(args),
+                       progress=not args.quiet)
+    stem = Path(args.table) if args.table else out / "paper_table"
+    stem = stem.with_suffix("") if stem.suffix == ".json" else stem
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    text = render(doc)
+    stem.with_suffix(".md").write_text(text)
+    written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    if not args.no_plots:
+        from engine.bench.plots import quality_vs_speedup
+
+        written.append(quality_vs_speedup(doc, stem.with_name(stem.name + "_quality_vs_speedup.png")))
+    print(text)
+    print("written: " + ", ".join(map(str, written)))
+    return 0
+
+
+def add_paper_table(sub) -> None:
+    p = sub.add_parser("paper-table", help="the paper's protocol: speedup, WER, CER, similarity over seeds",
+                       description="Cross-sentence voice cloning over a manifest with every method and "
+                                   "several seeds (gamma 3, temperature 0.8 by default); speed, audio, "
+                                   "quality; a table as the paper's Table 1 (mean +- std over seeds).")
+    add_model_args(p, presets=False)
+    p.add_argument("--codec", help="X-codec2 checkpoint directory (default with --kit: the kit's)")
+    src = p.add_argument_group("input")
+    src.add_argument("--manifest", help="rows: id, text, prompt_text, prompt_audio (a clip, relative "
+                                        "to the manifest); e.g. LibriTTS test-clean cross-sentence pairs")
+    src.add_argument("--demo", action="store_true", help="a generated 6-row manifest with synthetic voice "
+                                                         "prompts (for the tiny kit; numbers mean nothing)")
+    src.add_argument("--limit", type=int, help="first N rows only")
+    d = p.add_argument_group("protocol")
+    d.add_argument("--methods", type=csv_of(str), default=("ar", "exact", "ssd", "pcg"))
+    d.add_argument("--gamma", type=int, default=3)
+    d.add_argument("--theta", type=float, default=0.4)
+    d.add_argument("--beta", type=float, default=0.3)
+    d.add_argument("--temperature", type=float, default=0.8)
+    d.add_argument("--seeds", type=csv_of(int), default=(0, 1, 2))
+    d.add_argument("--batch-size", type=int, default=1)
+    d.add_argument("--max-new-tokens", type=int, default=2000)
+    add_quality_args(p)
+    p.add_argument("--out", required=True, help="output directory: datasets/ (audio per method and seed), "
+                                                "paper_table.{json,md} and a plot")
+    p.add_argument("--table", help="write the table files as TABLE.json/.md/_quality_vs_speedup.png instead")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_paper_table)

@@ -1,0 +1,163 @@
+"""Model sets for `pcg-synth bench` that need no download.
+
+- `tiny`: the tiny kit (built once into the cache), for CPUs and tests.
+- `llasa-1b-shape`: Llasa-1B's dimensions (Llama-3.2-1B body, 193,800-row vocabulary, tied
+  embeddings) with random weights made by the kit's recipe (clustered speech embeddings,
+  tied head), built in memory on the device; the draft is 3 of its 16 layers.
+- any checkpoint directories (`--target`/`--draft`), e.g. real Llasa copies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from engine.api import Synthesizer
+from engine.models.llama import LlamaLM, LlamaShape
+from engine.models.llasa import LlasaLayout
+from engine.models.loading import LoadedModel, load_model, resolve_dtype, rope_tables
+from engine.models.tiny import KitSpec, layer_subset, llama_config, random_llama
+
+PRESETS = ("tiny", "llasa-1b-shape")
+LLASA_VOCAB = 193_800
+# Llasa-1B = Llama-3.2-1B: hidden 2048, 16 layers, 32 heads / 8 KV heads (head_dim 64), MLP 8192.
+# layer_std keeps the kit's per-layer update size (0.08 at hidden 128) relative to the width.
+LLASA_1B_SPEC = KitSpec(hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
+                        num_kv_heads=8, layer_std=0.08 * math.sqrt(128 / 2048))
+# The paper's draft is 3 layers of the target; until the distilled draft (issue 6) exists for
+# this preset, the first two and the last layer, as the kit does.
+LLASA_1B_DRAFT_LAYERS = (0, 1, 15)
+
+
+def cache_root() -> Path:
+    root = os.environ.get("PCG_SYNTH_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "pcg-synth"
+
+
+def tiny_kit(kit_dir: str | Path | None = None) -> Path:
+    """The kit at `kit_dir`, else the cached seed-0 kit of this version (built on first use)."""
+    from engine.models import tiny
+
+    if kit_dir is not None:
+        if not (Path(kit_dir) / "target").is_dir():
+            raise ValueError(f"{kit_dir} is not a tiny kit (no target/): `pcg-synth kit build {kit_dir}`")
+        return Path(kit_dir)
+    path = cache_root() / f"kit-v{tiny.KIT_VERSION}-seed0"
+    if not (path / "kit.json").is_file():
+        print(f"building the tiny kit into {path} ...", flush=True)
+        tiny.build_kit(path, force=True)
+    return path
+
+
+def kit_description(root: Path) -> dict:
+    """What a kit is (its kit.json): version, content hash, how its draft was made."""
+    try:
+        manifest = json.loads((root / "kit.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    trained = manifest.get("draft_training")
+    return {"kit_version": manifest.get("kit_version"), "kit_sha256": str(manifest.get("sha256", ""))[:16],
+            "draft_made_by": (f"layer subset {manifest['spec']['draft_layers']} + distillation "
+                              f"({trained.get('steps')} steps)" if trained else
+                              f"layer subset {manifest.get('spec', {}).get('draft_layers')} (untrained)")}
+
+
+def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.device,
+                       dtype: torch.dtype, label: str) -> LoadedModel:
+    """A `LoadedModel` from in-memory HF-named tensors (what `load_model` does from disk)."""
+    layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
+    inv_freq, scaling = rope_tables(config)
+    with torch.device("meta"):
+        model = LlamaLM(LlamaShape.from_config(config), layout.output_token_ids(), inv_freq, scaling)
+    model = model.to_empty(device=device).to(dtype)
+    model.output_token_ids = layout.output_token_ids().to(device)
+    model.inv_freq = inv_freq.to(device)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(value)
+        model.head.copy_(tensors["model.embed_tokens.weight"][layout.output_token_ids()])  # tied
+    model.eval().requires_grad_(False)
+    return LoadedModel(path=Path(label), model=model, tokenizer=tokenizer, layout=layout, config=config)
+
+
+def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLASA_1B_SPEC,
+                   draft_layers: tuple[int, ...] = LLASA_1B_DRAFT_LAYERS,
+                   vocab_size: int = LLASA_VOCAB, save_to: Path | None = None,
+                   ) -> tuple[LoadedModel, LoadedModel]:
+    """(target, draft) with Llasa-1B's shape and random weights (deterministic from spec.seed).
+
+    Args:
+        device, dtype: where and how the models live.
+        spec: dimensions and the kit's weight recipe (tests pass a smaller one).
+        draft_layers: target layers the draft keeps.
+        vocab_size: rows of the embedding table (Llasa's 193,800; the head keeps 65,537).
+        save_to: also write `target/` and `draft/` checkpoints there (for draft distillation).
+    """
+    from engine.models.kit_tokenizer import build_tokenizer
+    from engine.models.tiny import save_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = build_tokenizer(Path(tmp) / "tok", spec.text_vocab_size)
+        layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=vocab_size)
+        gen = torch.Generator().manual_seed(spec.seed)
+        spec = replace(spec, draft_layers=draft_layers)
+        t_cfg = llama_config(spec, vocab_size, spec.num_layers, layout)
+        d_cfg = llama_config(spec, vocab_size, len(draft_layers), layout)
+        tensors = random_llama(spec, t_cfg, gen, layout)
+        draft_tensors = layer_subset(tensors, draft_layers)
+        if save_to is not None:
+            save_checkpoint(Path(save_to) / "target", t_cfg, tensors, Path(tmp) / "tok")
+            save_checkpoint(Path(save_to) / "draft", d_cfg, draft_tensors, Path(tmp) / "tok")
+        target = model_from_tensors(t_cfg, tensors, tokenizer, device, dtype, "llasa-1b-shape/target")
+        draft = model_from_tensors(d_cfg, draft_tensors, tokenizer, device, dtype,
+                                   f"llasa-1b-shape/draft(layers {','.join(map(str, draft_layers))})")
+    return target, draft
+
+
+def load_synthesizer(preset: str | None, target: str | None = None, draft: str | None = None,
+                     kit: str | None = None, device: str = "auto", dtype: str = "auto",
+                     save_preset: str | None = None) -> tuple[Synthesizer, dict]:
+    """A Synthesizer for a preset or checkpoint directories, and a description of the models.
+
+    `draft` overrides a preset's draft: this is where a distilled draft (issue 6,
+    `engine/draft/`) for the `llasa-1b-shape` target goes, after `--save-preset DIR` wrote
+    that target to disk for the distillation.
+    """
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    dt = resolve_dtype(dtype, dev)
+    if preset == "tiny" or (preset is None and kit is not None):
+        root = tiny_kit(kit)
+        tgt = load_model(root / "target", dev, dt)
+        drf = load_model(draft or root / "draft", dev, dt, tokenizer=tgt.tokenizer)
+        desc = {"preset": "tiny", "target": str(root / "target"), "draft": str(draft or root / "draft"),
+                **kit_description(root)}
+    elif preset == "llasa-1b-shape":
+        tgt, drf = llasa_1b_shape(dev, dt, save_to=Path(save_preset) if save_preset else None)
+        # HOOK (issue 6, distilled draft): the target is deterministic (seed 0), so a draft
+        # distilled against the saved copy (`--save-preset DIR`, then `pcg-synth draft init
+        # --target DIR/target --layers 0,1,15` and `pcg-synth draft train`) fits this target.
+        if draft is not None:
+            drf = load_model(draft, dev, dt, tokenizer=tgt.tokenizer)
+        desc = {"preset": preset, "target": str(tgt.path), "draft": str(draft or drf.path),
+                "weights": "random (kit recipe), seed 0",
+                "draft_made_by": "--draft" if draft else f"layer subset {list(LLASA_1B_DRAFT_LAYERS)} (untrained)"}
+    elif preset is None:
+        if target is None:
+            raise ValueError("give --preset tiny|llasa-1b-shape, --kit DIR, or --target DIR --draft DIR")
+        tgt = load_model(target, dev, dt)
+        drf = load_model(draft, dev, dt) if draft else None
+        desc = {"preset": None, "target": str(target), "draft": str(draft) if draft else None}
+    else:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    desc.update(dtype=str(dt).removeprefix("torch."), device=str(dev),
+                target_params=sum(p.numel() for p in tgt.model.parameters()),
+                draft_params=sum(p.numel() for p in drf.model.parameters()) if drf else None)
+    return Synthesizer(tgt, drf, batch_size=1), desc

@@ -1,0 +1,95 @@
+"""Markdown rendering of a bench result document."""
+
+from __future__ import annotations
+
+
+def _ms(seconds: float | None) -> str:
+    return f"{1e3 * seconds:.2f}" if seconds is not None else "-"
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "-"
+
+
+def header(doc: dict) -> list[str]:
+    m, s, mc = doc["models"], doc["settings"], doc["machine"]
+    where = mc.get("gpu") or f"{mc['cpu']}, {mc['torch_threads']} threads"
+    return [
+        f"# Decoding speed: {m.get('preset') or m['target']}",
+        "",
+        f"- machine: {where} ({mc['device']}), torch {mc['torch']}, {mc['date']}, "
+        f"1-min load average at start {mc.get('load_average_1m', '-')}",
+        f"- models: target {m['target']} ({m['target_params'] / 1e6:.1f} M params), draft {m['draft']} "
+        f"({(m['draft_params'] or 0) / 1e6:.1f} M), {m['dtype']}",
+        f"- settings: gamma {', '.join(map(str, s['gammas']))}; theta {', '.join(map(str, s['thetas']))}; "
+        f"temperature {s['temperature']}; beta {s['beta']}; topk {s['topk']}; up to {s['max_new_tokens']} "
+        f"tokens per item; {s['items_per_run']} items per run; {s['reps']} repetitions, methods "
+        "interleaved (order rotated), warm-up excluded; medians [min, max]",
+        f"- command: `{doc['how']}`",
+        "",
+    ]
+
+
+def runs_table(doc: dict) -> list[str]:
+    lines = ["| batch | setting | tokens/s | audio s/s | speedup vs ar | mean accepted length | "
+             "acceptance by position | thinning trials / token | predicted speedup | break-even length |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for batch, entry in doc["batches"].items():
+        for label, r in entry["runs"].items():
+            sp = r["speedup_vs_ar"]
+            acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"]) or "-"
+            be = r.get("break_even_length")
+            lines.append(
+                f"| {batch} | {label} | {r['tokens_per_s']['median']:.1f} | {r['audio_s_per_s']['median']:.2f} | "
+                f"{sp['median']:.2f}x [{sp['min']:.2f}, {sp['max']:.2f}] | "
+                f"{r['mean_accepted_length']['median']:.2f} | {acc} | {r['thinning_trials_per_token']:.3f} | "
+                f"{_x(r.get('predicted_speedup'))} | {f'{be:.2f}' if be is not None else '-'} |")
+    return lines
+
+
+def cost_table(doc: dict) -> list[str]:
+    rows = [(b, e["cost"]) for b, e in doc["batches"].items() if "cost" in e]
+    if not rows:
+        return []
+    bw = doc["machine"].get("copy_bandwidth_GBps")
+    lines = ["", f"## Cost model (measured copy bandwidth {bw:.0f} GB/s)" if bw else "## Cost model", "",
+             "| batch | gamma | context | ar step ms | verify ms | draft phase ms | draft step ms | "
+             "break-even length | weights MB | weights bound ms | ar step / bound |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for batch, cost in rows:
+        bound = cost["bound"]
+        for gamma, t in cost["steps"].items():
+            be = (t["draft_phase_s"] + t["verify_s"]) / t["ar_s"] if "draft_phase_s" in t else None
+            lines.append(f"| {batch} | {gamma} | {cost['context']} | {_ms(t['ar_s'])} | {_ms(t['verify_s'])} | "
+                         f"{_ms(t.get('draft_phase_s'))} | {_ms(t.get('draft_step_s'))} | "
+                         f"{f'{be:.2f}' if be else '-'} | {bound['weight_bytes'] / 1e6:.1f} | "
+                         f"{_ms(bound['weights_bound_s'])} | {bound['ar_step_over_weights_bound']:.1f} |")
+    return lines
+
+
+def readings(doc: dict) -> list[str]:
+    r = doc["readings"]
+    lines = ["", "## Where speculation stops paying", "",
+             "| setting | median speedup >= 1 at batch | first batch where it is < 1 |", "|---|---|---|"]
+    for label, p in r["paying_off"].items():
+        pays = ", ".join(map(str, p["pays_at"])) or "none"
+        stop = p["stops_paying_at"]
+        stop = "none measured" if stop is None else (f"{stop} (never pays)" if not p["pays_at"] else str(stop))
+        lines.append(f"| {label} | {pays} | {stop} |")
+    t = r["targets"]
+
+    def verdict(v):
+        return "n/a" if v is None else ("met" if v else "not met")
+    lines += ["", f"## Performance targets (batch {t['batch']})", "",
+              f"- `pcg` >= 1.4x `ar`: {verdict(t['pcg_at_least_1.4x'])} ({_x(t['pcg_speedup'])})",
+              f"- `pcg` above `exact`: {verdict(t['pcg_above_exact'])} "
+              f"({_x(t['pcg_speedup'])} vs {_x(t['exact_speedup'])})"]
+    if "target_step_over_weights_bound" in t:
+        lines.append(f"- target step within 2x of the weight-bandwidth bound: "
+                     f"{verdict(t['target_step_within_2x_of_bound'])} "
+                     f"({t['target_step_over_weights_bound']:.1f}x; meaningful on a GPU only)")
+    return lines
+
+
+def markdown(doc: dict) -> str:
+    return "\n".join(header(doc) + runs_table(doc) + cost_table(doc) + readings(doc)) + "\n"

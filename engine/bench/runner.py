@@ -1,0 +1,187 @@
+"""`pcg-synth bench`: tokens/s of the acceptance rules over batch sizes, gamma and theta.
+
+Within one batch size, every repetition runs every setting once over the same items and seed,
+in an order rotated per repetition, and each setting's speedup is its tokens/s over `ar`'s in
+the same repetition, so drift of the machine cancels. A short warm-up of every setting is
+excluded. Medians and min/max over repetitions are kept; the cost model adds step times.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from tqdm.auto import tqdm
+
+from engine.api import CODES_PER_SECOND, SynthesisItem, Synthesizer
+from engine.bench.texts import BENCH_TEXTS
+from engine.config import DecodingSettings
+
+METHODS = ("ar", "exact", "pcg", "ssd", "topk")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One operating point: a rule, its gamma and (for `pcg`) theta."""
+
+    method: str
+    gamma: int = 0
+    theta: float | None = None
+
+    @property
+    def label(self) -> str:
+        if self.method == "ar":
+            return "ar"
+        return f"{self.method} g{self.gamma}" + (f" t{self.theta:g}" if self.theta is not None else "")
+
+
+@dataclass
+class BenchConfig:
+    """What to measure (defaults: the committed CPU run)."""
+
+    methods: tuple[str, ...] = METHODS
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    gammas: tuple[int, ...] = (3,)
+    thetas: tuple[float, ...] = (0.4,)
+    reps: int = 3
+    max_new_tokens: int = 64
+    items_per_slot: int = 2  # items = this x batch size: continuous batching refills slots
+    temperature: float = 0.8
+    beta: float = 0.3
+    topk: int = 50
+    cost_model: bool = True
+    cost_reps: int = 10
+    context: int | None = None  # KV length for step timing; default: mean prompt + half the budget
+    extra: dict = field(default_factory=dict)
+
+    def check(self) -> None:
+        bad = set(self.methods) - set(METHODS)
+        if bad:
+            raise ValueError(f"unknown method(s) {', '.join(sorted(bad))}; choose from {', '.join(METHODS)}")
+        if self.reps < 1 or min(self.batch_sizes) < 1 or min(self.gammas) < 1:
+            raise ValueError("reps, batch sizes and gammas must be >= 1")
+        if any(not 0 < t <= 1 for t in self.thetas):
+            raise ValueError("theta must lie in (0, 1]")
+
+
+def grid(cfg: BenchConfig) -> list[Setting]:
+    """`ar` first (the baseline is always measured), then every method x gamma (x theta)."""
+    out = [Setting("ar")]
+    for m in cfg.methods:
+        if m == "ar":
+            continue
+        for g in cfg.gammas:
+            if m == "pcg":
+                out.extend(Setting(m, g, t) for t in cfg.thetas)
+            else:
+                out.append(Setting(m, g))
+    return out
+
+
+def decoding(s: Setting, cfg: BenchConfig, seed: int, max_new: int) -> DecodingSettings:
+    fields = dict(method=s.method, temperature=cfg.temperature, beta=cfg.beta, topk=cfg.topk,
+                  max_new_tokens=max_new, seed=seed)
+    if s.gamma:
+        fields["gamma"] = s.gamma
+    if s.theta is not None:
+        fields["theta"] = s.theta
+    return DecodingSettings(**fields)
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def timed_runs(synth: Synthesizer, batch: int, settings: list[Setting], cfg: BenchConfig,
+               bar: tqdm) -> dict[str, list[dict]]:
+    """Run summaries per setting label: warm-up excluded, order rotated per repetition."""
+    items = [SynthesisItem(text=BENCH_TEXTS[i % len(BENCH_TEXTS)], id=f"u{i}")
+             for i in range(cfg.items_per_slot * batch)]
+    for s in settings:  # warm-up: caches, groups, kernels
+        synth.synthesize(items[:batch], decoding(s, cfg, 0, 8), batch_size=batch)
+        bar.update(1)
+    runs: dict[str, list[dict]] = {s.label: [] for s in settings}
+    for rep in range(cfg.reps):
+        k = rep % len(settings)
+        for s in settings[k:] + settings[:k]:
+            _, summary = synth.synthesize(items, decoding(s, cfg, rep, cfg.max_new_tokens), batch_size=batch)
+            runs[s.label].append(summary.to_dict())
+            bar.update(1)
+    return runs
+
+
+def aggregate(runs: dict[str, list[dict]], settings: list[Setting]) -> dict[str, dict]:
+    """Medians/spreads per setting; speedup against `ar` of the same repetition."""
+    base = runs["ar"]
+    out = {}
+    for s in settings:
+        rows = runs[s.label]
+        tps = [r["tokens_per_s"] for r in rows]
+        acc = [r["acceptance_per_position"] for r in rows if r["acceptance_per_position"]]
+        tokens = sum(r["generated_tokens"] for r in rows)
+        out[s.label] = {
+            **asdict(s),
+            "tokens_per_s": spread(tps),
+            "audio_s_per_s": spread([t / CODES_PER_SECOND for t in tps]),
+            "speedup_vs_ar": spread([r["tokens_per_s"] / a["tokens_per_s"] for r, a in zip(rows, base)]),
+            "mean_accepted_length": spread([r["mean_accepted_length"] for r in rows]),
+            "acceptance_per_position": [statistics.fmean(x) for x in zip(*acc)] if acc else [],
+            "thinning_trials_per_rep": statistics.fmean(r["thinning_trials"] for r in rows),
+            "thinning_trials_per_token": sum(r["thinning_trials"] for r in rows) / max(tokens, 1),
+            "fallbacks_per_rep": statistics.fmean(r["fallbacks"] for r in rows),
+            "generated_tokens_per_rep": tokens / len(rows),
+        }
+    return out
+
+
+def default_context(synth: Synthesizer, cfg: BenchConfig) -> int:
+    """Mean prompt length of the bench texts plus half the generation budget."""
+    lengths = [len(synth.prompter.build(t)) for t in BENCH_TEXTS]
+    return int(statistics.fmean(lengths)) + cfg.max_new_tokens // 2
+
+
+def cost_model(synth: Synthesizer, batch: int, cfg: BenchConfig, context: int, bandwidth: float) -> dict:
+    """Step times per gamma at this batch size, and the bandwidth bound of a target step."""
+    from engine.metrics import speed
+
+    draft = synth.draft.model if synth.draft is not None else None
+    per_gamma = {str(g): speed.step_times(synth.target.model, draft, batch, g, context, cfg.cost_reps)
+                 for g in cfg.gammas}
+    bound = speed.bandwidth_bound(synth.target.model, batch, context, bandwidth)
+    ar_s = next(iter(per_gamma.values()))["ar_s"]
+    bound["ar_step_over_weights_bound"] = ar_s / bound["weights_bound_s"]
+    return {"context": context, "steps": per_gamma, "bound": bound}
+
+
+def run_bench(synth: Synthesizer, cfg: BenchConfig, models: dict, how: str, progress: bool = True) -> dict:
+    """The whole grid; returns the result document (see `analysis.derive` for its readings)."""
+    from engine.bench.analysis import derive
+    from engine.bench.machine import describe
+    from engine.metrics import speed
+
+    cfg.check()
+    settings = grid(cfg)
+    device = synth.device
+    context = cfg.context or default_context(synth, cfg)
+    bandwidth = speed.measured_bandwidth(device) if cfg.cost_model else None
+    doc = {
+        "benchmark": "decoding speed per acceptance rule (pcg-synth bench)",
+        "how": how,
+        "machine": {**describe(device), "copy_bandwidth_GBps": bandwidth / 1e9 if bandwidth else None,
+                    "spec_bandwidth_GBps": (speed.spec_bandwidth(device) or 0) / 1e9 or None},
+        "models": models,
+        "settings": {**asdict(cfg), "items_per_run": f"{cfg.items_per_slot} x batch size",
+                     "texts": "engine/bench/texts.py (8 English sentences)"},
+        "batches": {},
+    }
+    total = len(cfg.batch_sizes) * len(settings) * (cfg.reps + 1)
+    with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
+        for batch in cfg.batch_sizes:
+            runs = timed_runs(synth, batch, settings, cfg, bar)
+            entry = {"runs": aggregate(runs, settings)}
+            if cfg.cost_model:
+                bar.set_postfix_str(f"cost model, batch {batch}")
+                entry["cost"] = cost_model(synth, batch, cfg, context, bandwidth)
+            doc["batches"][str(batch)] = entry
+    doc["readings"] = derive(doc)
+    return doc

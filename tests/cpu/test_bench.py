@@ -1,0 +1,115 @@
+"""`pcg-synth bench` on the tiny kit in a reduced setting, the presets and the cost model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.cli import main as run_cli
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def bench_doc(kit_dir, kit_groups, tmp_path_factory):
+    # kit_groups: the theta-0.4 groups built once per session (about 15 s on 2 cores)
+    out = tmp_path_factory.mktemp("bench") / "tiny.json"
+    code = run_cli(["bench", "--kit", str(kit_dir), "--device", "cpu", "--methods", "ar,exact,pcg,ssd",
+                    "--batch-sizes", "1,2", "--reps", "2", "--max-new-tokens", "8",
+                    "--cost-reps", "2", "--out", str(out), "--quiet"])
+    assert code == 0
+    return out, json.loads(out.read_text())
+
+
+def test_bench_writes_a_result_for_every_batch_and_setting(bench_doc):
+    _, doc = bench_doc
+    assert doc["machine"]["device"] == "cpu" and doc["models"]["preset"] == "tiny"
+    assert set(doc["batches"]) == {"1", "2"}
+    labels = {"ar", "exact g3", "pcg g3 t0.4", "ssd g3"}
+    for entry in doc["batches"].values():
+        assert set(entry["runs"]) == labels
+        for label, run in entry["runs"].items():
+            assert run["tokens_per_s"]["n"] == 2 and run["tokens_per_s"]["median"] > 0
+            assert run["tokens_per_s"]["min"] <= run["tokens_per_s"]["median"] <= run["tokens_per_s"]["max"]
+            assert run["audio_s_per_s"]["median"] == pytest.approx(run["tokens_per_s"]["median"] / 50)
+            length = run["mean_accepted_length"]["median"]
+            if label == "ar":
+                assert run["speedup_vs_ar"]["median"] == 1.0 and length == 1.0
+                assert run["acceptance_per_position"] == []
+            else:
+                assert 1.0 <= length <= 4.0 and len(run["acceptance_per_position"]) == 3
+                assert all(0.0 <= a <= 1.0 for a in run["acceptance_per_position"])
+                assert run["speedup_vs_ar"]["median"] > 0
+            if run["method"] != "pcg":
+                assert run["thinning_trials_per_rep"] == 0  # only PCG thins
+
+
+def test_cost_model_and_its_readings_are_consistent(bench_doc):
+    _, doc = bench_doc
+    for entry in doc["batches"].values():
+        cost = entry["cost"]
+        times = cost["steps"]["3"]
+        assert min(times.values()) > 0
+        assert times["draft_phase_s"] > times["draft_step_s"]  # a phase is gamma forwards
+        break_even = (times["draft_phase_s"] + times["verify_s"]) / times["ar_s"]
+        bound = cost["bound"]
+        assert bound["weights_bound_s"] == pytest.approx(bound["weight_bytes"] / (doc["machine"]["copy_bandwidth_GBps"] * 1e9))
+        assert bound["ar_step_over_weights_bound"] == pytest.approx(times["ar_s"] / bound["weights_bound_s"])
+        for run in entry["runs"].values():
+            if run["method"] == "ar":
+                continue
+            assert run["break_even_length"] == pytest.approx(break_even)
+            assert run["predicted_speedup"] == pytest.approx(run["mean_accepted_length"]["median"] / break_even)
+    readings = doc["readings"]
+    assert set(readings["paying_off"]) == {"exact g3", "pcg g3 t0.4", "ssd g3"}
+    assert readings["targets"]["batch"] == 1
+
+
+def test_bench_writes_markdown_and_plots(bench_doc):
+    out, doc = bench_doc
+    md = out.with_suffix(".md").read_text()
+    assert "| 2 | pcg g3 t0.4 |" in md and "## Cost model" in md and "## Where speculation stops paying" in md
+    assert doc["how"] in md
+    for name in ("tiny_speedup_vs_batch.png", "tiny_acceptance_vs_theta.png"):
+        assert (out.parent / name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bad_grid_fails_before_loading_models(tmp_path, capsys):
+    code = run_cli(["bench", "--target", str(tmp_path / "missing"), "--methods", "ar,fast",
+                    "--out", str(tmp_path / "x.json")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "unknown method(s) fast" in err and "missing" not in err
+
+
+def test_llasa_1b_shape_preset_has_llasa_1b_dimensions():
+    from engine.bench.presets import LLASA_1B_DRAFT_LAYERS, LLASA_1B_SPEC, LLASA_VOCAB
+
+    spec = LLASA_1B_SPEC  # LLASA_XCODEC2.md: Llama-3.2-1B body, 193,800-row vocabulary, tied
+    assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads) == (2048, 16, 32, 8)
+    assert (spec.intermediate_size, spec.hidden_size // spec.num_heads, LLASA_VOCAB) == (8192, 64, 193_800)
+    assert len(LLASA_1B_DRAFT_LAYERS) == 3 and max(LLASA_1B_DRAFT_LAYERS) < spec.num_layers
+
+
+def test_llasa_shape_builder_makes_a_working_target_and_draft(tmp_path):
+    from dataclasses import replace
+
+    from engine import DecodingSettings, Synthesizer
+    from engine.bench.presets import LLASA_1B_SPEC, llasa_1b_shape
+    from engine.models.loading import load_model
+
+    small = replace(LLASA_1B_SPEC, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+                    num_kv_heads=2)
+    target, draft = llasa_1b_shape(torch.device("cpu"), torch.float32, spec=small, draft_layers=(0, 1, 3),
+                                   vocab_size=70_000, save_to=tmp_path)
+    assert target.model.vocab_out == 65_537 and target.model.model.embed_tokens.weight.shape[0] == 70_000
+    assert len(draft.model.model.layers) == 3
+    # the draft's layers are the target's layers 0, 1 and 3
+    assert torch.equal(draft.model.model.layers[2].mlp.up_proj.weight, target.model.model.layers[3].mlp.up_proj.weight)
+    saved = load_model(tmp_path / "target", "cpu", "float32")  # --save-preset: the same weights on disk
+    assert torch.equal(saved.model.head, target.model.head)
+    results, summary = Synthesizer(target, draft).synthesize(
+        ["Hello there."], DecodingSettings(method="exact", max_new_tokens=6))
+    assert results[0].finish_reason in ("eos", "length") and summary.stats.generated_tokens > 0
