@@ -30,8 +30,8 @@ LLASA_VOCAB = 193_800
 # layer_std keeps the kit's per-layer update size (0.08 at hidden 128) relative to the width.
 LLASA_1B_SPEC = KitSpec(hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
                         num_kv_heads=8, layer_std=0.08 * math.sqrt(128 / 2048))
-# The paper's draft is 3 layers of the target; until the distilled draft (issue 6) exists for
-# this preset, the first two and the last layer, as the kit does.
+# The paper's draft is 3 layers of the target: the first two and the last, as the kit does. Built
+# in memory it is the untrained subset; a distilled one is passed with --draft (see load_synthesizer).
 LLASA_1B_DRAFT_LAYERS = (0, 1, 15)
 
 
@@ -126,9 +126,9 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
                      save_preset: str | None = None) -> tuple[Synthesizer, dict]:
     """A Synthesizer for a preset or checkpoint directories, and a description of the models.
 
-    `draft` overrides a preset's draft: this is where a distilled draft (issue 6,
-    `engine/draft/`) for the `llasa-1b-shape` target goes, after `--save-preset DIR` wrote
-    that target to disk for the distillation.
+    `draft` overrides a preset's draft: this is where a distilled draft (`pcg-synth draft`)
+    for the `llasa-1b-shape` target goes, after `--save-preset DIR` wrote that target to disk
+    for the distillation.
     """
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
@@ -141,9 +141,9 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
                 **kit_description(root)}
     elif preset == "llasa-1b-shape":
         tgt, drf = llasa_1b_shape(dev, dt, save_to=Path(save_preset) if save_preset else None)
-        # HOOK (issue 6, distilled draft): the target is deterministic (seed 0), so a draft
-        # distilled against the saved copy (`--save-preset DIR`, then `pcg-synth draft init
-        # --target DIR/target --layers 0,1,15` and `pcg-synth draft train`) fits this target.
+        # The target is deterministic (seed 0), so a draft distilled against the saved copy
+        # (`--save-preset DIR`, then `pcg-synth draft init --target DIR/target --layers 0,1,15`
+        # and `pcg-synth draft train`) fits this target.
         if draft is not None:
             drf = load_model(draft, dev, dt, tokenizer=tgt.tokenizer)
         desc = {"preset": preset, "target": str(tgt.path), "draft": str(draft or drf.path),

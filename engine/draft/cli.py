@@ -86,6 +86,8 @@ def add_init(dsub) -> None:
 
 
 def add_train(dsub) -> None:
+    from engine.draft.settings import TrainSettings
+
     p = dsub.add_parser("train", help="distil (kd) or fine-tune (ce) a draft on speech codes",
                         description="Train a draft on speech-code sequences: knowledge distillation "
                                     "from the target on datasets this engine produced, cross-entropy "
@@ -103,7 +105,9 @@ def add_train(dsub) -> None:
                        ("--weight-decay", float), ("--grad-clip", float), ("--heldout-fraction", float),
                        ("--heldout-max", int), ("--eval-every", int), ("--checkpoint-every", int),
                        ("--keep-checkpoints", int), ("--seed", int)):
-        p.add_argument(flag, type=kind, help="see TrainSettings")
+        field = TrainSettings.model_fields[flag[2:].replace("-", "_")]
+        default = "" if field.default is None else f" (default {field.default})"
+        p.add_argument(flag, type=kind, help=field.description.replace("%", "%%") + default)
     p.add_argument("--cache-target", action="store_true", default=None,
                    help="keep the target's logits of every sequence in memory (small datasets)")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N (single-process runs)")
