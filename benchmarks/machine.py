@@ -1,38 +1,14 @@
-"""A description of the machine a benchmark ran on, for its result file."""
+"""Result-file helpers for the scripts in benchmarks/ (the machine description is the engine's,
+shared with `pcg-synth bench`)."""
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import platform
 from pathlib import Path
 
-import torch
+from engine.bench.machine import describe
 
-
-def describe(device: str = "cpu") -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    out = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_cores_visible": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "device": device,
-    }
-    if device.startswith("cuda") and torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name(device)
-    return out
+__all__ = ["describe", "write_result"]
 
 
 def write_result(doc: dict, out: str | None) -> None:
