@@ -157,7 +157,9 @@ def cmd_generate(args) -> int:
     runs = []
     for settings in all_settings:
         results, summary = synth.synthesize(items, settings, progress=not args.quiet)
-        runs.append({"summary": summary.to_dict(), "items": [r.to_dict() for r in results]})
+        runs.append({"summary": summary.to_dict(),
+                     "items": [{**r.to_dict(), "prompt_text": it.prompt_text, "prompt_codes": it.prompt_codes}
+                               for r, it in zip(results, items)]})
         for r in results:
             if r.error:
                 print(f"item {r.id}: {r.error}", file=sys.stderr)

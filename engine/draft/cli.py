@@ -92,7 +92,8 @@ def add_train(dsub) -> None:
                         description="Train a draft on speech-code sequences: knowledge distillation "
                                     "from the target on datasets this engine produced, cross-entropy "
                                     "on other code datasets. Rerunning the same command resumes.")
-    p.add_argument("--data", required=True, help=".parquet/.jsonl file, directory or s3:// prefix")
+    p.add_argument("--data", required=True, help=".parquet/.jsonl file, directory or s3:// prefix, or a "
+                   "`generate --out FILE.json` file")
     p.add_argument("--draft", required=True, help="initial draft (e.g. from `draft init`)")
     p.add_argument("--out", required=True, help="output directory (trained draft, checkpoints, log)")
     p.add_argument("--target", help="target checkpoint (the kd teacher; held-out acceptance)")

@@ -4,6 +4,8 @@ Two sources, one reader:
   * a dataset this engine produced (`pcg-synth run` / `generate --out x.parquet`): columns `id`,
     `text`, `codes`, `finish_reason`, `settings`, `error`, ...; its codes are target samples, so
     it suits knowledge distillation;
+  * `pcg-synth generate --out FILE.json` (codes + statistics, no codec needed): the same rows
+    with each run's settings;
   * a user's code dataset: JSONL or Parquet rows with `text` and `codes` (X-codec2 codes of a
     whole utterance), optionally `prompt_text` + `prompt_codes` (a voice prompt).
 A sequence is the Llasa prompt of the row's text followed by its codes, plus end-of-speech when
@@ -64,11 +66,14 @@ class Batch:
 
 
 def data_files(uri: str, storage: Storage) -> list[str]:
-    """The `.parquet` / `.jsonl` files at `uri` (a file, a directory or an S3 prefix).
+    """The `.parquet` / `.jsonl` files at `uri` (a file, a directory or an S3 prefix), or `uri`
+    itself when it names a `generate` JSON file (directories hold other JSON: summaries).
 
     Raises:
         ValueError: nothing readable there.
     """
+    if uri.endswith(".json"):
+        return [uri]
     files = [u for u in storage.list(uri) if u.endswith(DATA_SUFFIXES)]
     if not files:
         raise ValueError(f"no .parquet or .jsonl files at {uri}")
@@ -95,12 +100,26 @@ def read_jsonl(uri: str, storage: Storage) -> list[dict]:
     return rows
 
 
+def read_generate_json(uri: str, storage: Storage) -> list[dict]:
+    """Rows of a `pcg-synth generate --out FILE.json` document, each with its run's settings."""
+    try:
+        doc = json.loads(storage.read_bytes(uri).decode("utf-8"))
+        runs = doc["runs"]
+        return [{**{c: item.get(c) for c in COLUMNS if c != "settings"},
+                 "settings": json.dumps(run["summary"]["settings"])}
+                for run in runs for item in run["items"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{uri}: not a `pcg-synth generate --out FILE.json` document ({exc!r}); "
+                         "use .parquet or .jsonl rows with text and codes") from None
+
+
 def read_rows(uri: str, storage: Storage | None = None) -> list[dict]:
     """All rows of the dataset at `uri`, files in sorted order."""
     storage = storage or Storage()
     rows = []
     for f in data_files(uri, storage):
-        rows.extend(read_parquet(f, storage) if f.endswith(".parquet") else read_jsonl(f, storage))
+        reader = {".parquet": read_parquet, ".jsonl": read_jsonl, ".json": read_generate_json}
+        rows.extend(reader["." + f.rsplit(".", 1)[-1]](f, storage))
     return rows
 
 

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from engine import DecodingSettings, Synthesizer
 from engine.cli import main as draft_cli
-from engine.draft.data import make_batch, read_rows, split_heldout, to_sequences
+from engine.draft.data import (make_batch, produced_by_engine, read_rows, sampling_temperature, split_heldout,
+                               to_sequences)
 from engine.draft.evaluate import HELDOUT_TEXTS
 from engine.draft.init import init_draft, vocabulary_view
 from engine.draft.kit import KIT_TRAIN_TEXTS
@@ -67,6 +68,38 @@ def test_engine_dataset_becomes_prompt_plus_codes_with_speech_only_labels(engine
         assert label == (layout.eos_out if nxt == layout.speech_end else nxt - layout.first_speech)
     train, held = split_heldout(seqs, 0.2, 64)
     assert held and not {s.text for s in train} & {s.text for s in held}
+
+
+def test_generate_json_output_is_training_data_with_its_settings_and_voice_prompts(kit_dir, tmp_path):
+    """`generate --out x.json` needs no codec; `draft train --data x.json` reads it (settings ->
+    engine data, kd at the sampling temperature; voice-prompt codes kept in the sequence)."""
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text(json.dumps({"id": "a", "text": "Plain text here."}) + "\n"
+                     + json.dumps({"id": "b", "text": "With a voice.", "prompt_text": "Hi.",
+                                   "prompt_codes": [5, 6, 7]}) + "\n")
+    out = tmp_path / "samples.json"
+    assert draft_cli(["generate", "--target", str(kit_dir / "target"), "--texts-file", str(texts),
+                      "--method", "ar", "--temperature", "0.7", "--max-new-tokens", "12",
+                      "--device", "cpu", "--out", str(out), "--quiet"]) == 0
+    rows = read_rows(str(out))
+    assert [r["id"] for r in rows] == ["a", "b"] and rows[1]["prompt_codes"] == [5, 6, 7]
+    assert produced_by_engine(rows) and sampling_temperature(rows) == 0.7
+    view = vocabulary_view(kit_dir / "target")
+    layout = view.layout
+    seqs, skipped = to_sequences(rows, LlasaPrompter(view.tokenizer, view.layout), layout, 2048)
+    assert not skipped and len(seqs) == 2
+    for row, seq in zip(rows, seqs):
+        codes = [i - layout.first_speech for i in seq.ids[seq.start:] if i != layout.speech_end]
+        assert codes == row["codes"]
+    assert [i - layout.first_speech for i in seqs[1].ids[seqs[1].start - 3:seqs[1].start]] == [5, 6, 7]
+    # other JSON is refused with a clear message; a directory's JSON files are not data
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "summary.json").write_text(json.dumps({"job": "x"}))
+    with pytest.raises(ValueError, match="not a `pcg-synth generate"):
+        read_rows(str(job_dir / "summary.json"))
+    with pytest.raises(ValueError, match="no .parquet or .jsonl files"):
+        read_rows(str(job_dir))
 
 
 def test_fused_kd_loss_matches_autograd_reference():
