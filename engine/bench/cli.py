@@ -39,6 +39,15 @@ def out_stem(out: str) -> Path:
     return path.with_suffix("") if path.suffix == ".json" else path
 
 
+def write_report(doc: dict, stem: Path, text: str, plots=None) -> None:
+    """STEM.json, STEM.md (`text`) and the PNGs `plots()` writes; prints the table and the paths."""
+    write_json(doc, stem.with_suffix(".json"))
+    stem.with_suffix(".md").write_text(text)
+    written = [stem.with_suffix(".json"), stem.with_suffix(".md")] + (plots() if plots else [])
+    print(text)
+    print("written: " + ", ".join(map(str, written)))
+
+
 def add_model_args(p: argparse.ArgumentParser, presets: bool) -> None:
     g = p.add_argument_group("models")
     if presets:
@@ -96,17 +105,15 @@ def cmd_bench(args) -> int:
                                      args.dtype, args.save_preset)
     doc = run_bench(synth, cfg, models, command_line(args), progress=not args.quiet)
     stem = out_stem(args.out)
-    write_json(doc, stem.with_suffix(".json"))
-    text = markdown(doc)
-    stem.with_suffix(".md").write_text(text)
-    written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
-    if not args.no_plots:
-        written += bench_plots(doc, stem)
+
+    def plots() -> list[Path]:
+        written = bench_plots(doc, stem)
         if args.quality:
             table = json.loads(Path(args.quality).read_text())
             written.append(quality_vs_speedup(table, stem.with_name(stem.name + "_quality_vs_speedup.png")))
-    print(text)
-    print("written: " + ", ".join(map(str, written)))
+        return written
+
+    write_report(doc, stem, markdown(doc), None if args.no_plots else plots)
     return 0
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from engine.bench.cli import (
@@ -11,6 +10,8 @@ from engine.bench.cli import (
     command_line,
     csv_of,
     load_backends,
+    out_stem,
+    write_report,
 )
 
 
@@ -43,19 +44,14 @@ def cmd_paper_table(args) -> int:
     backends = load_backends(args, PromptClips([manifest]))
     doc = run_protocol(synth, codec, manifest, cfg, out, backends, models, command_line(args),
                        progress=not args.quiet)
-    stem = Path(args.table) if args.table else out / "paper_table"
-    stem = stem.with_suffix("") if stem.suffix == ".json" else stem
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-    text = render(doc)
-    stem.with_suffix(".md").write_text(text)
-    written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
-    if not args.no_plots:
+    stem = out_stem(args.table) if args.table else out / "paper_table"
+
+    def plots() -> list[Path]:
         from engine.bench.plots import quality_vs_speedup
 
-        written.append(quality_vs_speedup(doc, stem.with_name(stem.name + "_quality_vs_speedup.png")))
-    print(text)
-    print("written: " + ", ".join(map(str, written)))
+        return [quality_vs_speedup(doc, stem.with_name(stem.name + "_quality_vs_speedup.png"))]
+
+    write_report(doc, stem, render(doc), None if args.no_plots else plots)
     return 0
 
 
