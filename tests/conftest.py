@@ -96,3 +96,14 @@ def s3_bucket(s3_endpoint, request):
     name = f"{name}-{uuid.uuid4().hex[:8]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A fresh 2-CPU local Ray cluster for one test module (`address="local"`: never one another
+    process started with `ray start`)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

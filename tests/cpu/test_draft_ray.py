@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import ray
 import torch
 from safetensors.torch import load_file
 
@@ -19,14 +18,6 @@ from engine.draft.run import train_draft
 from engine.draft.settings import TrainSettings
 from engine.io.dataset import AudioRow, build_table, write_parquet
 from engine.models.loading import load_model
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    # address="local": always a fresh cluster, never one another process started with `ray start`.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

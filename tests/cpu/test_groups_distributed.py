@@ -7,18 +7,9 @@ import os
 
 import numpy as np
 import pytest
-import ray
 
 from engine.groups.build import build_groups
 from engine.groups.distributed import SliceWorker, build_groups_distributed
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    # address="local": always a fresh cluster, never one another process started with `ray start`.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
