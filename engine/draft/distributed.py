@@ -110,6 +110,7 @@ def train_draft_ray(settings: TrainSettings, workers: int, use_gpu: bool | None 
     plan = plan_run(settings)  # fail here, before any worker starts, on bad data or models
     out = Path(settings.out)
     check_out(out, plan.draft_dir)
+    print(plan.describe())
     out.mkdir(parents=True, exist_ok=True)
     init_ray(address)
     if use_gpu is None:

@@ -51,9 +51,22 @@ class Plan:
     skipped: Counter
     engine_data: bool
 
+    temperature_source: str = "given"
+
     @property
     def fingerprint(self) -> dict:
         return self.settings.fingerprint(self.hyper.loss, self.hyper.temperature)
+
+    def describe(self) -> str:
+        """One line: the loss and temperature chosen and why, and what is trained on."""
+        data = "engine output (target samples)" if self.engine_data else "user codes"
+        tokens = sum(s.num_targets for s in self.train)
+        line = (f"{self.hyper.loss} loss, temperature {self.hyper.temperature:g} ({self.temperature_source}); "
+                f"{data}: {len(self.train)} training sequences ({tokens} speech tokens), "
+                f"{len(self.heldout)} held out")
+        if self.skipped:
+            line += "; skipped rows: " + ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
+        return line
 
 
 def resolve_loss(settings: TrainSettings, engine_data: bool) -> str:
@@ -84,7 +97,15 @@ def plan_run(settings: TrainSettings) -> Plan:
     rows = read_rows(settings.data, storage)
     engine_data = produced_by_engine(rows)
     loss = resolve_loss(settings, engine_data)
-    temperature = settings.temperature or sampling_temperature(rows) or DEFAULT_TEMPERATURE
+    temperature, source = settings.temperature, "given"
+    if temperature is None:
+        temperature, source = sampling_temperature(rows), "the data's sampling temperature"
+    if temperature is None:
+        temps = sorted({json.loads(r["settings"]).get("temperature") for r in rows if r.get("settings")},
+                       key=str)
+        temperature = DEFAULT_TEMPERATURE
+        source = (f"default: the rows were sampled at {', '.join(map(str, temps))}; set --temperature "
+                  "to the one you will decode at") if len(temps) > 1 else "default"
     seqs, skipped = to_sequences(rows, LlasaPrompter(view.tokenizer, view.layout), view.layout,
                                  settings.max_length)
     if not seqs:
@@ -94,7 +115,8 @@ def plan_run(settings: TrainSettings) -> Plan:
                   micro_batch_size=settings.micro_batch_size, lr=settings.lr,
                   warmup_steps=settings.warmup_steps, weight_decay=settings.weight_decay,
                   grad_clip=settings.grad_clip, seed=settings.seed, cache_target=settings.cache_target)
-    return Plan(settings, hyper, view.layout, draft_dir, target_dir, train, heldout, skipped, engine_data)
+    return Plan(settings, hyper, view.layout, draft_dir, target_dir, train, heldout, skipped, engine_data,
+                source)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -175,6 +197,7 @@ def train_draft(settings: TrainSettings, progress: bool = True) -> dict:
     latest = checkpoint_dirs(out)[-1] if checkpoint_dirs(out) else None
     if latest is not None:
         check_fingerprint(latest, plan.fingerprint)  # before loading any model
+    print(plan.describe())
     out.mkdir(parents=True, exist_ok=True)
     trainer = build_trainer(plan, resolve_device(settings.device))
     if latest is not None:

@@ -19,7 +19,7 @@ from engine.draft.evaluate import HELDOUT_TEXTS
 from engine.draft.init import init_draft, vocabulary_view
 from engine.draft.kit import KIT_TRAIN_TEXTS
 from engine.draft.objective import kd_loss_sum
-from engine.draft.run import train_draft
+from engine.draft.run import plan_run, train_draft
 from engine.draft.settings import TrainSettings
 from engine.io.dataset import AudioRow, build_table, write_parquet
 from engine.models.llasa import LlasaPrompter
@@ -92,6 +92,19 @@ def test_generate_json_output_is_training_data_with_its_settings_and_voice_promp
         codes = [i - layout.first_speech for i in seq.ids[seq.start:] if i != layout.speech_end]
         assert codes == row["codes"]
     assert [i - layout.first_speech for i in seqs[1].ids[seqs[1].start - 3:seqs[1].start]] == [5, 6, 7]
+    # the plan says what it chose and why; rows sampled at several temperatures -> told to pick one
+    def plan_of(data):
+        return plan_run(TrainSettings(data=str(data), draft=str(kit_dir / "draft"), target=str(kit_dir / "target"),
+                                      out=str(tmp_path / "never"), heldout_fraction=0.0))
+
+    assert plan_of(out).describe().startswith("kd loss, temperature 0.7 (the data's sampling temperature)")
+    doc = json.loads(out.read_text())
+    doc["runs"].append(json.loads(json.dumps(doc["runs"][0])))
+    doc["runs"][1]["summary"]["settings"]["temperature"] = 1.0
+    (tmp_path / "mixed.json").write_text(json.dumps(doc))
+    mixed = plan_of(tmp_path / "mixed.json")
+    assert mixed.hyper.temperature == 0.8 and "sampled at 0.7, 1.0; set --temperature" in mixed.describe()
+    assert "4 training sequences" in mixed.describe()
     # other JSON is refused with a clear message; a directory's JSON files are not data
     job_dir = tmp_path / "job"
     job_dir.mkdir()
