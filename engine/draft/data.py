@@ -113,13 +113,15 @@ def read_generate_json(uri: str, storage: Storage) -> list[dict]:
                          "use .parquet or .jsonl rows with text and codes") from None
 
 
+READERS = {"parquet": read_parquet, "jsonl": read_jsonl, "json": read_generate_json}
+
+
 def read_rows(uri: str, storage: Storage | None = None) -> list[dict]:
     """All rows of the dataset at `uri`, files in sorted order."""
     storage = storage or Storage()
     rows = []
     for f in data_files(uri, storage):
-        reader = {".parquet": read_parquet, ".jsonl": read_jsonl, ".json": read_generate_json}
-        rows.extend(reader["." + f.rsplit(".", 1)[-1]](f, storage))
+        rows.extend(READERS[f.rsplit(".", 1)[-1]](f, storage))
     return rows
 
 
@@ -128,13 +130,16 @@ def produced_by_engine(rows: list[dict]) -> bool:
     return bool(rows) and all(r.get("settings") for r in rows)
 
 
+def sampled_temperatures(rows: list[dict]) -> list:
+    """The distinct temperatures in the rows' decoding `settings`, sorted."""
+    temps = {json.loads(r["settings"]).get("temperature") for r in rows if r.get("settings")}
+    return sorted(temps, key=str)
+
+
 def sampling_temperature(rows: list[dict]) -> float | None:
     """The temperature the rows were sampled at, when they all agree on one above zero."""
-    temps = Counter(json.loads(r["settings"]).get("temperature") for r in rows if r.get("settings"))
-    if len(temps) == 1:
-        (t,) = temps
-        return float(t) if t else None
-    return None
+    temps = sampled_temperatures(rows)
+    return float(temps[0]) if len(temps) == 1 and temps[0] else None
 
 
 def row_sequence(row: dict, prompter: LlasaPrompter, layout: LlasaLayout, max_length: int) -> CodeSequence:

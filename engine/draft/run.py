@@ -22,6 +22,7 @@ from engine.draft.data import (
     CodeSequence,
     produced_by_engine,
     read_rows,
+    sampled_temperatures,
     sampling_temperature,
     split_heldout,
     to_sequences,
@@ -50,7 +51,6 @@ class Plan:
     heldout: list[CodeSequence]
     skipped: Counter
     engine_data: bool
-
     temperature_source: str = "given"
 
     @property
@@ -80,6 +80,19 @@ def resolve_loss(settings: TrainSettings, engine_data: bool) -> str:
     return settings.loss
 
 
+def resolve_temperature(settings: TrainSettings, rows: list[dict]) -> tuple[float, str]:
+    """The KD / acceptance temperature and where it came from (given, the data's, the default)."""
+    if settings.temperature is not None:
+        return settings.temperature, "given"
+    if (t := sampling_temperature(rows)) is not None:
+        return t, "the data's sampling temperature"
+    temps = sampled_temperatures(rows)
+    if len(temps) > 1:
+        return DEFAULT_TEMPERATURE, (f"default: the rows were sampled at {', '.join(map(str, temps))}; "
+                                     "set --temperature to the one you will decode at")
+    return DEFAULT_TEMPERATURE, "default"
+
+
 def plan_run(settings: TrainSettings) -> Plan:
     """Check models and data and resolve the loss, temperature and train/held-out split.
 
@@ -97,15 +110,7 @@ def plan_run(settings: TrainSettings) -> Plan:
     rows = read_rows(settings.data, storage)
     engine_data = produced_by_engine(rows)
     loss = resolve_loss(settings, engine_data)
-    temperature, source = settings.temperature, "given"
-    if temperature is None:
-        temperature, source = sampling_temperature(rows), "the data's sampling temperature"
-    if temperature is None:
-        temps = sorted({json.loads(r["settings"]).get("temperature") for r in rows if r.get("settings")},
-                       key=str)
-        temperature = DEFAULT_TEMPERATURE
-        source = (f"default: the rows were sampled at {', '.join(map(str, temps))}; set --temperature "
-                  "to the one you will decode at") if len(temps) > 1 else "default"
+    temperature, source = resolve_temperature(settings, rows)
     seqs, skipped = to_sequences(rows, LlasaPrompter(view.tokenizer, view.layout), view.layout,
                                  settings.max_length)
     if not seqs:
