@@ -2,7 +2,7 @@
 # The GPU benchmark of issues 6 and 7 as one script: the llasa-1b-shape target (Llasa-1B
 # dimensions, random weights), a 3-layer draft distilled against it for a few minutes, draft
 # acceptance before/after, then `pcg-synth bench` with the distilled draft. Results land in
-# benchmarks/results/ (commit them). Needs one CUDA GPU; about 20 minutes on an H100.
+# benchmarks/results/ (commit them). Needs one CUDA GPU (not yet run on one: duration unknown).
 #
 #   bash benchmarks/gpu_llasa_1b_shape.sh
 #
