@@ -7,9 +7,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -19,114 +17,12 @@ from tqdm.auto import tqdm
 from engine.adaptive import GammaChoice, choose_gamma
 from engine.config import DecodingSettings
 from engine.decoding.speculative import Request, SpeculativeDecoder
-from engine.decoding.stats import RowStats, aggregate
 from engine.decoding.verify import make_rule
 from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
-from engine.models.llasa import DEFAULT_DATE_STRING, LlasaPrompter
-from engine.models.loading import LoadedModel, load_model
-
-CODES_PER_SECOND = 50  # X-codec2: 16 kHz, 320 samples per code
-LLASA_CONTEXT = 2048
-
-
-@dataclass
-class SynthesisItem:
-    """One utterance: text, optional voice prompt (transcript + X-codec2 codes), optional seed."""
-
-    text: str
-    id: str | None = None
-    prompt_text: str | None = None
-    prompt_codes: list[int] | None = None
-    seed: int | None = None
-
-
-@dataclass
-class SynthesisResult:
-    """Codes (`0..65535`, end-of-speech stripped) and how they came about; `error` is set and
-    `finish_reason == "error"` when the item could not be decoded."""
-
-    id: str
-    text: str
-    seed: int
-    codes: list[int] = field(default_factory=list)
-    finish_reason: str = "error"
-    error: str | None = None
-    stats: RowStats | None = None
-
-    @property
-    def audio_seconds(self) -> float:
-        return len(self.codes) / CODES_PER_SECOND
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["stats"] = self.stats.to_dict() if self.stats else None
-        return out
-
-
-@dataclass
-class RunSummary:
-    """Aggregate figures of one `synthesize` call."""
-
-    method: str
-    settings: dict
-    items: int
-    ok: int
-    failed: int
-    wall_s: float
-    stats: RowStats
-    gamma_choice: dict | None = None  # what `gamma: auto` decided, and why
-    decode_rounds: int = 0  # decode rounds of the batch
-    slot_rounds: int = 0  # rows active, summed over those rounds
-    batch_size: int = 1
-
-    @property
-    def slot_utilisation(self) -> float:
-        """Mean fraction of the batch's slots that held a row per decode round."""
-        return self.slot_rounds / (self.decode_rounds * self.batch_size) if self.decode_rounds else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.stats.generated_tokens / self.wall_s if self.wall_s else 0.0
-
-    def to_dict(self) -> dict:
-        s = self.stats
-        return {
-            "method": self.method,
-            "settings": self.settings,
-            "items": self.items,
-            "ok": self.ok,
-            "failed": self.failed,
-            "wall_s": round(self.wall_s, 4),
-            "generated_tokens": s.generated_tokens,
-            "audio_seconds": round(s.generated_tokens / CODES_PER_SECOND, 3),
-            "tokens_per_s": round(self.tokens_per_s, 3),
-            "target_calls": s.rounds,
-            "mean_accepted_length": round(s.mean_accepted_length, 4),
-            "acceptance_per_position": [round(x, 4) for x in s.acceptance_per_position],
-            "drafted": s.drafted,
-            "thinning_trials": s.thinning_trials,
-            "fallbacks": s.fallbacks,
-            "slot_utilisation": round(self.slot_utilisation, 4),
-            "gamma_choice": self.gamma_choice,
-        }
-
-
-def item_seed(job_seed: int, item_id: str) -> int:
-    """A 63-bit seed from the job seed and the item's id: stable across batches and runs."""
-    digest = hashlib.sha256(f"{job_seed}/{item_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
-    """A draft must share the target's vocabulary (same ids for the same tokens)."""
-    if draft.layout != target.layout:
-        raise ValueError(
-            f"draft {draft.path} and target {target.path} lay out Llasa tokens differently "
-            f"({draft.layout} vs {target.layout}): a draft must share the target's vocabulary")
-    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-        raise ValueError(f"draft {draft.path} and target {target.path} have different tokenizer "
-                         "vocabularies: a draft must share the target's vocabulary")
+from engine.models.llasa import DEFAULT_DATE_STRING, LLASA_CONTEXT, LlasaPrompter
+from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
+from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate, item_seed
 
 
 class Synthesizer:

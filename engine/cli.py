@@ -46,7 +46,7 @@ def cmd_kit_build(args) -> int:
 def read_items(args) -> list:
     """Items from --text and --texts-file; `.jsonl` rows may name a voice-prompt clip
     (`prompt_audio`), returned separately as {item index: clip path}."""
-    from engine.api import SynthesisItem
+    from engine.records import SynthesisItem
 
     items = [SynthesisItem(text=t) for t in args.text or []]
     clips: dict[int, str] = {}

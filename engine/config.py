@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from engine.decoding.sampling import Warp
+@dataclass(frozen=True)
+class Warp:
+    """Sampling settings applied to logits, in this order: repetition penalty, temperature,
+    top-k, top-p. `temperature == 0` means greedy (no probabilities are formed). Built by
+    `DecodingSettings.warp`; the other knobs default to off."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
 
 Method = Literal["ar", "exact", "pcg", "ssd", "topk"]
 

@@ -14,10 +14,11 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine.api import SynthesisItem, Synthesizer
+from engine.api import Synthesizer
 from engine.config import DecodingSettings
 from engine.io.storage import Storage
 from engine.metrics.quality import Backends, evaluate_table, summarize
+from engine.records import SynthesisItem
 
 PAPER_ROWS = {  # PCG_SPEC section 7: Llasa-8B target, 3-layer draft, one H100, 500 utterances
     "exact": {"speedup": 0.98, "wer": 11.1, "cer": 5.5, "similarity": 43.7, "nmos": 4.38},

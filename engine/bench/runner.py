@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm.auto import tqdm
 
-from engine.api import CODES_PER_SECOND, SynthesisItem, Synthesizer
+from engine.api import Synthesizer
 from engine.bench.texts import BENCH_TEXTS
 from engine.config import DecodingSettings
+from engine.records import CODES_PER_SECOND, SynthesisItem
 
 METHODS = ("ar", "exact", "pcg", "ssd", "topk")
 

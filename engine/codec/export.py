@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
 
-from engine.api import SynthesisResult
 from engine.codec.audio import AUDIO_FORMATS, audio_bytes
 from engine.codec.base import Codec, CodecError, as_code_array
 from engine.codec.prompts import PROMPT_AUDIO_MODES, VoicePrompt, codes_for_audio
 from engine.config import DecodingSettings
 from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer
+from engine.records import SynthesisResult
 
 
 def file_name(item_id: str, fmt: str) -> str:

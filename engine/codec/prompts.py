@@ -17,9 +17,9 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from engine.api import SynthesisItem
 from engine.codec.audio import SAMPLE_RATE, read_clip
 from engine.codec.base import Codec, CodecError, as_code_array
+from engine.records import SynthesisItem
 
 CODEBOOK_SIZE = 65_536
 PromptAudio = Literal["strip", "include", "context"]

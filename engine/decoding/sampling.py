@@ -6,24 +6,9 @@ so every acceptance rule compares like with like.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class Warp:
-    """Sampling settings applied to logits, in this order: repetition penalty, temperature,
-    top-k, top-p. `temperature == 0` means greedy (no probabilities are formed)."""
-
-    temperature: float = 0.8
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+from engine.config import Warp
 
 
 def apply_repetition_penalty(

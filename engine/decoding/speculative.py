@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from engine.decoding import rng
-from engine.decoding.sampling import Warp, penalised_logits, sample_one, warp_probs
-from engine.decoding.stats import RowStats
+from engine.config import Warp
+from engine.decoding.sampling import penalised_logits, sample_one, warp_probs
 from engine.decoding.verify import Block, Rule
 from engine.models.llama import LlamaLM
+from engine.records import RowStats
 
 
 @dataclass

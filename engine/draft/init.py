@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from engine.models.llasa import LlasaLayout
 from engine.models.loading import (
     LoadedModel,
+    check_same_vocabulary,
     load_tokenizer,
     read_config,
     safetensors_files,
@@ -109,8 +110,6 @@ def check_vocabularies(target: str | Path, draft: str | Path) -> None:
     Raises:
         ValueError: the Llasa layouts or the tokenizer vocabularies differ.
     """
-    from engine.api import check_same_vocabulary
-
     check_same_vocabulary(vocabulary_view(Path(target)), vocabulary_view(Path(draft)))
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from engine.api import check_same_vocabulary
 from engine.draft.checkpoint import (
     check_fingerprint,
     checkpoint_dirs,
@@ -33,7 +32,7 @@ from engine.draft.settings import TrainSettings
 from engine.draft.train import DraftTrainer, Hyper
 from engine.io.storage import Storage
 from engine.models.llasa import LlasaLayout, LlasaPrompter
-from engine.models.loading import read_config
+from engine.models.loading import check_same_vocabulary, read_config
 
 DEFAULT_TEMPERATURE = 0.8  # Llasa's model card
 

@@ -19,12 +19,10 @@ from typing import BinaryIO, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.api import SynthesisResult
 from engine.config import DecodingSettings
-from engine.decoding.stats import RowStats
+from engine.records import RowStats, SynthesisResult
 
 SAMPLING_RATE = 16_000
-CODES_PER_SECOND = 50
 
 
 def huggingface_metadata(sampling_rate: int = SAMPLING_RATE) -> dict[bytes, bytes]:

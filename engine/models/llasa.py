@@ -8,6 +8,7 @@ from typing import Sequence
 import torch
 
 NUM_SPEECH_TOKENS = 65536  # X-codec2: one FSQ codebook, levels [4] * 8
+LLASA_CONTEXT = 2048  # tokens Llasa was trained with, prompt included
 DEFAULT_DATE_STRING = "26 Jul 2024"  # what Llama-3.1-8B's template pins; keeps ids stable
 
 TEXT_START = "<|TEXT_UNDERSTANDING_START|>"

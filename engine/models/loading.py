@@ -34,6 +34,17 @@ class LoadedModel:
     config: dict
 
 
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft must share the target's vocabulary (same ids for the same tokens)."""
+    if draft.layout != target.layout:
+        raise ValueError(
+            f"draft {draft.path} and target {target.path} lay out Llasa tokens differently "
+            f"({draft.layout} vs {target.layout}): a draft must share the target's vocabulary")
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ValueError(f"draft {draft.path} and target {target.path} have different tokenizer "
+                         "vocabularies: a draft must share the target's vocabulary")
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """`auto` is bfloat16 on CUDA and float32 on CPU (CPU bf16 matmuls are slow)."""
     if isinstance(dtype, torch.dtype):

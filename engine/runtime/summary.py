@@ -7,8 +7,6 @@ from collections import defaultdict
 from engine.config import JobSpec
 from engine.runtime.plan import Plan
 
-CODES_PER_SECOND = 50
-
 
 def acceptance(records: list[dict]) -> tuple[list[float], float]:
     """Per-position acceptance and mean accepted length over commit records."""

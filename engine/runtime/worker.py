@@ -20,12 +20,12 @@ from pathlib import PurePosixPath
 import torch
 from pydantic import ValidationError
 
-from engine.api import SynthesisItem, SynthesisResult, Synthesizer, item_seed
+from engine.api import Synthesizer
 from engine.config import DecodingSettings, JobSpec
-from engine.decoding.stats import aggregate
 from engine.groups.csr import SpeechGroups
 from engine.io.manifest import ManifestRow, RowError, parse_jsonl, parse_rows, validated
 from engine.io.storage import Storage, StorageError, parse
+from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
 from engine.runtime.plan import Layout, Shard
 
 
@@ -90,9 +90,7 @@ class ShardProcessor:
     def warmup(self) -> None:
         """Decode and encode a little with the job's settings, so allocation, kernel selection
         and the decoder's caches are paid for before anything is timed."""
-        from engine.api import SynthesisItem as Item
-
-        items = [Item(text="Warm-up sentence number one.", id="w0"), Item(text="And two.", id="w1")]
+        items = [SynthesisItem(text="Warm-up sentence number one.", id="w0"), SynthesisItem(text="And two.", id="w1")]
         results, _ = self.synth.synthesize(items, self.spec.decoding.model_copy(update={"max_new_tokens": 16}))
         self.codec.decode([r.codes for r in results if r.codes])
 

@@ -10,14 +10,14 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from engine.api import SynthesisResult
+from engine.records import SynthesisResult
 from engine.codec.audio import read_audio_bytes, read_clip, to_pcm16
 from engine.codec.cli import register
 from engine.codec.export import export_audio, file_name
 from engine.codec.prompts import VoicePrompt
 from engine.codec.xcodec2 import Xcodec2Codec
 from engine.config import DecodingSettings
-from engine.decoding.stats import RowStats
+from engine.records import RowStats
 
 HOP = 320
 SETTINGS = DecodingSettings(method="exact")

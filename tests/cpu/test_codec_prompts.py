@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from engine.api import SynthesisItem
+from engine.records import SynthesisItem
 from engine.codec.audio import read_clip
 from engine.codec.base import CodecError
 from engine.codec.prompts import (

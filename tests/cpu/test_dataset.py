@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from engine.api import SynthesisResult
+from engine.records import SynthesisResult
 from engine.codec.audio import audio_bytes, read_audio_bytes, to_pcm16
 from engine.config import DecodingSettings
-from engine.decoding.stats import RowStats
+from engine.records import RowStats
 from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer, write_parquet
 
 SETTINGS = DecodingSettings(method="pcg", temperature=0.7, theta=0.42)

@@ -8,7 +8,8 @@ from scipy.stats import chisquare, kstest
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from engine.decoding import rng
-from engine.decoding.sampling import Warp, sample_from, warp_probs
+from engine.config import Warp
+from engine.decoding.sampling import sample_from, warp_probs
 
 
 def test_uniforms_are_uniform_and_streams_independent():

@@ -1,0 +1,172 @@
+"""The records every layer passes around: items in, results and statistics out.
+
+Plain dataclasses with no dependencies beyond the standard library (no torch), so manifests,
+datasets, voice prompts and job summaries can use them without loading the decoding stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+
+CODES_PER_SECOND = 50  # X-codec2: 16 kHz, 320 samples per code
+
+
+@dataclass
+class RowStats:
+    """What one row's decoding did.
+
+    Attributes:
+        rounds: decode-phase target forwards (draft+verify rounds, or `ar` steps).
+        emitted: tokens produced by those rounds before truncation (accepted + 1 per round).
+        reached: `[gamma]` rounds in which draft position i was judged (all before it accepted).
+        accepted: `[gamma]` rounds in which draft position i was accepted.
+        thinning_trials: PCG thinning trials spent on recovered tokens.
+        fallbacks: PCG recovered tokens that needed the exact dense residual.
+        prompt_tokens: prompt length.
+        generated_tokens: tokens committed after the prompt (end-of-speech included).
+    """
+
+    rounds: int = 0
+    emitted: int = 0
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    thinning_trials: int = 0
+    fallbacks: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+    @property
+    def drafted(self) -> int:
+        return sum(self.reached)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per target call in the decode phase, bonus/recovered token included."""
+        return self.emitted / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        return [a / r if r else 0.0 for a, r in zip(self.accepted, self.reached)]
+
+    def to_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "target_calls": self.rounds,
+            "emitted": self.emitted,
+            "drafted": self.drafted,
+            "reached_per_position": list(self.reached),
+            "accepted_per_position": list(self.accepted),
+            "acceptance_per_position": [round(x, 6) for x in self.acceptance_per_position],
+            "mean_accepted_length": round(self.mean_accepted_length, 6),
+            "thinning_trials": self.thinning_trials,
+            "fallbacks": self.fallbacks,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+        }
+
+
+def aggregate(rows: list[RowStats]) -> RowStats:
+    """Sum of several rows' statistics (per-position counts added position by position)."""
+    total = RowStats()
+    width = max((len(r.reached) for r in rows), default=0)
+    total.reached, total.accepted = [0] * width, [0] * width
+    for r in rows:
+        total.rounds += r.rounds
+        total.emitted += r.emitted
+        total.thinning_trials += r.thinning_trials
+        total.fallbacks += r.fallbacks
+        total.prompt_tokens += r.prompt_tokens
+        total.generated_tokens += r.generated_tokens
+        for i, (reach, acc) in enumerate(zip(r.reached, r.accepted)):
+            total.reached[i] += reach
+            total.accepted[i] += acc
+    return total
+
+
+@dataclass
+class SynthesisItem:
+    """One utterance: text, optional voice prompt (transcript + X-codec2 codes), optional seed."""
+
+    text: str
+    id: str | None = None
+    prompt_text: str | None = None
+    prompt_codes: list[int] | None = None
+    seed: int | None = None
+
+
+@dataclass
+class SynthesisResult:
+    """Codes (`0..65535`, end-of-speech stripped) and how they came about; `error` is set and
+    `finish_reason == "error"` when the item could not be decoded."""
+
+    id: str
+    text: str
+    seed: int
+    codes: list[int] = field(default_factory=list)
+    finish_reason: str = "error"
+    error: str | None = None
+    stats: RowStats | None = None
+
+    @property
+    def audio_seconds(self) -> float:
+        return len(self.codes) / CODES_PER_SECOND
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["stats"] = self.stats.to_dict() if self.stats else None
+        return out
+
+
+@dataclass
+class RunSummary:
+    """Aggregate figures of one `synthesize` call."""
+
+    method: str
+    settings: dict
+    items: int
+    ok: int
+    failed: int
+    wall_s: float
+    stats: RowStats
+    gamma_choice: dict | None = None  # what `gamma: auto` decided, and why
+    decode_rounds: int = 0  # decode rounds of the batch
+    slot_rounds: int = 0  # rows active, summed over those rounds
+    batch_size: int = 1
+
+    @property
+    def slot_utilisation(self) -> float:
+        """Mean fraction of the batch's slots that held a row per decode round."""
+        return self.slot_rounds / (self.decode_rounds * self.batch_size) if self.decode_rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.stats.generated_tokens / self.wall_s if self.wall_s else 0.0
+
+    def to_dict(self) -> dict:
+        s = self.stats
+        return {
+            "method": self.method,
+            "settings": self.settings,
+            "items": self.items,
+            "ok": self.ok,
+            "failed": self.failed,
+            "wall_s": round(self.wall_s, 4),
+            "generated_tokens": s.generated_tokens,
+            "audio_seconds": round(s.generated_tokens / CODES_PER_SECOND, 3),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "target_calls": s.rounds,
+            "mean_accepted_length": round(s.mean_accepted_length, 4),
+            "acceptance_per_position": [round(x, 4) for x in s.acceptance_per_position],
+            "drafted": s.drafted,
+            "thinning_trials": s.thinning_trials,
+            "fallbacks": s.fallbacks,
+            "slot_utilisation": round(self.slot_utilisation, 4),
+            "gamma_choice": self.gamma_choice,
+        }
+
+
+def item_seed(job_seed: int, item_id: str) -> int:
+    """A 63-bit seed from the job seed and the item's id: stable across batches and runs."""
+    digest = hashlib.sha256(f"{job_seed}/{item_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
