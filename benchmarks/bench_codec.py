@@ -66,7 +66,7 @@ def time_batch(codec: Xcodec2Codec, batch: int, n_codes: int, repeats: int) -> d
 
 
 def tiny_codec(device: str, dtype: str, workdir: Path) -> Xcodec2Codec:
-    from engine.models.tiny import KitSpec, build_codec
+    from engine.kit.build import KitSpec, build_codec
 
     build_codec(workdir / "codec", KitSpec())
     return Xcodec2Codec.load(workdir / "codec", device=device, dtype=dtype)

@@ -33,7 +33,7 @@ fi
 # 2. target samples: every training text under SEEDS seeds (`ar`, temperature 0.8)
 "$PY" - "$WORK/texts.jsonl" "$SEEDS" <<'EOF'
 import json, sys
-from engine.draft.kit import KIT_TRAIN_TEXTS
+from engine.kit.draft import KIT_TRAIN_TEXTS
 with open(sys.argv[1], "w") as f:
     for seed in range(int(sys.argv[2])):
         for i, text in enumerate(KIT_TRAIN_TEXTS):

@@ -30,7 +30,7 @@ def format_validation(exc: ValidationError) -> str:
 
 
 def cmd_kit_build(args) -> int:
-    from engine.models.tiny import KitSpec, build_kit
+    from engine.kit import KitSpec, build_kit
 
     out = build_kit(args.dir, KitSpec(seed=args.seed), force=args.force)
     manifest = json.loads((out / "kit.json").read_text())

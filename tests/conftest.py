@@ -22,7 +22,7 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 @pytest.fixture(scope="session")
 def kit_dir(tmp_path_factory):
     """A freshly built tiny kit (target, draft, codec) shared by the whole session."""
-    from engine.models.tiny import build_kit
+    from engine.kit import build_kit
 
     return build_kit(tmp_path_factory.mktemp("kit") / "kit")
 

@@ -22,7 +22,8 @@ from engine.api import Synthesizer
 from engine.models.llama import LlamaLM, LlamaShape
 from engine.models.llasa import LlasaLayout
 from engine.models.loading import LoadedModel, load_model, resolve_dtype, rope_tables
-from engine.models.tiny import KitSpec, layer_subset, llama_config, random_llama
+from engine.kit.build import KIT_VERSION, KitSpec, build_kit, layer_subset, llama_config, random_llama, save_checkpoint
+from engine.kit.tokenizer import build_tokenizer
 
 PRESETS = ("tiny", "llasa-1b-shape")
 LLASA_VOCAB = 193_800
@@ -42,16 +43,14 @@ def cache_root() -> Path:
 
 def tiny_kit(kit_dir: str | Path | None = None) -> Path:
     """The kit at `kit_dir`, else the cached seed-0 kit of this version (built on first use)."""
-    from engine.models import tiny
-
     if kit_dir is not None:
         if not (Path(kit_dir) / "target").is_dir():
             raise ValueError(f"{kit_dir} is not a tiny kit (no target/): `pcg-synth kit build {kit_dir}`")
         return Path(kit_dir)
-    path = cache_root() / f"kit-v{tiny.KIT_VERSION}-seed0"
+    path = cache_root() / f"kit-v{KIT_VERSION}-seed0"
     if not (path / "kit.json").is_file():
         print(f"building the tiny kit into {path} ...", flush=True)
-        tiny.build_kit(path, force=True)
+        build_kit(path, force=True)
     return path
 
 
@@ -100,9 +99,6 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
         vocab_size: rows of the embedding table (Llasa's 193,800; the head keeps 65,537).
         save_to: also write `target/` and `draft/` checkpoints there (for draft distillation).
     """
-    from engine.models.kit_tokenizer import build_tokenizer
-    from engine.models.tiny import save_checkpoint
-
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_tokenizer(Path(tmp) / "tok", spec.text_vocab_size)
         layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=vocab_size)

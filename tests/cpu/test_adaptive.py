@@ -9,8 +9,8 @@ import pytest
 
 from engine import DecodingSettings, Synthesizer
 from engine.adaptive import choose_gamma, expected_length
-from engine.models import tiny
-from engine.models.kit_tokenizer import build_tokenizer
+from engine.kit import build as tiny
+from engine.kit.tokenizer import build_tokenizer
 from engine.models.llasa import LlasaLayout
 
 

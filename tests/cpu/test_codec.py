@@ -22,7 +22,7 @@ def codec(kit_dir) -> Xcodec2Codec:
 @pytest.fixture(scope="module")
 def spread_codec(kit_dir, tmp_path_factory) -> Xcodec2Codec:
     """The kit codec with its quantizer input rescaled so clips encode to varied codes."""
-    from engine.codec.kit import write_spread_codec
+    from engine.kit.codec import write_spread_codec
 
     path = write_spread_codec(kit_dir / "codec", tmp_path_factory.mktemp("codec") / "spread")
     return Xcodec2Codec.load(path, device="cpu", dtype="float32")

@@ -135,7 +135,7 @@ def run_cli(argv: list[str]) -> int:
 
 
 def test_cli_codec_encode(kit_dir, tmp_path, capsys):
-    from engine.codec.kit import write_spread_codec
+    from engine.kit.codec import write_spread_codec
 
     codec_dir = write_spread_codec(kit_dir / "codec", tmp_path / "codec")  # varied codes
     clip = tmp_path / "clip.flac"

@@ -24,7 +24,7 @@ from engine.config import DecodingSettings
 
 @pytest.fixture(scope="module")
 def codec(kit_dir, tmp_path_factory) -> Xcodec2Codec:
-    from engine.codec.kit import write_spread_codec
+    from engine.kit.codec import write_spread_codec
 
     path = write_spread_codec(kit_dir / "codec", tmp_path_factory.mktemp("codec") / "spread")
     return Xcodec2Codec.load(path, device="cpu", dtype="float32")

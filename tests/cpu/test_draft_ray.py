@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from engine import DecodingSettings
 from engine.draft.distributed import train_draft_ray
 from engine.draft.init import init_draft
-from engine.draft.kit import KIT_TRAIN_TEXTS
+from engine.kit.draft import KIT_TRAIN_TEXTS
 from engine.draft.run import train_draft
 from engine.draft.settings import TrainSettings
 from engine.io.dataset import AudioRow, build_table, write_parquet

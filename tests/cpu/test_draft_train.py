@@ -17,7 +17,7 @@ from engine.draft.data import (make_batch, produced_by_engine, read_rows, sampli
                                to_sequences)
 from engine.draft.evaluate import HELDOUT_TEXTS
 from engine.draft.init import init_draft, vocabulary_view
-from engine.draft.kit import KIT_TRAIN_TEXTS
+from engine.kit.draft import KIT_TRAIN_TEXTS
 from engine.draft.objective import kd_loss_sum
 from engine.draft.run import plan_run, train_draft
 from engine.draft.settings import TrainSettings

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, Xcodec2Model
 
 from engine import DecodingSettings
 from engine.models.llasa import LlasaLayout
-from engine.models.tiny import KitSpec, build_kit
+from engine.kit import KitSpec, build_kit
 
 
 def test_kit_has_real_formats_and_llasa_layout(kit_dir):

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.draft.kit import KitDraftRecipe, build_kit_draft
-from engine.models.kit_tokenizer import build_tokenizer
+from engine.kit.draft import KitDraftRecipe, build_kit_draft
+from engine.kit.tokenizer import build_tokenizer
 from engine.models.llasa import NUM_SPEECH_TOKENS, LlasaLayout
 
 KIT_VERSION = 2  # 2: the draft is distilled, not the bare layer subset
@@ -225,7 +225,7 @@ def build_codec(out: Path, spec: KitSpec) -> None:
                            num_attention_heads=2, num_key_value_heads=2, head_dim=h // 2,
                            quantization_dim=2 * h, encoder_hidden_size=8,
                            semantic_model_config=semantic)
-    from engine.codec.kit import spread_codes
+    from engine.kit.codec import spread_codes
 
     torch.manual_seed(spec.seed)
     model = Xcodec2Model(config).eval()
