@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from engine.adaptive import GammaChoice, choose_gamma
+from engine.decoding.adaptive import GammaChoice, choose_gamma
 from engine.config import DecodingSettings
 from engine.decoding.speculative import Request, SpeculativeDecoder
 from engine.decoding.verify import make_rule

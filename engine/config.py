@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
 
 @dataclass(frozen=True)
 class Warp:
@@ -82,11 +85,16 @@ class DecodingSettings(BaseModel):
 
 # ---- jobs ----------------------------------------------------------------------------------------
 
-from pathlib import Path  # noqa: E402
 
-import yaml  # noqa: E402
+class StorageOptions(BaseModel):
+    """How to reach object storage (credentials always come from the AWS chain)."""
 
-from engine.io.storage import StorageOptions  # noqa: E402
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoint_url: str | None = Field(None, description=(
+        "S3-compatible endpoint, e.g. http://minio:9000; unset for AWS S3."))
+    region: str | None = Field(None, description="AWS region of the bucket(s).")
+    profile: str | None = Field(None, description="AWS profile name from ~/.aws (optional).")
 
 
 class ModelsSpec(BaseModel):

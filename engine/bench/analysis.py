@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.metrics.speed import break_even_length, predicted_speedup
+from engine.decoding.cost import break_even_length, predicted_speedup
 
 
 def predictions(doc: dict) -> None:

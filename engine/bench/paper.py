@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine.api import Synthesizer
 from engine.config import DecodingSettings
-from engine.io.storage import Storage
+from engine.io.storage import Storage, relative_to
 from engine.metrics.quality import Backends, evaluate_table, summarize
 from engine.records import SynthesisItem
 
@@ -57,7 +57,6 @@ def manifest_items(uri: str, codec, limit: int | None = None, storage: Storage |
     from engine.codec.audio import read_clip
     from engine.codec.prompts import PromptCache, load_voice_prompt
     from engine.io.manifest import RowError, parse_rows, validated
-    from engine.runtime.worker import relative_to
 
     storage = storage or Storage()
     rows = validated(parse_rows(uri, storage.read_bytes(uri)), uri, 0)[:limit]

@@ -143,12 +143,12 @@ def default_context(synth: Synthesizer, cfg: BenchConfig) -> int:
 
 def cost_model(synth: Synthesizer, batch: int, cfg: BenchConfig, context: int, bandwidth: float) -> dict:
     """Step times per gamma at this batch size, and the bandwidth bound of a target step."""
-    from engine.metrics import speed
+    from engine.decoding import cost
 
     draft = synth.draft.model if synth.draft is not None else None
-    per_gamma = {str(g): speed.step_times(synth.target.model, draft, batch, g, context, cfg.cost_reps)
+    per_gamma = {str(g): cost.step_times(synth.target.model, draft, batch, g, context, cfg.cost_reps)
                  for g in cfg.gammas}
-    bound = speed.bandwidth_bound(synth.target.model, batch, context, bandwidth)
+    bound = cost.bandwidth_bound(synth.target.model, batch, context, bandwidth)
     ar_s = next(iter(per_gamma.values()))["ar_s"]
     bound["ar_step_over_weights_bound"] = ar_s / bound["weights_bound_s"]
     return {"context": context, "steps": per_gamma, "bound": bound}
@@ -158,18 +158,18 @@ def run_bench(synth: Synthesizer, cfg: BenchConfig, models: dict, how: str, prog
     """The whole grid; returns the result document (see `analysis.derive` for its readings)."""
     from engine.bench.analysis import derive
     from engine.bench.machine import describe
-    from engine.metrics import speed
+    from engine.decoding import cost
 
     cfg.check()
     settings = grid(cfg)
     device = synth.device
     context = cfg.context or default_context(synth, cfg)
-    bandwidth = speed.measured_bandwidth(device) if cfg.cost_model else None
+    bandwidth = cost.measured_bandwidth(device) if cfg.cost_model else None
     doc = {
         "benchmark": "decoding speed per acceptance rule (pcg-synth bench)",
         "how": how,
         "machine": {**describe(device), "copy_bandwidth_GBps": bandwidth / 1e9 if bandwidth else None,
-                    "spec_bandwidth_GBps": (speed.spec_bandwidth(device) or 0) / 1e9 or None},
+                    "spec_bandwidth_GBps": (cost.spec_bandwidth(device) or 0) / 1e9 or None},
         "models": models,
         "settings": {**asdict(cfg), "items_per_run": f"{cfg.items_per_slot} x batch size",
                      "texts": "engine/bench/texts.py (8 English sentences)"},

@@ -20,7 +20,7 @@ def cmd_init(args) -> int:
 
 def settings_from(args):
     from engine.draft.settings import TrainSettings
-    from engine.io.storage import StorageOptions
+    from engine.config import StorageOptions
 
     fields = {k: getattr(args, k) for k in (
         "data", "draft", "out", "target", "loss", "temperature", "steps", "batch_size",

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.draft.objective import DEFAULT_TRAINABLE, PARTS
-from engine.io.storage import StorageOptions
+from engine.config import StorageOptions
 
 # Settings that may change between a run and its resumption (they do not change what a step does).
 RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "device", "dtype",

@@ -11,21 +11,10 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class StorageOptions(BaseModel):
-    """How to reach object storage (credentials always come from the AWS chain)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    endpoint_url: str | None = Field(None, description=(
-        "S3-compatible endpoint, e.g. http://minio:9000; unset for AWS S3."))
-    region: str | None = Field(None, description="AWS region of the bucket(s).")
-    profile: str | None = Field(None, description="AWS profile name from ~/.aws (optional).")
+from engine.config import StorageOptions
 
 
 class StorageError(RuntimeError):
@@ -68,6 +57,16 @@ def join(base: str, *parts: str) -> str:
     for p in parts:
         out = f"{out}/{p.strip('/')}"
     return out
+
+
+def relative_to(manifest: str, ref: str) -> str:
+    """A clip reference from a manifest row: absolute URIs stay, relative ones are taken from
+    the manifest's folder."""
+    if "://" in ref or ref.startswith("/"):
+        return ref
+    loc = parse(manifest)
+    base = str(PurePosixPath(loc.path).parent / ref)
+    return f"s3://{loc.bucket}/{base}" if loc.scheme == "s3" else base
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:

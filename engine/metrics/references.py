@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.io.storage import Storage
+from engine.io.storage import Storage, relative_to
 
 SAMPLE_RATE = 16_000
 
@@ -75,8 +75,6 @@ class PromptClips:
 
     @staticmethod
     def _reference(uri: str, row: dict) -> tuple[str, object] | None:
-        from engine.runtime.worker import relative_to
-
         if row.get("prompt_audio"):
             return "clip", relative_to(uri, str(row["prompt_audio"]))
         if row.get("prompt_codes"):

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.decoding.kv_cache import KVCache
+from engine.models.kv_cache import KVCache
 
 LogitsAt = Literal["all", "last", "none", "hidden"]
 

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 from engine.config import AugmentSpec, JobSpec
 from engine.io.manifest import ManifestRow, RowError, parse_rows, validate
-from engine.io.storage import Storage, join
+from engine.io.storage import Storage, join, relative_to
 from engine.records import item_seed
 from engine.runtime.plan import manifest_files
-from engine.runtime.worker import relative_to
 
 
 @dataclass

@@ -15,7 +15,6 @@ import socket
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import PurePosixPath
 
 import torch
 from pydantic import ValidationError
@@ -24,7 +23,7 @@ from engine.api import Synthesizer
 from engine.config import DecodingSettings, JobSpec
 from engine.groups.csr import SpeechGroups
 from engine.io.manifest import ManifestRow, RowError, parse_jsonl, parse_rows, validated
-from engine.io.storage import Storage, StorageError, parse
+from engine.io.storage import Storage, StorageError, relative_to
 from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
 from engine.runtime.plan import Layout, Shard
 
@@ -44,16 +43,6 @@ def pick_device(setting: str) -> str:
     if setting != "auto":
         return setting
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def relative_to(manifest: str, ref: str) -> str:
-    """A clip reference from a manifest row: absolute URIs stay, relative ones are taken from
-    the manifest's folder."""
-    if "://" in ref or ref.startswith("/"):
-        return ref
-    loc = parse(manifest)
-    base = str(PurePosixPath(loc.path).parent / ref)
-    return f"s3://{loc.bucket}/{base}" if loc.scheme == "s3" else base
 
 
 class ShardProcessor:

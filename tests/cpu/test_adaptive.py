@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from engine import DecodingSettings, Synthesizer
-from engine.adaptive import choose_gamma, expected_length
+from engine.decoding.adaptive import choose_gamma, expected_length
 from engine.kit import build as tiny
 from engine.kit.tokenizer import build_tokenizer
 from engine.models.llasa import LlasaLayout

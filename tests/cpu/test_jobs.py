@@ -16,7 +16,8 @@ import ray
 from pydantic import ValidationError
 
 from engine.config import JobSpec
-from engine.io.storage import Storage, StorageOptions
+from engine.config import StorageOptions
+from engine.io.storage import Storage
 from engine.runtime.job import JobRunner
 from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
 

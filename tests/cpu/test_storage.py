@@ -6,7 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.io.storage import Storage, StorageError, StorageOptions, join, parse
+from engine.config import StorageOptions
+from engine.io.storage import Storage, StorageError, join, parse
 
 
 def roundtrip(storage: Storage, base: str) -> None:

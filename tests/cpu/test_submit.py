@@ -103,7 +103,7 @@ def test_example_job_specs_are_valid():
 def test_every_job_spec_field_is_documented_in_the_readme():
     from engine.config import (AugmentSpec, DecodingSettings, InputSpec, ModelPair, ModelsSpec,
                                OutputSpec, ResourcesSpec, SweepSpec, VoicePromptSpec)
-    from engine.io.storage import StorageOptions
+    from engine.config import StorageOptions
 
     readme = (ROOT / "README.md").read_text()
     for prefix, model in [("models", ModelsSpec), ("decoding", DecodingSettings), ("input", InputSpec),

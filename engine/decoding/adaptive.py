@@ -4,7 +4,7 @@ speculation off where it no longer pays.
 With per-position acceptance `a` (measured by a short pilot) a round of `g` drafts yields on
 average `L(g) = (1 - a**(g+1)) / (1 - a)` tokens, and costs one draft phase plus one verify
 forward; an `ar` step costs one target forward. Both are timed at the batch size that will run
-(`engine.metrics.speed.step_times`), because that is what decides: at batch 1 a GPU verifies
+(`engine.decoding.cost.step_times`), because that is what decides: at batch 1 a GPU verifies
 g+1 tokens for about the price of one, at a large batch the verify step costs g+1 steps.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from engine.metrics.speed import predicted_speedup, step_times
+from engine.decoding.cost import predicted_speedup, step_times
 from engine.models.llama import LlamaLM
 
 CANDIDATES = (1, 2, 3, 4, 6, 8)
