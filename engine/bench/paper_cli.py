@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.bench.cli import (
+from engine.bench.cli_common import (
     add_model_args,
     add_quality_args,
     command_line,
