@@ -98,8 +98,7 @@ class Synthesizer:
             if self.draft is None:
                 raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
             groups = self.groups(settings.theta, settings.max_group_size) if settings.method == "pcg" else None
-            rule = make_rule(settings.method, groups, settings.beta, settings.topk,
-                             settings.max_thinning_trials)
+            rule = make_rule(settings, groups)
             decoder = SpeculativeDecoder(self.target.model, self.draft.model, rule, settings.warp,
                                          settings.gamma, batch, self.max_context,
                                          self.target.layout.eos_out)

@@ -9,9 +9,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.config import DecodingSettings
-
-METHOD_CHOICES = ["ar", "exact", "pcg", "ssd", "topk", "all"]
+from engine.cli_options import add_settings_arguments, settings_from_args
+from engine.config import METHODS, DecodingSettings, decoding_default
 
 
 class UsageError(Exception):
@@ -89,14 +88,6 @@ def resolve_clips(items: list, clips: dict[int, str], codec_dir: Path | None, de
         items[i].prompt_codes = list(prompt.codes)
 
 
-def settings_from(args, method: str) -> DecodingSettings:
-    fields = dict(method=method, gamma=args.gamma, theta=args.theta, beta=args.beta, topk=args.topk,
-                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                  repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
-                  seed=args.seed, max_group_size=args.max_group_size)
-    return DecodingSettings(**{k: v for k, v in fields.items() if v is not None})
-
-
 def summary_table(summaries: list[dict]) -> str:
     head = f"{'method':7s} {'ok':>4s} {'tokens':>7s} {'tok/s':>8s} {'acc.len':>7s}  acceptance by position"
     lines = [head, "-" * len(head)]
@@ -140,8 +131,10 @@ def write_audio(args, synth, items, settings, results, codec_dir, several: bool)
 def cmd_generate(args) -> int:
     from engine.api import Synthesizer
 
-    methods = ["ar", "exact", "pcg", "ssd", "topk"] if args.method == "all" else [args.method]
-    all_settings = [settings_from(args, m) for m in methods]  # validate before loading anything
+    method = args.method or decoding_default("method")
+    methods = METHODS if method == "all" else [method]
+    # validated before anything loads
+    all_settings = [settings_from_args(args, DecodingSettings, method=m) for m in methods]
     kind = output_kind(args.out)
     items, clips = read_items(args)
     target = args.target or (Path(args.kit) / "target" if args.kit else None)
@@ -150,7 +143,7 @@ def cmd_generate(args) -> int:
     if target is None:
         raise UsageError("give --kit DIR or --target DIR (and --draft DIR)")
     if draft is None and any(s.speculative for s in all_settings):
-        raise UsageError(f"method {args.method!r} needs a draft: give --draft DIR (or use --method ar)")
+        raise UsageError(f"method {method!r} needs a draft: give --draft DIR (or use --method ar)")
     synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
                              batch_size=args.batch_size)
     resolve_clips(items, clips, codec_dir, args.device)
@@ -193,19 +186,8 @@ def add_generate(sub) -> None:
     inp.add_argument("--text", action="append", help="a text to speak (repeatable)")
     inp.add_argument("--texts-file", help="one text per line, or .jsonl items {id, text, prompt_text, "
                                           "prompt_codes | prompt_audio (a clip path), seed}")
-    dec = p.add_argument_group("decoding (defaults: see DecodingSettings)")
-    dec.add_argument("--method", default="pcg", choices=METHOD_CHOICES)
-    dec.add_argument("--gamma", type=lambda v: v if v == "auto" else int(v), help="an integer or auto")
-    dec.add_argument("--theta", type=float)
-    dec.add_argument("--max-group-size", type=int)
-    dec.add_argument("--beta", type=float)
-    dec.add_argument("--topk", type=int, help="k of the topk rule")
-    dec.add_argument("--temperature", type=float)
-    dec.add_argument("--top-p", type=float)
-    dec.add_argument("--top-k", type=int)
-    dec.add_argument("--repetition-penalty", type=float)
-    dec.add_argument("--max-new-tokens", type=int)
-    dec.add_argument("--seed", type=int)
+    dec = p.add_argument_group("decoding (DecodingSettings; --method all: every rule in turn)")
+    add_settings_arguments(dec, DecodingSettings, extra_choices={"method": ["all"]})
     out = p.add_argument_group("output")
     out.add_argument("--out", help="FILE.json: codes + statistics; FILE.parquet: an audio dataset "
                                    "(one file per method, FILE.METHOD.parquet, with --method all)")

@@ -26,7 +26,9 @@ class Warp:
         return self.temperature == 0.0
 
 
-Method = Literal["ar", "exact", "pcg", "ssd", "topk"]
+# The acceptance rules, spelled here only; everything else takes them from METHODS or Method.
+METHODS = ("ar", "exact", "pcg", "ssd", "topk")
+Method = Literal[METHODS]
 
 
 class DecodingSettings(BaseModel):
@@ -81,6 +83,11 @@ class DecodingSettings(BaseModel):
     @property
     def warp(self) -> Warp:
         return Warp(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
+
+
+def decoding_default(name: str):
+    """The default of a `DecodingSettings` field: decoding defaults are written there only."""
+    return DecodingSettings.model_fields[name].get_default()
 
 
 # ---- jobs ----------------------------------------------------------------------------------------

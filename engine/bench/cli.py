@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.cli_options import add_settings_arguments, settings_from_args
+from engine.config import METHODS, DecodingSettings, decoding_default
 from engine.bench.cli_common import (
     add_model_args,
     add_quality_args,
@@ -29,10 +31,11 @@ def cmd_bench(args) -> int:
     from engine.bench.report import markdown
     from engine.bench.runner import BenchConfig, run_bench
 
+    base = settings_from_args(args, DecodingSettings)  # the flags given; the rest: its defaults
     cfg = BenchConfig(methods=args.methods, batch_sizes=args.batch_sizes, gammas=args.gammas,
-                      thetas=args.thetas, reps=args.reps, max_new_tokens=args.max_new_tokens,
-                      items_per_slot=args.items_per_slot, temperature=args.temperature, beta=args.beta,
-                      topk=args.topk, cost_model=not args.no_cost_model, cost_reps=args.cost_reps,
+                      thetas=args.thetas, reps=args.reps, max_new_tokens=base.max_new_tokens,
+                      items_per_slot=args.items_per_slot, temperature=base.temperature, beta=base.beta,
+                      topk=base.topk, cost_model=not args.no_cost_model, cost_reps=args.cost_reps,
                       context=args.context)
     cfg.check()  # before loading any model
     synth, models = load_synthesizer(args.preset, args.target, args.draft, args.kit, args.device,
@@ -59,16 +62,17 @@ def add_bench(sub) -> None:
     add_model_args(p, presets=True)
     p.add_argument("--save-preset", help="llasa-1b-shape: also write its target/ and draft/ checkpoints here")
     g = p.add_argument_group("grid")
-    g.add_argument("--methods", type=csv_of(str), default=("ar", "exact", "pcg", "ssd", "topk"))
-    g.add_argument("--batch-sizes", type=csv_of(int), default=(1, 8, 32))
-    g.add_argument("--gammas", type=csv_of(int), default=(3,))
-    g.add_argument("--thetas", type=csv_of(float), default=(0.4,))
+    g.add_argument("--methods", type=csv_of(str), default=METHODS,
+                   help=f"acceptance rules, comma-separated (default: {','.join(METHODS)})")
+    g.add_argument("--batch-sizes", type=csv_of(int), default=(1, 8, 32), help="(default: 1,8,32)")
+    g.add_argument("--gammas", type=csv_of(int), default=(decoding_default("gamma"),),
+                   help=f"draft lengths, comma-separated (default: {decoding_default('gamma')})")
+    g.add_argument("--thetas", type=csv_of(float), default=(decoding_default("theta"),),
+                   help=f"PCG thresholds, comma-separated (default: {decoding_default('theta')})")
     g.add_argument("--reps", type=int, default=3, help="repetitions (medians and min/max over them)")
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    add_settings_arguments(g, DecodingSettings, include=["max_new_tokens"], defaults={"max_new_tokens": 64})
     g.add_argument("--items-per-slot", type=int, default=2, help="items per run = this x batch size")
-    g.add_argument("--temperature", type=float, default=0.8)
-    g.add_argument("--beta", type=float, default=0.3)
-    g.add_argument("--topk", type=int, default=50)
+    add_settings_arguments(g, DecodingSettings, include=["temperature", "beta", "topk"])
     c = p.add_argument_group("cost model")
     c.add_argument("--no-cost-model", action="store_true", help="skip the step timings")
     c.add_argument("--cost-reps", type=int, default=10)

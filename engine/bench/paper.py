@@ -13,12 +13,15 @@ import io
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engine.api import Synthesizer
-from engine.config import DecodingSettings
+from engine.config import DecodingSettings, decoding_default
 from engine.io.storage import Storage, relative_to
-from engine.metrics.quality import Backends, evaluate_table, summarize
 from engine.records import SynthesisItem
+
+if TYPE_CHECKING:  # the protocol's settings import light (the CLI reads its defaults)
+    from engine.api import Synthesizer
+    from engine.metrics.quality import Backends
 
 PAPER_ROWS = {  # PCG_SPEC section 7: Llasa-8B target, 3-layer draft, one H100, 500 utterances
     "exact": {"speedup": 0.98, "wer": 11.1, "cer": 5.5, "similarity": 43.7, "nmos": 4.38},
@@ -32,14 +35,14 @@ METRICS = ("speedup", "tokens_per_s", "mean_accepted_length", "wer", "cer", "sim
 class PaperConfig:
     """The protocol's knobs (defaults: the paper's)."""
 
-    methods: tuple[str, ...] = ("ar", "exact", "ssd", "pcg")
-    gamma: int = 3
-    theta: float = 0.4
-    beta: float = 0.3
-    temperature: float = 0.8
+    methods: tuple[str, ...] = ("ar", "exact", "ssd", "pcg")  # the rows of the paper's Table 1
+    gamma: int = decoding_default("gamma")
+    theta: float = decoding_default("theta")
+    beta: float = decoding_default("beta")
+    temperature: float = decoding_default("temperature")
     seeds: tuple[int, ...] = (0, 1, 2)
     batch_size: int = 1
-    max_new_tokens: int = 2000
+    max_new_tokens: int = decoding_default("max_new_tokens")
     limit: int | None = None
 
     def settings(self, method: str, seed: int) -> DecodingSettings:
@@ -80,6 +83,7 @@ def run_seed(synth: Synthesizer, codec, items, prompts, cfg: PaperConfig, seed: 
              backends: Backends, progress: bool) -> dict[str, dict]:
     """Every method on every item for one seed: speed, audio dataset, quality summary."""
     from engine.codec.export import export_audio
+    from engine.metrics.quality import evaluate_table, summarize
     from engine.metrics.references import read_dataset
 
     order = list(cfg.methods)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.bench.paper import PaperConfig
+from engine.cli_options import add_settings_arguments, settings_from_args
+from engine.config import DecodingSettings
 from engine.bench.cli_common import (
     add_model_args,
     add_quality_args,
@@ -16,14 +19,15 @@ from engine.bench.cli_common import (
 
 
 def cmd_paper_table(args) -> int:
-    from engine.bench.paper import PaperConfig, render, run_protocol
+    from engine.bench.paper import render, run_protocol
     from engine.bench.presets import load_synthesizer, tiny_kit
     from engine.codec.xcodec2 import Xcodec2Codec
     from engine.metrics.references import PromptClips
 
-    cfg = PaperConfig(methods=args.methods, gamma=args.gamma, theta=args.theta, beta=args.beta,
-                      temperature=args.temperature, seeds=args.seeds, batch_size=args.batch_size,
-                      max_new_tokens=args.max_new_tokens, limit=args.limit)
+    base = settings_from_args(args, DecodingSettings)  # the flags given; the rest: its defaults
+    cfg = PaperConfig(methods=args.methods, gamma=base.gamma, theta=base.theta, beta=base.beta,
+                      temperature=base.temperature, seeds=args.seeds, batch_size=args.batch_size,
+                      max_new_tokens=base.max_new_tokens, limit=args.limit)
     for method in cfg.methods:
         cfg.settings(method, 0)  # invalid settings fail before any model loads
     if (args.manifest is None) == (not args.demo):
@@ -58,7 +62,7 @@ def cmd_paper_table(args) -> int:
 def add_paper_table(sub) -> None:
     p = sub.add_parser("paper-table", help="the paper's protocol: speedup, WER, CER, similarity over seeds",
                        description="Cross-sentence voice cloning over a manifest with every method and "
-                                   "several seeds (gamma 3, temperature 0.8 by default); speed, audio, "
+                                   "several seeds (the paper's settings by default); speed, audio, "
                                    "quality; a table as the paper's Table 1 (mean +- std over seeds).")
     add_model_args(p, presets=False)
     p.add_argument("--codec", help="X-codec2 checkpoint directory (default with --kit: the kit's)")
@@ -69,14 +73,14 @@ def add_paper_table(sub) -> None:
                                                          "prompts (for the tiny kit; numbers mean nothing)")
     src.add_argument("--limit", type=int, help="first N rows only")
     d = p.add_argument_group("protocol")
-    d.add_argument("--methods", type=csv_of(str), default=("ar", "exact", "ssd", "pcg"))
-    d.add_argument("--gamma", type=int, default=3)
-    d.add_argument("--theta", type=float, default=0.4)
-    d.add_argument("--beta", type=float, default=0.3)
-    d.add_argument("--temperature", type=float, default=0.8)
-    d.add_argument("--seeds", type=csv_of(int), default=(0, 1, 2))
-    d.add_argument("--batch-size", type=int, default=1)
-    d.add_argument("--max-new-tokens", type=int, default=2000)
+    d.add_argument("--methods", type=csv_of(str), default=PaperConfig.methods,
+                   help=f"acceptance rules, comma-separated (default: {','.join(PaperConfig.methods)})")
+    add_settings_arguments(d, DecodingSettings, include=["gamma", "theta", "beta", "temperature"])
+    d.add_argument("--seeds", type=csv_of(int), default=PaperConfig.seeds,
+                   help=f"sampling seeds, comma-separated (default: {','.join(map(str, PaperConfig.seeds))})")
+    d.add_argument("--batch-size", type=int, default=PaperConfig.batch_size,
+                   help=f"rows decoded together (default: {PaperConfig.batch_size})")
+    add_settings_arguments(d, DecodingSettings, include=["max_new_tokens"])
     add_quality_args(p)
     p.add_argument("--out", required=True, help="output directory: datasets/ (audio per method and seed), "
                                                 "paper_table.{json,md} and a plot")

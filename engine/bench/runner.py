@@ -15,10 +15,8 @@ from tqdm.auto import tqdm
 
 from engine.api import Synthesizer
 from engine.bench.texts import BENCH_TEXTS
-from engine.config import DecodingSettings
+from engine.config import METHODS, DecodingSettings, decoding_default
 from engine.records import CODES_PER_SECOND, SynthesisItem
-
-METHODS = ("ar", "exact", "pcg", "ssd", "topk")
 
 
 @dataclass(frozen=True)
@@ -42,14 +40,14 @@ class BenchConfig:
 
     methods: tuple[str, ...] = METHODS
     batch_sizes: tuple[int, ...] = (1, 8, 32)
-    gammas: tuple[int, ...] = (3,)
-    thetas: tuple[float, ...] = (0.4,)
+    gammas: tuple[int, ...] = (decoding_default("gamma"),)
+    thetas: tuple[float, ...] = (decoding_default("theta"),)
     reps: int = 3
     max_new_tokens: int = 64
     items_per_slot: int = 2  # items = this x batch size: continuous batching refills slots
-    temperature: float = 0.8
-    beta: float = 0.3
-    topk: int = 50
+    temperature: float = decoding_default("temperature")
+    beta: float = decoding_default("beta")
+    topk: int = decoding_default("topk")
     cost_model: bool = True
     cost_reps: int = 10
     context: int | None = None  # KV length for step timing; default: mean prompt + half the budget

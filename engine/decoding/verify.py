@@ -20,9 +20,8 @@ import torch
 
 from engine.decoding import rng
 from engine.decoding.sampling import sample_from, sample_one
+from engine.config import METHODS, DecodingSettings
 from engine.groups.csr import GroupIndex
-
-METHODS = ("ar", "exact", "pcg", "ssd", "topk")
 
 
 @dataclass
@@ -272,17 +271,19 @@ class PCGRule(Rule):
         return ids.gather(-1, pick[:, None])[:, 0], label
 
 
-def make_rule(method: str, groups: GroupIndex | None = None, beta: float = 0.3, k: int = 50,
-              max_trials: int = 8) -> Rule:
-    """The acceptance rule for a speculative `method` (not `ar`, which drafts nothing)."""
+def make_rule(settings: DecodingSettings, groups: GroupIndex | None = None) -> Rule:
+    """The acceptance rule of `settings.method` with its knobs (beta, topk, thinning trials);
+    `ar` drafts nothing and has none. `groups` are needed by `pcg` only."""
+    method = settings.method
     if method == "exact":
         return ExactRule()
     if method == "ssd":
-        return SSDRule(beta)
+        return SSDRule(settings.beta)
     if method == "topk":
-        return TopKRule(k)
+        return TopKRule(settings.topk)
     if method == "pcg":
         if groups is None:
             raise ValueError("method 'pcg' needs acoustic similarity groups")
-        return PCGRule(groups, max_trials)
-    raise ValueError(f"unknown speculative method {method!r}; choose from {', '.join(METHODS[1:])}")
+        return PCGRule(groups, settings.max_thinning_trials)
+    speculative = ", ".join(m for m in METHODS if m != "ar")
+    raise ValueError(f"unknown speculative method {method!r}; choose from {speculative}")

@@ -6,6 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
+from engine.cli_options import add_settings_arguments, settings_from_args
+from engine.config import DecodingSettings
+from engine.draft.evaluate import DEFAULT_METHODS
+
 
 def cmd_init(args) -> int:
     from engine.draft.init import init_draft
@@ -55,9 +59,10 @@ def cmd_eval(args) -> int:
     methods = [m for m in args.methods.split(",") if m.strip()]
     if args.out and Path(args.out).suffix != ".json":
         raise ValueError(f"--out {args.out}: write a .json file")
+    base = settings_from_args(args, DecodingSettings)  # the flags given; the rest: its defaults
     result = evaluate_drafts(args.target, args.draft, read_texts(args.texts_file), methods,
-                             gamma=args.gamma, theta=args.theta, temperature=args.temperature,
-                             max_new_tokens=args.max_new_tokens, seed=args.seed,
+                             gamma=base.gamma, theta=base.theta, temperature=base.temperature,
+                             max_new_tokens=base.max_new_tokens, seed=base.seed,
                              batch_size=args.batch_size, device=args.device, dtype=args.dtype,
                              progress=not args.quiet)
     print(format_eval(result))
@@ -101,14 +106,10 @@ def add_train(dsub) -> None:
     p.add_argument("--temperature", type=float, help="kd temperature (default: the data's, else 0.8)")
     p.add_argument("--trainable", default="layers,norm",
                    help="trained parts among layers,norm,embeddings,head (default layers,norm)")
-    for flag, kind in (("--steps", int), ("--batch-size", int), ("--micro-batch-size", int),
-                       ("--max-length", int), ("--lr", float), ("--warmup-steps", int),
-                       ("--weight-decay", float), ("--grad-clip", float), ("--heldout-fraction", float),
-                       ("--heldout-max", int), ("--eval-every", int), ("--checkpoint-every", int),
-                       ("--keep-checkpoints", int), ("--seed", int)):
-        field = TrainSettings.model_fields[flag[2:].replace("-", "_")]
-        default = "" if field.default is None else f" (default {field.default})"
-        p.add_argument(flag, type=kind, help=field.description.replace("%", "%%") + default)
+    add_settings_arguments(p, TrainSettings, include=[
+        "steps", "batch_size", "micro_batch_size", "max_length", "lr", "warmup_steps", "weight_decay",
+        "grad_clip", "heldout_fraction", "heldout_max", "eval_every", "checkpoint_every",
+        "keep_checkpoints", "seed"])
     p.add_argument("--cache-target", action="store_true", default=None,
                    help="keep the target's logits of every sequence in memory (small datasets)")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N (single-process runs)")
@@ -135,12 +136,10 @@ def add_eval(dsub) -> None:
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True, action="append", help="a draft directory (repeatable)")
     p.add_argument("--texts-file", help="one text per line (default: built-in held-out texts)")
-    p.add_argument("--methods", default="exact,pcg", help="comma-separated acceptance rules")
-    p.add_argument("--gamma", type=int, default=3)
-    p.add_argument("--theta", type=float, default=0.4)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help=f"comma-separated acceptance rules (default: {','.join(DEFAULT_METHODS)})")
+    add_settings_arguments(p, DecodingSettings, include=["gamma", "theta", "temperature", "max_new_tokens", "seed"],
+                           defaults={"max_new_tokens": 128})
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")

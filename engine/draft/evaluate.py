@@ -13,6 +13,8 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
+from engine.config import DecodingSettings, decoding_default
+
 # Held out from every training set this project builds (the kit's `KIT_TRAIN_TEXTS`).
 HELDOUT_TEXTS = [
     "The weather report promised clear skies for the weekend.",
@@ -32,7 +34,7 @@ HELDOUT_TEXTS = [
     "The lamp in the attic flickered and went dark.",
     "Nobody expected the match to end in a draw.",
 ]
-METHODS = ("exact", "pcg")
+DEFAULT_METHODS = ("exact", "pcg")
 
 
 def read_texts(path: str | Path | None) -> list[str]:
@@ -59,8 +61,10 @@ def summarize(summary) -> dict:
 
 
 def evaluate_drafts(target: str | Path, drafts: Sequence[str | Path], texts: Sequence[str] | None = None,
-                    methods: Sequence[str] = METHODS, gamma: int = 3, theta: float = 0.4,
-                    temperature: float = 0.8, max_new_tokens: int = 128, seed: int = 0,
+                    methods: Sequence[str] = DEFAULT_METHODS, gamma: int = decoding_default("gamma"),
+                    theta: float = decoding_default("theta"),
+                    temperature: float = decoding_default("temperature"), max_new_tokens: int = 128,
+                    seed: int = decoding_default("seed"),
                     batch_size: int = 8, device: str = "auto", dtype: str = "auto",
                     progress: bool = False) -> dict:
     """Decode `texts` with each draft and method against `target`.
@@ -75,7 +79,6 @@ def evaluate_drafts(target: str | Path, drafts: Sequence[str | Path], texts: Seq
     import torch
 
     from engine.api import Synthesizer
-    from engine.config import DecodingSettings
     from engine.draft.init import vocabulary_view
     from engine.models.loading import load_model
 

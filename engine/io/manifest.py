@@ -14,9 +14,10 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engine.config import Method
 
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -34,7 +35,7 @@ class ManifestRow(BaseModel):
     prompt_codes: list[int] | None = None
     prompt_audio: str | None = None
     seed: int | None = Field(None, ge=0)
-    method: Literal["ar", "exact", "pcg", "ssd", "topk"] | None = None
+    method: Method | None = None
     text_id: str | None = None  # augmentation: the source row's id
     augment_seed: int | None = None  # augmentation: the grid's seed for this variant
     temperature: float | None = Field(None, ge=0.0)

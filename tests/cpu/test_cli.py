@@ -108,3 +108,31 @@ def test_generate_writes_an_audio_dataset_and_wav_files_with_a_clip_prompt(kit_d
 def test_generate_rejects_an_unknown_output_suffix(kit_dir, capsys):
     assert main(["generate", "--kit", str(kit_dir), "--text", "hi", "--out", "x.csv"]) == 2
     assert ".parquet" in capsys.readouterr().err
+
+
+def test_decoding_flags_are_made_from_the_settings_fields(capsys):
+    from engine.config import DecodingSettings
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name, field in DecodingSettings.model_fields.items():
+        assert f"--{name.replace('_', '-')}" in text, name
+        assert " ".join(field.description.split()) in text, name
+    assert "--max-thinning-trials" in text and "(default: 0.4)" in text and "{ar,exact,pcg,ssd,topk,all}" in text
+
+
+def test_settings_are_built_from_the_flags_given_only():
+    import argparse
+
+    from engine.cli_options import add_settings_arguments, settings_from_args
+    from engine.config import DecodingSettings
+
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, DecodingSettings, include=["gamma", "theta", "max_new_tokens"],
+                           defaults={"max_new_tokens": 64})
+    settings = settings_from_args(parser.parse_args(["--gamma", "auto"]), DecodingSettings, method="exact")
+    assert settings == DecodingSettings(method="exact", gamma="auto", max_new_tokens=64)
+    assert settings_from_args(parser.parse_args(["--gamma", "5", "--theta", "0.3"]), DecodingSettings).gamma == 5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--gamma", "many"])
