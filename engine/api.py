@@ -20,6 +20,7 @@ from engine.decoding.speculative import Request, SpeculativeDecoder
 from engine.decoding.verify import make_rule
 from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
+from engine.models.device import resolve_device
 from engine.models.llasa import DEFAULT_DATE_STRING, LLASA_CONTEXT, LlasaPrompter
 from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
 from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate, item_seed
@@ -55,8 +56,7 @@ class Synthesizer:
     def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
              dtype: str = "auto", **kwargs) -> "Synthesizer":
         """Load target (and draft) from local Hugging Face directories."""
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(device)
         tgt = load_model(target, device=device, dtype=dtype)
         drf = load_model(draft, device=device, dtype=dtype) if draft is not None else None
         return cls(tgt, drf, **kwargs)

@@ -21,7 +21,8 @@ import torch
 from engine.api import Synthesizer
 from engine.models.llama import LlamaLM, LlamaShape
 from engine.models.llasa import LlasaLayout
-from engine.models.loading import LoadedModel, load_model, resolve_dtype, rope_tables
+from engine.models.device import resolve_device, resolve_dtype
+from engine.models.loading import LoadedModel, load_model, rope_tables
 from engine.kit.build import KIT_VERSION, KitSpec, build_kit, layer_subset, llama_config, random_llama, save_checkpoint
 from engine.kit.tokenizer import build_tokenizer
 
@@ -126,8 +127,7 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
     for the `llasa-1b-shape` target goes, after `--save-preset DIR` wrote that target to disk
     for the distillation.
     """
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
+    dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if preset == "tiny" or (preset is None and kit is not None):
         root = tiny_kit(kit)

@@ -19,30 +19,12 @@ from torch import nn
 
 from engine.codec.base import CodecError, CodesLike, as_code_array, length_batches
 from engine.codec.features import encoder_inputs
+from engine.models.device import resolve_device, resolve_dtype
 
 HOW_TO_GET = ("Build the tiny kit with `pcg-synth kit build DIR` (its codec is DIR/codec), or copy "
               "a transformers-format X-codec2 checkpoint (e.g. HKUSTAudio/xcodec2-hf: config.json, "
               "*.safetensors) to a local directory and pass that directory.")
 DECODER_PREFIXES = ("quantizer.", "acoustic_decoder.")
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """`auto` is CUDA when available, else CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """`auto` is bfloat16 on CUDA and float32 on CPU (CPU bf16 matmuls are slow)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in names:
-        raise ValueError(f"codec dtype must be one of auto, {', '.join(names)}; got {dtype!r}")
-    return names[dtype]
 
 
 def read_codec_config(path: Path):
@@ -130,7 +112,7 @@ class Xcodec2Codec:
                  encoder_device: str | torch.device = "cpu", max_batch: int = 32,
                  max_batch_codes: int = 48_000) -> None:
         self.parts, self.config, self.path = parts, config, path
-        self.encoder_device = torch.device(encoder_device)
+        self.encoder_device = resolve_device(encoder_device)
         self.max_batch, self.max_batch_codes = max_batch, max_batch_codes
         self.sample_rate = int(config.sampling_rate)
         self.hop_length = int(config.hop_length)

@@ -76,17 +76,15 @@ def evaluate_drafts(target: str | Path, drafts: Sequence[str | Path], texts: Seq
     Raises:
         ValueError: a draft's vocabulary differs from the target's, or a bad setting.
     """
-    import torch
-
     from engine.api import Synthesizer
     from engine.draft.init import vocabulary_view
+    from engine.models.device import resolve_device
     from engine.models.loading import load_model
 
     texts = list(texts) if texts is not None else list(HELDOUT_TEXTS)
     settings = {m: DecodingSettings(method=m, gamma=gamma, theta=theta, temperature=temperature,
                                     max_new_tokens=max_new_tokens, seed=seed) for m in methods}
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(resolve_device(device))
     # Tokenizers via the content-keyed cache: a draft with the target's tokenizer files is not
     # loaded twice, and Synthesizer still compares the two vocabularies.
     tgt = load_model(target, device=device, dtype=dtype, tokenizer=vocabulary_view(target).tokenizer)

@@ -31,6 +31,7 @@ from engine.draft.objective import SpeechLM, set_trainable
 from engine.draft.settings import TrainSettings
 from engine.draft.train import DraftTrainer, Hyper
 from engine.io.storage import Storage
+from engine.models.device import resolve_device
 from engine.models.llasa import LlasaLayout, LlasaPrompter
 from engine.models.loading import check_same_vocabulary, read_config
 
@@ -121,12 +122,6 @@ def plan_run(settings: TrainSettings) -> Plan:
                   grad_clip=settings.grad_clip, seed=settings.seed, cache_target=settings.cache_target)
     return Plan(settings, hyper, view.layout, draft_dir, target_dir, train, heldout, skipped, engine_data,
                 source)
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def build_trainer(plan: Plan, device: torch.device, rank: int = 0, world: int = 1,

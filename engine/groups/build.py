@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from engine.groups.cap import apply_cap
 from engine.groups.csr import SpeechGroups
 from engine.groups.search import Candidates, Searcher, exact_cosines, make_searcher
+from engine.models.device import resolve_device
 
 EXACT_BAND = 1e-3  # cosines this close to a decision boundary are recomputed in float64
 SLICE_ROWS = 4096  # query rows per slice: a unit of progress and of distributed work
@@ -147,13 +148,6 @@ def assemble(slices: list[Slice], num_tokens: int, theta: float,
                         meta={"symmetrised_pairs": added})
 
 
-def pick_device(device: str | torch.device | None) -> torch.device:
-    """`None`/`"auto"`: CUDA where available, else CPU."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def build_groups(
     embeddings: torch.Tensor | np.ndarray,
     theta: float,
@@ -180,7 +174,7 @@ def build_groups(
     """
     theta, max_group_size = check_theta(theta), check_cap(max_group_size)
     x = unit_rows(embeddings)
-    searcher = make_searcher(x, backend, pick_device(device), block)
+    searcher = make_searcher(x, backend, resolve_device(device), block)
     bounds = slice_bounds(x.shape[0])
     slices = [search_slice(searcher, x, lo, hi, theta, max_group_size)
               for lo, hi in tqdm(bounds, desc=f"groups theta={theta:g}", unit="slice",

@@ -7,9 +7,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from engine.groups.build import (EXACT_BAND, check_theta, member_dtype, pick_device, slice_bounds,
+from engine.groups.build import (EXACT_BAND, check_theta, member_dtype, slice_bounds,
                                  threshold, unit_rows)
 from engine.groups.search import make_searcher
+from engine.models.device import resolve_device
 
 
 def parse_thetas(text: str) -> list[float]:
@@ -45,7 +46,7 @@ def sweep(embeddings: torch.Tensor | np.ndarray, thetas: list[float], backend: s
     """
     thetas = [check_theta(t) for t in thetas]
     x = unit_rows(embeddings)
-    searcher = make_searcher(x, backend, pick_device(device))
+    searcher = make_searcher(x, backend, resolve_device(device))
     sizes = {t: np.zeros(x.shape[0], dtype=np.int64) for t in thetas}
     floor = min(thetas) - EXACT_BAND
     for lo, hi in tqdm(slice_bounds(x.shape[0]), desc="sweep", unit="slice", disable=not progress):

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.models.device import resolve_dtype
 from engine.models.llama import LlamaLM, LlamaShape
 from engine.models.llasa import LlasaLayout
 
@@ -43,19 +44,6 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ValueError(f"draft {draft.path} and target {target.path} have different tokenizer "
                          "vocabularies: a draft must share the target's vocabulary")
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """`auto` is bfloat16 on CUDA and float32 on CPU (CPU bf16 matmuls are slow)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-             "float64": torch.float64}
-    if dtype not in names:
-        raise ValueError(f"dtype must be one of auto, {', '.join(names)}; got {dtype!r}")
-    return names[dtype]
 
 
 def read_config(path: Path) -> dict:

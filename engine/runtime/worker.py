@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-import torch
 from pydantic import ValidationError
 
 from engine.api import Synthesizer
@@ -24,6 +23,7 @@ from engine.config import DecodingSettings, JobSpec
 from engine.groups.csr import SpeechGroups
 from engine.io.manifest import ManifestRow, RowError, parse_jsonl, parse_rows, validated
 from engine.io.storage import Storage, StorageError, relative_to
+from engine.models.device import resolve_device
 from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
 from engine.runtime.plan import Layout, Shard
 
@@ -37,12 +37,6 @@ class Prepared:
     prompt: object | None  # VoicePrompt
     error: SynthesisResult | None
     origin: dict
-
-
-def pick_device(setting: str) -> str:
-    if setting != "auto":
-        return setting
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class ShardProcessor:
@@ -61,7 +55,7 @@ class ShardProcessor:
         self.spec, self.worker_id = spec, worker_id
         self.storage = Storage(spec.storage)
         self.layout = Layout(spec.output.uri)
-        self.device = pick_device(spec.resources.device)
+        self.device = str(resolve_device(spec.resources.device))
         local = self.storage.local_dir
         draft = local(spec.models.draft) if spec.models.draft else None
         self.synth = Synthesizer.load(local(spec.models.target), draft=draft, device=self.device,
