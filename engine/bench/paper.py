@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the protocol's settings import light (the CLI reads its def
     from engine.api import Synthesizer
     from engine.metrics.quality import Backends
 
-PAPER_ROWS = {  # PCG_SPEC section 7: Llasa-8B target, 3-layer draft, one H100, 500 utterances
+PAPER_ROWS = {  # docs/pcg.md section 10: Llasa-8B target, 3-layer draft, one H100, 500 utterances
     "exact": {"speedup": 0.98, "wer": 11.1, "cer": 5.5, "similarity": 43.7, "nmos": 4.38},
     "ssd": {"speedup": 1.4, "wer": 18.5, "cer": 11.6, "similarity": 42.5, "nmos": 3.78},
     "pcg": {"speedup": 1.4, "wer": 13.8, "cer": 7.8, "similarity": 43.7, "nmos": 4.09},

@@ -1,4 +1,4 @@
-"""Acceptance rules as batched tensor functions (PCG_SPEC.md sections 3-4).
+"""Acceptance rules as batched tensor functions (docs/pcg.md sections 4-7).
 
 Terms, used the same way everywhere:
     accepted   draft tokens kept, a prefix of the block of `gamma`;

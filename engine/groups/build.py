@@ -1,4 +1,4 @@
-"""Range search over speech-token embeddings -> Acoustic Similarity Groups (PCG_SPEC.md section 1).
+"""Range search over speech-token embeddings -> Acoustic Similarity Groups (docs/pcg.md section 2).
 
 `G(t) = { t' : cos(e_t, e_t') >= theta }`, every token in its own group.
 

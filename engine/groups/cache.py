@@ -134,7 +134,7 @@ def get_groups(
         source: which table the rows came from (recorded, not part of the key: the key hashes
             the rows themselves).
         progress: progress bar while building.
-        dedup: store identical groups once (changes N(t); PCG_SPEC.md section 1).
+        dedup: store identical groups once (changes N(t); docs/pcg.md section 2).
         store: any `BlobStore` (e.g. object storage) instead of a local directory.
         backend, workers: how to build on a miss (see `build_with_metadata`).
 

@@ -1,5 +1,5 @@
 """The `max_group_size` cut: keep each over-full group's `cap` best members, identically for every
-backend (PCG_SPEC.md section 1 allows a cap if truncated groups are counted).
+backend (docs/pcg.md section 2: a cap is allowed if truncated groups are counted).
 
 Ranking: the token itself first, then by cosine (descending), ties by id (ascending). Backend
 cosines carry float32 rounding, so members within `band` of the cut-off cosine are re-ranked on

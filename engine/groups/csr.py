@@ -5,7 +5,7 @@ group per token, `G(t)`, and `home[t] = t`; with deduplication identical groups 
 and `home[t]` names the group equal to `G(t)`. The device index also holds the transpose,
 `S(t)` = the groups containing `t`, and uses `N(t) = |S(t)|` for the equal-split weights, so the
 coarse distributions stay exact even when a size cap made groups asymmetric
-(PCG_SPEC.md sections 1-2). For symmetric, undeduplicated groups `S(t) = G(t)`.
+(docs/pcg.md sections 2-3). For symmetric, undeduplicated groups `S(t) = G(t)`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The groups file: one self-describing safetensors file (bytes in, bytes out; `cache.py` and the
 CLI decide where the bytes live).
 
-Tensors (speech-local ids, PCG_SPEC.md section 1):
+Tensors (speech-local ids, docs/pcg.md section 2):
     indptr          [M + 1] int64   CSR offsets of the groups
     members         [nnz]   uint16  (int32 beyond 65,536 tokens), sorted within each group
     n_contain       [V]     int32   N(t): how many groups contain token t

@@ -1,4 +1,4 @@
-"""Group sizes at several thresholds from one search: for choosing theta (PCG_SPEC.md: 0.38-0.45
+"""Group sizes at several thresholds from one search: for choosing theta (docs/pcg.md section 2: 0.38-0.45
 was best on LLaSA-8B; the right point depends on the target's embeddings)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The maths of the acceptance rules (PCG_SPEC.md section 6), by Monte-Carlo on one step.
+"""The maths of the acceptance rules (docs/pcg.md section 9), by Monte-Carlo on one step.
 
 Every trial is a row of one batched call; rows differ only in their seed, so each row's draw is
 an independent sample of the same one-step experiment.
