@@ -32,10 +32,10 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe, write_result  # noqa: E402
-
 from engine.codec.xcodec2 import Xcodec2Codec  # noqa: E402
 from engine.records import CODES_PER_SECOND  # noqa: E402
+
+from machine import describe, write_result  # noqa: E402
 
 
 def sync(device: torch.device) -> None:

@@ -18,15 +18,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe, write_result  # noqa: E402
-
 from engine import DecodingSettings, Synthesizer  # noqa: E402
 from engine.draft.evaluate import HELDOUT_TEXTS, evaluate_drafts  # noqa: E402
 from engine.draft.init import init_draft  # noqa: E402
-from engine.kit.draft import KIT_TRAIN_TEXTS  # noqa: E402
 from engine.draft.run import train_draft  # noqa: E402
 from engine.draft.settings import TrainSettings  # noqa: E402
 from engine.io.dataset import AudioRow, build_table, write_parquet  # noqa: E402
+from engine.kit.draft import KIT_TRAIN_TEXTS  # noqa: E402
+
+from machine import describe, write_result  # noqa: E402
 
 LAYERS = [0, 1, 3]
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
-
-import sys
 
 import numpy as np
 
@@ -88,14 +87,15 @@ def main() -> None:
     ray_start = round(time.perf_counter() - start, 2)
     for n in counts:
         row, groups = timed(f"ray, {n} CPU worker{'s' if n > 1 else ''} (1 thread each)",
-                            lambda: build_groups_distributed(emb, args.theta, workers=n,
-                                                             backend=args.backend), flops)
+                            lambda n=n: build_groups_distributed(emb, args.theta, workers=n,
+                                                                 backend=args.backend), flops)
         runs.append(row)
         results.append(groups)
     ray.shutdown()
     identical = all(np.array_equal(g.indptr, results[0].indptr)
                     and np.array_equal(g.members, results[0].members) for g in results)
-    doc = {"how": "python " + " ".join(sys.argv), "benchmark": "groups build", "shape": [args.tokens, args.dim], "theta": args.theta,
+    doc = {"how": "python " + " ".join(sys.argv), "benchmark": "groups build", "shape": [args.tokens, args.dim],
+           "theta": args.theta,
            "embeddings": f"standard normal float32, seed {args.seed}", "flop": flops,
            "machine": machine(), "ray_init_seconds": ray_start, "runs": runs,
            "all_runs_identical": identical,

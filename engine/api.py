@@ -8,14 +8,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from engine.decoding.adaptive import GammaChoice, choose_gamma
 from engine.config import DecodingSettings
+from engine.decoding.adaptive import GammaChoice, choose_gamma
 from engine.decoding.speculative import Request, SpeculativeDecoder
 from engine.decoding.verify import make_rule
 from engine.groups.cache import get_groups
@@ -54,7 +54,7 @@ class Synthesizer:
 
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
-             dtype: str = "auto", **kwargs) -> "Synthesizer":
+             dtype: str = "auto", **kwargs) -> Synthesizer:
         """Load target (and draft) from local Hugging Face directories."""
         device = resolve_device(device)
         tgt = load_model(target, device=device, dtype=dtype)

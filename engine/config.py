@@ -71,7 +71,7 @@ class DecodingSettings(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> "DecodingSettings":
+    def _check(self) -> DecodingSettings:
         if self.temperature == 0 and (self.top_p < 1 or self.top_k):
             raise ValueError("top_p/top_k have no effect at temperature 0 (greedy): leave them off")
         return self
@@ -161,7 +161,7 @@ class VoicePromptSpec(BaseModel):
     audio: str | None = Field(None, description="WAV/FLAC clip URI (encoded once, cached).")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "VoicePromptSpec":
+    def _one_source(self) -> VoicePromptSpec:
         if (self.codes is None) == (self.audio is None):
             raise ValueError(f"voice prompt {self.id!r}: give exactly one of codes or audio")
         return self
@@ -189,7 +189,7 @@ class AugmentSpec(BaseModel):
     sample_seed: int = Field(0, ge=0, description="Seed of the combination sampling and the shuffle.")
 
     @model_validator(mode="after")
-    def _values(self) -> "AugmentSpec":
+    def _values(self) -> AugmentSpec:
         if any(not 0.0 <= t for t in self.temperatures or []):
             raise ValueError("temperatures must be >= 0")
         if any(not 0.0 < p <= 1.0 for p in self.top_ps or []):
@@ -200,7 +200,7 @@ class AugmentSpec(BaseModel):
         return self
 
     @property
-    def voices(self) -> list["VoicePromptSpec | None"]:
+    def voices(self) -> list[VoicePromptSpec | None]:
         """The voices to cross with: the prompts, plus None (the model's own voice) when asked
         for or when no prompt is given."""
         own = [None] if self.include_no_prompt or not self.prompts else []
@@ -230,7 +230,7 @@ class SweepSpec(BaseModel):
     repetitions: int = Field(1, ge=1, description="Runs per point (results keep each; plots use the median).")
 
     @model_validator(mode="after")
-    def _values(self) -> "SweepSpec":
+    def _values(self) -> SweepSpec:
         if any(w < 1 for w in self.workers) or any(b < 1 for b in self.batch_sizes):
             raise ValueError("workers and batch_sizes must be >= 1")
         if any(not 0.0 < t <= 1.0 for t in self.thetas):
@@ -258,7 +258,7 @@ class JobSpec(BaseModel):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
 
     @model_validator(mode="after")
-    def _needs_draft(self) -> "JobSpec":
+    def _needs_draft(self) -> JobSpec:
         methods = set(self.augment.methods or []) if self.augment else set()
         if self.sweep is None or not self.sweep.model_pairs:
             methods |= set(self.sweep.methods) if self.sweep else set()
@@ -272,7 +272,7 @@ class JobSpec(BaseModel):
         return self
 
     @classmethod
-    def load(cls, path: str | Path) -> "JobSpec":
+    def load(cls, path: str | Path) -> JobSpec:
         """Read and validate a YAML spec; relative local paths are taken from the spec's folder.
 
         Raises:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.cli_options import add_settings_arguments, settings_from_args
-from engine.config import METHODS, DecodingSettings, decoding_default
 from engine.bench.cli_common import (
     add_model_args,
     add_quality_args,
@@ -20,7 +18,8 @@ from engine.bench.cli_common import (
     out_stem,
     write_report,
 )
-
+from engine.cli_options import add_settings_arguments, settings_from_args
+from engine.config import METHODS, DecodingSettings, decoding_default
 
 # ---- bench ------------------------------------------------------------------------------------
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.bench.paper import PaperConfig
-from engine.cli_options import add_settings_arguments, settings_from_args
-from engine.config import DecodingSettings
 from engine.bench.cli_common import (
     add_model_args,
     add_quality_args,
@@ -16,6 +13,9 @@ from engine.bench.cli_common import (
     out_stem,
     write_report,
 )
+from engine.bench.paper import PaperConfig
+from engine.cli_options import add_settings_arguments, settings_from_args
+from engine.config import DecodingSettings
 
 
 def cmd_paper_table(args) -> int:

@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 
 from engine.api import Synthesizer
-from engine.models.llama import LlamaLM, LlamaShape
-from engine.models.llasa import LlasaLayout
-from engine.models.device import resolve_device, resolve_dtype
-from engine.models.loading import LoadedModel, load_model, rope_tables
 from engine.kit.build import KIT_VERSION, KitSpec, build_kit, layer_subset, llama_config, random_llama, save_checkpoint
 from engine.kit.tokenizer import build_tokenizer
+from engine.models.device import resolve_device, resolve_dtype
+from engine.models.llama import LlamaLM, LlamaShape
+from engine.models.llasa import LlasaLayout
+from engine.models.loading import LoadedModel, load_model, rope_tables
 
 PRESETS = ("tiny", "llasa-1b-shape")
 LLASA_VOCAB = 193_800

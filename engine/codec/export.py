@@ -11,8 +11,9 @@ import contextlib
 import hashlib
 import re
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, Iterator, Sequence
+from typing import BinaryIO
 
 from engine.codec.audio import AUDIO_FORMATS, audio_bytes
 from engine.codec.base import Codec, CodecError, as_code_array

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -68,7 +68,7 @@ class DecoderParts(nn.Module):
         latents = self.quantizer.from_codes(codes[..., None])  # [B, T, quantization_dim]
         return self.acoustic_decoder(latents)[:, 0].float()  # [B, T * hop]
 
-    def place(self, device: torch.device, dtype: torch.dtype) -> "DecoderParts":
+    def place(self, device: torch.device, dtype: torch.dtype) -> DecoderParts:
         """Move to `device`; parameters and the FSQ codebook (exact in any float type) take
         `dtype`, while the ISTFT window and rotary frequencies stay float32 for precision."""
         self.to(device)
@@ -122,7 +122,7 @@ class Xcodec2Codec:
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
-             **kwargs) -> "Xcodec2Codec":
+             **kwargs) -> Xcodec2Codec:
         """Load the decode path from a local transformers-format checkpoint directory.
 
         Args:
@@ -143,7 +143,7 @@ class Xcodec2Codec:
 
     @classmethod
     def from_config(cls, config, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
-                    seed: int = 0, **kwargs) -> "Xcodec2Codec":
+                    seed: int = 0, **kwargs) -> Xcodec2Codec:
         """A random-weight decoder of any size (benchmarks); it cannot `encode`."""
         device = resolve_device(device)
         with torch.random.fork_rng(devices=[]):  # leave the caller's random state alone

@@ -16,14 +16,14 @@ prefilled into it before the next round. One host sync per round (committed coun
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import numpy as np
 import torch
 
-from engine.decoding import rng
 from engine.config import Warp
+from engine.decoding import rng
 from engine.decoding.sampling import penalised_logits, sample_one, warp_probs
 from engine.decoding.verify import Block, Rule
 from engine.models.llama import LlamaLM

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.config import METHODS, DecodingSettings
 from engine.decoding import rng
 from engine.decoding.sampling import sample_from, sample_one
-from engine.config import METHODS, DecodingSettings
 from engine.groups.csr import GroupIndex
 
 

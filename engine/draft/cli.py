@@ -23,8 +23,8 @@ def cmd_init(args) -> int:
 
 
 def settings_from(args):
-    from engine.draft.settings import TrainSettings
     from engine.config import StorageOptions
+    from engine.draft.settings import TrainSettings
 
     fields = {k: getattr(args, k) for k in (
         "data", "draft", "out", "target", "loss", "temperature", "steps", "batch_size",

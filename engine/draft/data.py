@@ -61,7 +61,7 @@ class Batch:
     def tokens(self) -> int:
         return int(self.labels.numel())
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device) -> Batch:
         return Batch(*(t.to(device) for t in (self.input_ids, self.rows, self.cols, self.labels)))
 
 

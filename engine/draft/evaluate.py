@@ -8,8 +8,8 @@ so "before" (the untrained layer subset) and "after" (the distilled draft) compa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tqdm.auto import tqdm
 

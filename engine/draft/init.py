@@ -15,8 +15,8 @@ import json
 import re
 import shutil
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import torch
 from safetensors import safe_open
@@ -71,7 +71,7 @@ def check_layers(layers: Sequence[int], num_layers: int, source: Path) -> list[i
     return layers
 
 
-_TOKENIZERS: "OrderedDict[str, object]" = OrderedDict()  # content digest -> tokenizer
+_TOKENIZERS: OrderedDict[str, object] = OrderedDict()  # content digest -> tokenizer
 
 
 def tokenizer_digest(path: Path) -> str:

@@ -34,7 +34,7 @@ class SpeechLM(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, output_ids: torch.Tensor, dtype: torch.dtype = torch.float32,
-             device: str | torch.device = "cpu") -> "SpeechLM":
+             device: str | torch.device = "cpu") -> SpeechLM:
         """Load a Hugging Face Llama checkpoint directory (ours or anyone's)."""
         from transformers import LlamaForCausalLM
         from transformers.utils import logging as hf_logging

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.draft.objective import DEFAULT_TRAINABLE, PARTS
 from engine.config import StorageOptions
+from engine.draft.objective import DEFAULT_TRAINABLE, PARTS
 
 # Settings that may change between a run and its resumption (they do not change what a step does).
 RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "device", "dtype",

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 from tqdm.auto import tqdm
@@ -193,7 +194,7 @@ class DraftTrainer:
 
     def run(self, steps: int, eval_every: int = 0, checkpoint_every: int = 0,
             on_log: Callable[[dict], None] | None = None,
-            on_checkpoint: Callable[["DraftTrainer", dict], None] | None = None,
+            on_checkpoint: Callable[[DraftTrainer, dict], None] | None = None,
             progress: bool = False) -> dict:
         """Train until `steps` (counting steps already done), evaluating and checkpointing
         every so often and at the end; returns the last logged record."""

@@ -50,7 +50,7 @@ class SpeechGroups:
         return self.group(token if self.home is None else int(self.home[token]))
 
     @classmethod
-    def from_lists(cls, groups: list, theta: float, **kw) -> "SpeechGroups":
+    def from_lists(cls, groups: list, theta: float, **kw) -> SpeechGroups:
         """Undeduplicated groups from `groups[t]` = members of G(t)."""
         sizes = np.array([len(g) for g in groups], dtype=np.int64)
         indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -60,7 +60,7 @@ class SpeechGroups:
                    num_tokens=len(groups), **kw)
 
     @classmethod
-    def singletons(cls, num_tokens: int) -> "SpeechGroups":
+    def singletons(cls, num_tokens: int) -> SpeechGroups:
         return cls.from_lists([[t] for t in range(num_tokens)], theta=1.0)
 
 

@@ -16,8 +16,16 @@ import ray
 import torch
 from tqdm.auto import tqdm
 
-from engine.groups.build import (SLICE_ROWS, Slice, assemble, check_cap, check_theta, search_slice,
-                                 slice_bounds, unit_rows)
+from engine.groups.build import (
+    SLICE_ROWS,
+    Slice,
+    assemble,
+    check_cap,
+    check_theta,
+    search_slice,
+    slice_bounds,
+    unit_rows,
+)
 from engine.groups.csr import SpeechGroups
 from engine.groups.search import make_searcher
 

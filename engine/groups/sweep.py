@@ -7,8 +7,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from engine.groups.build import (EXACT_BAND, check_theta, member_dtype, slice_bounds,
-                                 threshold, unit_rows)
+from engine.groups.build import EXACT_BAND, check_theta, member_dtype, slice_bounds, threshold, unit_rows
 from engine.groups.search import make_searcher
 from engine.models.device import resolve_device
 

@@ -105,4 +105,6 @@ def sibling(uri: str, suffix: str) -> str:
     """`out/x.parquet` -> `out/x{suffix}`; a directory `out/job` -> `out/job{suffix}`."""
     path = PurePosixPath(uri.rstrip("/"))
     stem = path.name.removesuffix(".parquet")
-    return str(path.with_name(stem + suffix)) if "://" not in uri else uri.rstrip("/").rsplit("/", 1)[0] + "/" + stem + suffix
+    if "://" not in uri:
+        return str(path.with_name(stem + suffix))
+    return uri.rstrip("/").rsplit("/", 1)[0] + "/" + stem + suffix

@@ -38,7 +38,7 @@ class LlamaShape:
     max_position_embeddings: int
 
     @classmethod
-    def from_config(cls, config: dict) -> "LlamaShape":
+    def from_config(cls, config: dict) -> LlamaShape:
         heads = config["num_attention_heads"]
         return cls(
             vocab_size=config["vocab_size"],

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -53,7 +53,7 @@ class LlasaLayout:
         return torch.cat([speech, torch.tensor([self.speech_end])])
 
     @classmethod
-    def from_tokenizer(cls, tokenizer, model_vocab_size: int | None = None) -> "LlasaLayout":
+    def from_tokenizer(cls, tokenizer, model_vocab_size: int | None = None) -> LlasaLayout:
         """Read the layout off a tokenizer and check it, instead of trusting constants.
 
         Raises:

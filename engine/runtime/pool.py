@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError

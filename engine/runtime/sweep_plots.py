@@ -54,7 +54,8 @@ def plot_sweep(rows: list[dict], storage: Storage, folder: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for name, series in median_by([r for r in rows if r["workers"] == workers[0]], "batch_size").items():
             ax.plot(list(series), list(series.values()), marker="o", label=name)
-        ax.set(xlabel="batch size", ylabel="tokens/s (steady)", title=f"Throughput vs batch size ({workers[0]} worker(s))")
+        ax.set(xlabel="batch size", ylabel="tokens/s (steady)",
+               title=f"Throughput vs batch size ({workers[0]} worker(s))")
         ax.set_xscale("log", base=2)
         ax.legend(fontsize=7)
         written.append(save(fig, plt, storage, join(folder, "throughput_vs_batch.png")))

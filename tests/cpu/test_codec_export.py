@@ -10,14 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from engine.records import SynthesisResult
 from engine.codec.audio import read_audio_bytes, read_clip, to_pcm16
 from engine.codec.cli import register
 from engine.codec.export import export_audio, file_name
 from engine.codec.prompts import VoicePrompt
 from engine.codec.xcodec2 import Xcodec2Codec
 from engine.config import DecodingSettings
-from engine.records import RowStats
+from engine.records import RowStats, SynthesisResult
 
 HOP = 320
 SETTINGS = DecodingSettings(method="exact")

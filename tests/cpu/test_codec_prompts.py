@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from engine.records import SynthesisItem
 from engine.codec.audio import read_clip
 from engine.codec.base import CodecError
 from engine.codec.prompts import (
@@ -20,6 +19,7 @@ from engine.codec.prompts import (
 )
 from engine.codec.xcodec2 import Xcodec2Codec
 from engine.config import DecodingSettings
+from engine.records import SynthesisItem
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from engine.records import SynthesisResult
 from engine.codec.audio import audio_bytes, read_audio_bytes, to_pcm16
 from engine.config import DecodingSettings
-from engine.records import RowStats
 from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer, write_parquet
+from engine.records import RowStats, SynthesisResult
 
 SETTINGS = DecodingSettings(method="pcg", temperature=0.7, theta=0.42)
 

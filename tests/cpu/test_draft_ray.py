@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 from engine import DecodingSettings
 from engine.draft.distributed import train_draft_ray
 from engine.draft.init import init_draft
-from engine.kit.draft import KIT_TRAIN_TEXTS
 from engine.draft.run import train_draft
 from engine.draft.settings import TrainSettings
 from engine.io.dataset import AudioRow, build_table, write_parquet
+from engine.kit.draft import KIT_TRAIN_TEXTS
 from engine.models.loading import load_model
 
 

@@ -13,15 +13,21 @@ from safetensors.torch import load_file
 
 from engine import DecodingSettings, Synthesizer
 from engine.cli import main as draft_cli
-from engine.draft.data import (make_batch, produced_by_engine, read_rows, sampling_temperature, split_heldout,
-                               to_sequences)
+from engine.draft.data import (
+    make_batch,
+    produced_by_engine,
+    read_rows,
+    sampling_temperature,
+    split_heldout,
+    to_sequences,
+)
 from engine.draft.evaluate import HELDOUT_TEXTS
 from engine.draft.init import init_draft, vocabulary_view
-from engine.kit.draft import KIT_TRAIN_TEXTS
 from engine.draft.objective import kd_loss_sum
 from engine.draft.run import plan_run, train_draft
 from engine.draft.settings import TrainSettings
 from engine.io.dataset import AudioRow, build_table, write_parquet
+from engine.kit.draft import KIT_TRAIN_TEXTS
 from engine.models.llasa import LlasaPrompter
 
 
@@ -201,7 +207,8 @@ def test_resume_continues_where_it_stopped(engine_data, init_dir, kit_dir, tmp_p
 
 def test_user_code_dataset_trains_with_cross_entropy(init_dir, kit_dir, tmp_path):
     data = tmp_path / "codes.jsonl"
-    rows = [{"text": t, "codes": [(7 * i + 13 * k) % 65536 for k in range(12)]} for i, t in enumerate(KIT_TRAIN_TEXTS[:6])]
+    rows = [{"text": t, "codes": [(7 * i + 13 * k) % 65536 for k in range(12)]}
+            for i, t in enumerate(KIT_TRAIN_TEXTS[:6])]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     s = TrainSettings(data=str(data), draft=str(init_dir), out=str(tmp_path / "ce"), steps=8, batch_size=6,
                       lr=3e-3, warmup_steps=0, heldout_fraction=0.0, eval_every=0, checkpoint_every=0)

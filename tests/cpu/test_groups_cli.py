@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import ray
 
+from engine.cli import main
 from engine.groups.build import build_groups, unit_rows
 from engine.groups.cache import get_groups
-from engine.cli import main
 from engine.groups.source import load_speech_embeddings
 
 

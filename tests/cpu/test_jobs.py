@@ -15,10 +15,10 @@ import pytest
 import ray
 from pydantic import ValidationError
 
-from engine.config import JobSpec
-from engine.config import StorageOptions
+from engine.config import JobSpec, StorageOptions
 from engine.io.storage import Storage
 from engine.runtime.job import JobRunner
+
 from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]

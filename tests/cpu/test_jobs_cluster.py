@@ -12,6 +12,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from engine.runtime.job import JobRunner
+
 from jobhelpers import audio_ok, job_spec, read_output, texts, write_manifest
 
 

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, Xcodec2Model
 
 from engine import DecodingSettings
-from engine.models.llasa import LlasaLayout
 from engine.kit import KitSpec, build_kit
+from engine.models.llasa import LlasaLayout
 
 
 def test_kit_has_real_formats_and_llasa_layout(kit_dir):

@@ -100,7 +100,8 @@ def test_asr_and_speaker_specs_that_are_not_directories_are_refused(tmp_path):
 @pytest.mark.parametrize("module, build, package, extra", [
     ("jiwer", lambda: edit_counts("a", "b"), "jiwer", "quality"),
     ("pocketsphinx", lambda: __import__("engine.metrics.asr").metrics.asr.PocketSphinxASR(), "pocketsphinx", "quality"),
-    ("resemblyzer", lambda: __import__("engine.metrics.speaker").metrics.speaker.ResemblyzerSpeaker(), "resemblyzer", "quality"),
+    ("resemblyzer", lambda: __import__("engine.metrics.speaker").metrics.speaker.ResemblyzerSpeaker(), "resemblyzer",
+     "quality"),
     # DNSMOS needs three packages the dnsmos extra installs; the first missing one is named
     ("onnxruntime,librosa,speechmos.dnsmos", lambda: __import__("engine.metrics.dnsmos").metrics.dnsmos.DNSMOS(),
      "onnxruntime", "dnsmos"),

@@ -63,8 +63,8 @@ def test_paper_table_end_to_end_on_the_kit(kit_dir, kit_groups, tmp_path):
     for method, row in doc["rows"].items():
         for key in ("speedup", "wer", "cer", "similarity"):
             assert row[key]["n"] == 2 and row[key]["mean"] is not None, (method, key)
-        speeds = [doc["per_seed"][s][method]["speed"]["tokens_per_s"] / doc["per_seed"][s]["ar"]["speed"]["tokens_per_s"]
-                  for s in ("0", "1")]
+        per_seed = [doc["per_seed"][s] for s in ("0", "1")]
+        speeds = [runs[method]["speed"]["tokens_per_s"] / runs["ar"]["speed"]["tokens_per_s"] for runs in per_seed]
         assert row["speedup"]["mean"] == pytest.approx(sum(speeds) / 2)
     assert len(list((out / "datasets").glob("*.parquet"))) == 8  # 4 methods x 2 seeds
     md = (out / "paper_table.md").read_text()

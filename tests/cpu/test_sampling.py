@@ -7,8 +7,8 @@ import torch
 from scipy.stats import chisquare, kstest
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from engine.decoding import rng
 from engine.config import Warp
+from engine.decoding import rng
 from engine.decoding.sampling import sample_from, warp_probs
 
 

@@ -16,8 +16,9 @@ import pytest
 import ray
 import yaml
 
-from conftest import free_port
 from engine.cli import main
+
+from conftest import free_port
 from jobhelpers import job_spec, read_output, texts, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,9 +102,18 @@ def test_example_job_specs_are_valid():
 
 
 def test_every_job_spec_field_is_documented_in_the_readme():
-    from engine.config import (AugmentSpec, DecodingSettings, InputSpec, ModelPair, ModelsSpec,
-                               OutputSpec, ResourcesSpec, SweepSpec, VoicePromptSpec)
-    from engine.config import StorageOptions
+    from engine.config import (
+        AugmentSpec,
+        DecodingSettings,
+        InputSpec,
+        ModelPair,
+        ModelsSpec,
+        OutputSpec,
+        ResourcesSpec,
+        StorageOptions,
+        SweepSpec,
+        VoicePromptSpec,
+    )
 
     readme = (ROOT / "README.md").read_text()
     for prefix, model in [("models", ModelsSpec), ("decoding", DecodingSettings), ("input", InputSpec),
