@@ -1,4 +1,9 @@
-"""Typed settings. Field descriptions are the documentation."""
+"""Typed settings. Field descriptions are the documentation.
+
+This is the one place the acceptance rules (`METHODS`) and the decoding defaults (the
+`DecodingSettings` field defaults, read elsewhere through `decoding_default`) are written; the
+command-line flags are made from these fields (`engine.cli_options`). Imports no torch.
+"""
 
 from __future__ import annotations
 

@@ -63,7 +63,9 @@ def add_bench(sub) -> None:
     g = p.add_argument_group("grid")
     g.add_argument("--methods", type=csv_of(str), default=METHODS,
                    help=f"acceptance rules, comma-separated (default: {','.join(METHODS)})")
-    g.add_argument("--batch-sizes", type=csv_of(int), default=(1, 8, 32), help="(default: 1,8,32)")
+    batch_sizes = (1, 8, 32)
+    g.add_argument("--batch-sizes", type=csv_of(int), default=batch_sizes,
+                   help=f"batch sizes, comma-separated (default: {','.join(map(str, batch_sizes))})")
     g.add_argument("--gammas", type=csv_of(int), default=(decoding_default("gamma"),),
                    help=f"draft lengths, comma-separated (default: {decoding_default('gamma')})")
     g.add_argument("--thetas", type=csv_of(float), default=(decoding_default("theta"),),
