@@ -124,7 +124,10 @@ class ModelsSpec(BaseModel):
     groups_cache: str | None = Field(None, description=(
         "Where built groups are cached (a directory or s3:// prefix); default: "
         "<output.uri>/_cache/groups, so every worker of the cluster can read them."))
-    dtype: str = Field("auto", description="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16.")
+    dtype: str = Field("auto", description=(
+        "Precision of target and draft: auto (bfloat16 on GPU and on CPUs with native bfloat16 "
+        "instructions, AVX512-BF16 or AMX; float32 on other CPUs), float32, bfloat16, float16. "
+        "The codec's auto stays float32 on CPU."))
 
 
 class InputSpec(BaseModel):

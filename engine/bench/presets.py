@@ -24,7 +24,7 @@ from engine.kit.tokenizer import build_tokenizer
 from engine.models.device import resolve_device, resolve_dtype
 from engine.models.llama import LlamaLM, LlamaShape
 from engine.models.llasa import LlasaLayout
-from engine.models.loading import LoadedModel, load_model, rope_tables
+from engine.models.loading import LoadedModel, load_model, ready_for_decoding, rope_tables
 
 PRESETS = ("tiny", "llasa-1b-shape")
 LLASA_VOCAB = 193_800
@@ -83,7 +83,7 @@ def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.dev
         for name, value in tensors.items():
             params[name].copy_(value)
         model.head.copy_(tensors["model.embed_tokens.weight"][layout.output_token_ids()])  # tied
-    model.eval().requires_grad_(False)
+    ready_for_decoding(model)
     return LoadedModel(path=Path(label), model=model, tokenizer=tokenizer, layout=layout, config=config)
 
 
@@ -154,6 +154,7 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
     else:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     desc.update(dtype=str(dt).removeprefix("torch."), device=str(dev),
-                target_params=sum(p.numel() for p in tgt.model.parameters()),
-                draft_params=sum(p.numel() for p in drf.model.parameters()) if drf else None)
+                target_params=tgt.model.num_parameters(),
+                draft_params=drf.model.num_parameters() if drf else None,
+                prepacked=tgt.model.prepacked)
     return Synthesizer(tgt, drf, batch_size=1), desc

@@ -52,6 +52,15 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
+def codec_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """The codec's precision: `auto` is bfloat16 on CUDA and float32 elsewhere. Unlike the
+    language models, the codec stays float32 on CPUs with native bfloat16: its decoder has not
+    been measured or listened to in CPU bfloat16 here."""
+    if dtype == "auto" and device.type != "cuda":
+        return torch.float32
+    return resolve_dtype(dtype, device)
+
+
 class DecoderParts(nn.Module):
     """The decode path of `Xcodec2Model`, with the checkpoint's parameter names."""
 
@@ -135,7 +144,7 @@ class Xcodec2Codec:
             CodecError: missing directory, not an X-codec2 checkpoint, missing tensors.
         """
         path, device = Path(path), resolve_device(device)
-        dtype = resolve_dtype(dtype, device)  # a bad dtype fails before any loading
+        dtype = codec_dtype(dtype, device)  # a bad dtype fails before any loading
         config = read_codec_config(path)
         parts = DecoderParts(config)
         load_decoder_weights(parts, path)
@@ -149,7 +158,7 @@ class Xcodec2Codec:
         with torch.random.fork_rng(devices=[]):  # leave the caller's random state alone
             torch.manual_seed(seed)
             parts = DecoderParts(config)
-        return cls(parts.place(device, resolve_dtype(dtype, device)), config, None, **kwargs)
+        return cls(parts.place(device, codec_dtype(dtype, device)), config, None, **kwargs)
 
     @property
     def device(self) -> torch.device:

@@ -96,10 +96,9 @@ def break_even_length(times: dict[str, float]) -> float | None:
 
 
 def weight_bytes(model: LlamaLM) -> int:
-    """Bytes one decode step must read: every parameter except the embedding table (only the
+    """Bytes one decode step must read: every weight except the embedding table (only the
     fed tokens' rows are gathered); the sliced head counts."""
-    return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
-               if name != "model.embed_tokens.weight")
+    return model.step_weight_bytes()
 
 
 def kv_bytes(model: LlamaLM, batch: int, context: int) -> int:

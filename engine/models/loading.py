@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from engine.models.device import resolve_dtype
-from engine.models.llama import LlamaLM, LlamaShape
+from engine.models.llama import LlamaLM, LlamaShape, prepack_supported
 from engine.models.llasa import LlasaLayout
 
 HOW_TO_GET = (
@@ -106,6 +106,17 @@ def load_weights(model: LlamaLM, path: Path, device: torch.device) -> None:
         raise ModelLoadError(f"{path}: checkpoint lacks {missing[:4]} ({len(missing)} tensors)")
 
 
+def ready_for_decoding(model: LlamaLM, prepack: bool | None = None) -> LlamaLM:
+    """Inference mode, and weights prepacked for oneDNN where that is supported (`prepack`
+    None: automatically; see `PackedLinear` for why and what it bought)."""
+    model.eval().requires_grad_(False)
+    if prepack is None:
+        prepack = prepack_supported(model.device, model.dtype)
+    if prepack:
+        model.prepack()
+    return model
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
@@ -120,6 +131,7 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "auto",
     tokenizer=None,
+    prepack: bool | None = None,
 ) -> LoadedModel:
     """Load a Llasa-style Llama from a local directory, restricted to speech + end-of-speech.
 
@@ -129,6 +141,7 @@ def load_model(
         device: where the weights go.
         dtype: `auto`, `float32`, `bfloat16`, `float16` or `float64`.
         tokenizer: reuse this tokenizer instead of loading the directory's own.
+        prepack: store the projections in oneDNN's layout (None: on CPU where supported).
 
     Raises:
         ModelLoadError: missing/incomplete directory, not a Llama model.
@@ -148,7 +161,7 @@ def load_model(
     model.output_token_ids = layout.output_token_ids().to(device)
     model.inv_freq = inv_freq.to(device)
     load_weights(model, path, device)
-    model.eval().requires_grad_(False)
+    ready_for_decoding(model, prepack)
     return LoadedModel(path=path, model=model, tokenizer=tokenizer, layout=layout, config=config)
 
 
