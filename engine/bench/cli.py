@@ -24,6 +24,11 @@ from engine.config import METHODS, DecodingSettings, decoding_default
 # ---- bench ------------------------------------------------------------------------------------
 
 
+def gamma_value(text: str) -> int | str:
+    """An integer draft length, or `auto`."""
+    return text.strip() if text.strip() == "auto" else int(text)
+
+
 def cmd_bench(args) -> int:
     from engine.bench.plots import bench_plots, quality_vs_speedup
     from engine.bench.presets import load_synthesizer
@@ -66,8 +71,8 @@ def add_bench(sub) -> None:
     batch_sizes = (1, 8, 32)
     g.add_argument("--batch-sizes", type=csv_of(int), default=batch_sizes,
                    help=f"batch sizes, comma-separated (default: {','.join(map(str, batch_sizes))})")
-    g.add_argument("--gammas", type=csv_of(int), default=(decoding_default("gamma"),),
-                   help=f"draft lengths, comma-separated (default: {decoding_default('gamma')})")
+    g.add_argument("--gammas", type=csv_of(gamma_value), default=(decoding_default("gamma"),),
+                   help=f"draft lengths and/or auto, comma-separated (default: {decoding_default('gamma')})")
     g.add_argument("--thetas", type=csv_of(float), default=(decoding_default("theta"),),
                    help=f"PCG thresholds, comma-separated (default: {decoding_default('theta')})")
     g.add_argument("--reps", type=int, default=3, help="repetitions (medians and min/max over them)")

@@ -57,7 +57,7 @@ def acceptance_vs_theta(doc: dict, path: Path) -> Path:
                 pooled.setdefault(key, []).append(rate)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     thetas = sorted({k[2] for k in pooled if k[0] == "pcg"})
-    for gamma in sorted({k[1] for k in pooled}):
+    for gamma in sorted({k[1] for k in pooled}, key=str):  # draft lengths, then "auto"
         ys = [sum(pooled[("pcg", gamma, t)]) / len(pooled[("pcg", gamma, t)]) for t in thetas
               if ("pcg", gamma, t) in pooled]
         if ys:

@@ -16,7 +16,8 @@ from tqdm.auto import tqdm
 from engine.api import Synthesizer
 from engine.bench.texts import BENCH_TEXTS
 from engine.config import METHODS, DecodingSettings, decoding_default
-from engine.records import CODES_PER_SECOND, SynthesisItem
+from engine.decoding.cost import ForwardClock
+from engine.records import CODES_PER_SECOND, RunSummary, SynthesisItem
 
 
 @dataclass(frozen=True)
@@ -24,14 +25,15 @@ class Setting:
     """One operating point: a rule, its gamma and (for `pcg`) theta."""
 
     method: str
-    gamma: int = 0
+    gamma: int | str = 0  # a draft length, or "auto"
     theta: float | None = None
 
     @property
     def label(self) -> str:
         if self.method == "ar":
             return "ar"
-        return f"{self.method} g{self.gamma}" + (f" t{self.theta:g}" if self.theta is not None else "")
+        gamma = "auto" if self.gamma == "auto" else f"g{self.gamma}"
+        return f"{self.method} {gamma}" + (f" t{self.theta:g}" if self.theta is not None else "")
 
 
 @dataclass
@@ -40,7 +42,7 @@ class BenchConfig:
 
     methods: tuple[str, ...] = METHODS
     batch_sizes: tuple[int, ...] = (1, 8, 32)
-    gammas: tuple[int, ...] = (decoding_default("gamma"),)
+    gammas: tuple[int | str, ...] = (decoding_default("gamma"),)  # ints and/or "auto"
     thetas: tuple[float, ...] = (decoding_default("theta"),)
     reps: int = 3
     max_new_tokens: int = 64
@@ -57,8 +59,10 @@ class BenchConfig:
         bad = set(self.methods) - set(METHODS)
         if bad:
             raise ValueError(f"unknown method(s) {', '.join(sorted(bad))}; choose from {', '.join(METHODS)}")
-        if self.reps < 1 or min(self.batch_sizes) < 1 or min(self.gammas) < 1:
-            raise ValueError("reps, batch sizes and gammas must be >= 1")
+        if any(g != "auto" and not (isinstance(g, int) and g >= 1) for g in self.gammas):
+            raise ValueError(f"gammas are integers >= 1 or 'auto'; got {list(self.gammas)}")
+        if self.reps < 1 or min(self.batch_sizes) < 1:
+            raise ValueError("reps and batch sizes must be >= 1")
         if any(not 0 < t <= 1 for t in self.thetas):
             raise ValueError("theta must lie in (0, 1]")
 
@@ -100,13 +104,27 @@ def timed_runs(synth: Synthesizer, batch: int, settings: list[Setting], cfg: Ben
         synth.synthesize(items[:batch], decoding(s, cfg, 0, 8), batch_size=batch)
         bar.update(1)
     runs: dict[str, list[dict]] = {s.label: [] for s in settings}
+    models = (synth.target.model, synth.draft.model if synth.draft is not None else None)
     for rep in range(cfg.reps):
         k = rep % len(settings)
         for s in settings[k:] + settings[:k]:
-            _, summary = synth.synthesize(items, decoding(s, cfg, rep, cfg.max_new_tokens), batch_size=batch)
-            runs[s.label].append(summary.to_dict())
+            with ForwardClock(*models) as clock:
+                _, summary = synth.synthesize(items, decoding(s, cfg, rep, cfg.max_new_tokens), batch_size=batch)
+            runs[s.label].append(timed_summary(summary, clock))
             bar.update(1)
     return runs
+
+
+def timed_summary(summary: RunSummary, clock: ForwardClock) -> dict:
+    """A run's summary plus where its time went: prefill forwards, decode forwards, and the
+    host's work per decode round (wall - forwards); decode tokens/s leaves prefill out."""
+    run = summary.to_dict()
+    decode_wall = max(run["wall_s"] - clock.prefill_s, 1e-9)
+    rounds = max(summary.decode_rounds, 1)
+    host = max(decode_wall - clock.decode_s, 0.0)
+    return {**run, "prefill_s": clock.prefill_s, "decode_forward_s": clock.decode_s, "host_s": host,
+            "host_s_per_round": host / rounds, "forward_s_per_round": clock.decode_s / rounds,
+            "decode_tokens_per_s": run["generated_tokens"] / decode_wall}
 
 
 def aggregate(runs: dict[str, list[dict]], settings: list[Setting]) -> dict[str, dict]:
@@ -123,6 +141,11 @@ def aggregate(runs: dict[str, list[dict]], settings: list[Setting]) -> dict[str,
             "tokens_per_s": spread(tps),
             "audio_s_per_s": spread([t / CODES_PER_SECOND for t in tps]),
             "speedup_vs_ar": spread([r["tokens_per_s"] / a["tokens_per_s"] for r, a in zip(rows, base)]),
+            "decode_speedup_vs_ar": spread([r["decode_tokens_per_s"] / a["decode_tokens_per_s"]
+                                            for r, a in zip(rows, base)]),
+            "host_s_per_round": spread([r["host_s_per_round"] for r in rows]),
+            "forward_s_per_round": spread([r["forward_s_per_round"] for r in rows]),
+            "prefill_share": statistics.fmean(r["prefill_s"] / r["wall_s"] for r in rows),
             "mean_accepted_length": spread([r["mean_accepted_length"] for r in rows]),
             "acceptance_per_position": [statistics.fmean(x) for x in zip(*acc)] if acc else [],
             "thinning_trials_per_rep": statistics.fmean(r["thinning_trials"] for r in rows),
@@ -130,6 +153,10 @@ def aggregate(runs: dict[str, list[dict]], settings: list[Setting]) -> dict[str,
             "fallbacks_per_rep": statistics.fmean(r["fallbacks"] for r in rows),
             "generated_tokens_per_rep": tokens / len(rows),
         }
+        chosen = [r["gamma_choice"]["gamma"] for r in rows if r.get("gamma_choice")]
+        if chosen:  # gamma: auto (0: speculation switched off, the rows decoded with `ar`)
+            out[s.label]["chosen_gamma"] = statistics.mode(chosen)
+            out[s.label]["gamma_choice_reason"] = rows[-1]["gamma_choice"]["reason"]
     return out
 
 
@@ -139,13 +166,16 @@ def default_context(synth: Synthesizer, cfg: BenchConfig) -> int:
     return int(statistics.fmean(lengths)) + cfg.max_new_tokens // 2
 
 
-def cost_model(synth: Synthesizer, batch: int, cfg: BenchConfig, context: int, bandwidth: float) -> dict:
-    """Step times per gamma at this batch size, and the bandwidth bound of a target step."""
+def cost_model(synth: Synthesizer, batch: int, cfg: BenchConfig, context: int, bandwidth: float,
+               also: tuple[int, ...] = ()) -> dict:
+    """Step times per gamma at this batch size (the grid's, and `also`: those `gamma: auto`
+    chose), and the bandwidth bound of a target step."""
     from engine.decoding import cost
 
     draft = synth.draft.model if synth.draft is not None else None
+    gammas = sorted({g for g in (*cfg.gammas, *also) if g != "auto" and g > 0}) or [1]
     per_gamma = {str(g): cost.step_times(synth.target.model, draft, batch, g, context, cfg.cost_reps)
-                 for g in cfg.gammas}
+                 for g in gammas}
     bound = cost.bandwidth_bound(synth.target.model, batch, context, bandwidth)
     ar_s = next(iter(per_gamma.values()))["ar_s"]
     bound["ar_step_over_weights_bound"] = ar_s / bound["weights_bound_s"]
@@ -180,7 +210,8 @@ def run_bench(synth: Synthesizer, cfg: BenchConfig, models: dict, how: str, prog
             entry = {"runs": aggregate(runs, settings)}
             if cfg.cost_model:
                 bar.set_postfix_str(f"cost model, batch {batch}")
-                entry["cost"] = cost_model(synth, batch, cfg, context, bandwidth)
+                chosen = tuple(r["chosen_gamma"] for r in entry["runs"].values() if r.get("chosen_gamma"))
+                entry["cost"] = cost_model(synth, batch, cfg, context, bandwidth, chosen)
             doc["batches"][str(batch)] = entry
     doc["readings"] = derive(doc)
     return doc

@@ -8,7 +8,9 @@ bonus/recovered token included) the model predicts
     speedup = L * t_ar / (t_draft_phase + t_verify),
 
 so speculation pays only when L exceeds the break-even length (t_draft_phase + t_verify) / t_ar.
-Sampling, verification and host syncs are outside the model; the measured speedup has them.
+The host's work per round (sampling, the acceptance rule, bookkeeping, the round's sync) is not
+a forward: `ForwardClock` measures it in real decodes as wall time minus forward time, and with
+it the prediction becomes `L * (t_ar + h_ar) / (t_draft_phase + t_verify + h)`.
 On a GPU one decode step must at least stream the weights once: weight bytes / bandwidth.
 """
 
@@ -81,11 +83,55 @@ def step_times(target: LlamaLM, draft: LlamaLM | None, batch: int, gamma: int, c
     return out
 
 
-def predicted_speedup(accepted_length: float, gamma: int, times: dict[str, float]) -> float | None:
-    """L * t_ar / (t_draft_phase + t_verify)."""
+def predicted_speedup(accepted_length: float, gamma: int, times: dict[str, float],
+                      host_ar_s: float = 0.0, host_s: float = 0.0) -> float | None:
+    """`L * (t_ar + h_ar) / (t_draft_phase + t_verify + h)`: forwards only when the host times
+    per round (`h_ar` of an `ar` round, `h` of a speculative one) are left at 0."""
     if "draft_phase_s" not in times:
         return None
-    return accepted_length * times["ar_s"] / (times["draft_phase_s"] + times["verify_s"])
+    return (accepted_length * (times["ar_s"] + host_ar_s)
+            / (times["draft_phase_s"] + times["verify_s"] + host_s))
+
+
+class ForwardClock:
+    """Seconds spent inside the forwards of some models while active, split into prefill
+    (forwards that return no logits: filling a slot's cache) and decode forwards; the rest of a
+    decode's wall time is host work. On CUDA each forward is synchronised to be timed, which
+    removes the overlap of host and device work: use it to profile, not for headline figures.
+
+        with ForwardClock(target, draft) as clock:
+            synth.synthesize(items, settings)
+        clock.decode_s, clock.prefill_s
+    """
+
+    def __init__(self, *models: LlamaLM | None) -> None:
+        self.models = [m for m in models if m is not None]
+        self.decode_s = self.prefill_s = 0.0
+
+    def _timed(self, model: LlamaLM):
+        forward = model.forward
+
+        def timed(*args, logits_at="all", **kwargs):
+            sync(model.device)
+            start = time.perf_counter()
+            out = forward(*args, logits_at=logits_at, **kwargs)
+            sync(model.device)
+            elapsed = time.perf_counter() - start
+            if logits_at == "none":
+                self.prefill_s += elapsed
+            else:
+                self.decode_s += elapsed
+            return out
+        return timed
+
+    def __enter__(self) -> ForwardClock:
+        for m in self.models:
+            m.forward = self._timed(m)  # the instance attribute shadows the class's forward
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for m in self.models:
+            del m.forward
 
 
 def break_even_length(times: dict[str, float]) -> float | None:

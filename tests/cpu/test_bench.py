@@ -16,8 +16,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def bench_doc(kit_dir, kit_groups, tmp_path_factory):
     # kit_groups: the theta-0.4 groups built once per session (about 15 s on 2 cores)
     out = tmp_path_factory.mktemp("bench") / "tiny.json"
-    code = run_cli(["bench", "--kit", str(kit_dir), "--device", "cpu", "--methods", "ar,exact,pcg,ssd",
-                    "--batch-sizes", "1,2", "--reps", "2", "--max-new-tokens", "8",
+    code = run_cli(["bench", "--kit", str(kit_dir), "--device", "cpu", "--methods", "ar,exact,pcg",
+                    "--gammas", "3,auto", "--batch-sizes", "1,2", "--reps", "2", "--max-new-tokens", "8",
                     "--cost-reps", "2", "--out", str(out), "--quiet"])
     assert code == 0
     return out, json.loads(out.read_text())
@@ -27,14 +27,22 @@ def test_bench_writes_a_result_for_every_batch_and_setting(bench_doc):
     _, doc = bench_doc
     assert doc["machine"]["device"] == "cpu" and doc["models"]["preset"] == "tiny"
     assert set(doc["batches"]) == {"1", "2"}
-    labels = {"ar", "exact g3", "pcg g3 t0.4", "ssd g3"}
+    labels = {"ar", "exact g3", "pcg g3 t0.4", "exact auto", "pcg auto t0.4"}
     for entry in doc["batches"].values():
         assert set(entry["runs"]) == labels
         for label, run in entry["runs"].items():
             assert run["tokens_per_s"]["n"] == 2 and run["tokens_per_s"]["median"] > 0
             assert run["tokens_per_s"]["min"] <= run["tokens_per_s"]["median"] <= run["tokens_per_s"]["max"]
             assert run["audio_s_per_s"]["median"] == pytest.approx(run["tokens_per_s"]["median"] / 50)
+            # where the time went: prefill and decode forwards, host work per round
+            assert run["host_s_per_round"]["median"] >= 0 and run["forward_s_per_round"]["median"] > 0
+            assert 0 < run["prefill_share"] < 1
+            assert run["decode_speedup_vs_ar"]["median"] > 0
             length = run["mean_accepted_length"]["median"]
+            if run["gamma"] == "auto":  # the choice is recorded; 0 means speculation was switched off
+                assert run["chosen_gamma"] in (0, 1, 2, 3, 4, 6, 8) and run["gamma_choice_reason"]
+                assert 1.0 <= length <= 9.0
+                continue
             if label == "ar":
                 assert run["speedup_vs_ar"]["median"] == 1.0 and length == 1.0
                 assert run["acceptance_per_position"] == []
@@ -52,6 +60,7 @@ def test_cost_model_and_its_readings_are_consistent(bench_doc):
         cost = entry["cost"]
         times = cost["steps"]["3"]
         assert min(times.values()) > 0
+        host_ar = entry["runs"]["ar"]["host_s_per_round"]["median"]
         assert times["draft_phase_s"] > times["draft_step_s"]  # a phase is gamma forwards
         break_even = (times["draft_phase_s"] + times["verify_s"]) / times["ar_s"]
         bound = cost["bound"]
@@ -59,13 +68,24 @@ def test_cost_model_and_its_readings_are_consistent(bench_doc):
         assert bound["weights_bound_s"] == pytest.approx(bound["weight_bytes"] / bandwidth)
         assert bound["ar_step_over_weights_bound"] == pytest.approx(times["ar_s"] / bound["weights_bound_s"])
         for run in entry["runs"].values():
-            if run["method"] == "ar":
+            if run["method"] == "ar" or run["gamma"] == "auto":
                 continue
+            length, host = run["mean_accepted_length"]["median"], run["host_s_per_round"]["median"]
             assert run["break_even_length"] == pytest.approx(break_even)
-            assert run["predicted_speedup"] == pytest.approx(run["mean_accepted_length"]["median"] / break_even)
+            assert run["predicted_speedup_forwards"] == pytest.approx(length / break_even)
+            assert run["predicted_speedup"] == pytest.approx(
+                length * (times["ar_s"] + host_ar) / (times["draft_phase_s"] + times["verify_s"] + host))
+            assert run["prediction_error"] == pytest.approx(
+                run["predicted_speedup"] / run["decode_speedup_vs_ar"]["median"] - 1)
     readings = doc["readings"]
-    assert set(readings["paying_off"]) == {"exact g3", "pcg g3 t0.4", "ssd g3"}
-    assert readings["targets"]["batch"] == 1
+    assert set(readings["paying_off"]) == {"exact g3", "pcg g3 t0.4", "exact auto", "pcg auto t0.4"}
+    targets = readings["targets"]
+    assert targets["batch"] == 1
+    assert targets["worst_prediction_error"] == max(
+        abs(r["prediction_error"]) for e in doc["batches"].values() for r in e["runs"].values()
+        if "prediction_error" in r)
+    assert targets["verify_over_ar_step"] == pytest.approx(
+        doc["batches"]["1"]["cost"]["steps"]["3"]["verify_s"] / doc["batches"]["1"]["cost"]["steps"]["3"]["ar_s"])
 
 
 def test_bench_writes_markdown_and_plots(bench_doc):
