@@ -40,7 +40,7 @@ def cmd_bench(args) -> int:
     synth, models = load_synthesizer(args.preset, args.target, args.draft, args.kit, args.device,
                                      args.dtype, args.save_preset)
     doc = run_bench(synth, cfg, models, command_line(args), progress=not args.quiet)
-    stem = out_stem(args.out)
+    stem = out_stem(args.out or default_out(args))
 
     def plots() -> list[Path]:
         written = bench_plots(doc, stem)
@@ -51,6 +51,16 @@ def cmd_bench(args) -> int:
 
     write_report(doc, stem, markdown(doc), None if args.no_plots else plots)
     return 0
+
+
+def default_out(args) -> str:
+    """`out/bench/<preset or model name>.json` (out/ is where every run's output goes, ignored by git)."""
+    return build_default_out_args(args.preset, args.kit or args.target)
+
+
+def build_default_out_args(preset: str | None, model: str | None = None) -> str:
+    name = preset or (Path(model.rstrip("/")).name if model else "") or "bench"
+    return str(Path("out") / "bench" / f"{name}.json")
 
 
 def add_bench(sub) -> None:
@@ -79,7 +89,8 @@ def add_bench(sub) -> None:
     c.add_argument("--cost-reps", type=int, default=10)
     c.add_argument("--context", type=int, help="KV length for step timings (default: mean prompt + half the budget)")
     o = p.add_argument_group("output")
-    o.add_argument("--out", required=True, help="PATH.json; PATH.md and PATH_*.png are written beside it")
+    o.add_argument("--out", help="PATH.json; PATH.md and PATH_*.png are written beside it "
+                                 "(default: out/bench/<preset or model name>.json)")
     o.add_argument("--quality", help="a paper-table JSON: adds the quality-vs-speedup plot")
     o.add_argument("--no-plots", action="store_true")
     o.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -440,7 +440,7 @@ class Storage:
     def local_dir(self, uri: str | os.PathLike, cache_root: str | os.PathLike | None = None) -> Path:
         """A local directory with the contents of `uri`: the path itself for local paths; a Hub
         model's cached snapshot (see `hub_ref`); for object-store URIs (s3:// and fsspec's) a
-        copy under `cache_root` (default `cache_root()/models`), fetched once and reused while
+        copy under `cache_root` (default `cache_dir()/models`), fetched once and reused while
         object sizes match.
 
         Raises:
