@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from engine.config import JobSpec, StorageOptions
 from engine.io.storage import Storage
 from engine.runtime.job import JobRunner
+from engine.runtime.summary import summary_table
 
 from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
 
@@ -252,4 +253,9 @@ def test_augment_job_crosses_texts_with_voices_seeds_and_methods_within_budget(l
         assert len({(r["prompt_id"], json.loads(r["provenance"])["augment_seed"], r["method"]) for r in mine}) == 3
         assert len({r["prompt_id"] for r in mine}) >= 2
     assert "text is empty" in next(r["error"] for r in rows if r["id"] == "bad")
+    counts = collections.Counter(r["method"] for r in variants)
+    assert aug["methods"] == dict(sorted(counts.items()))
+    table = dict(line.split(None, 1) for line in summary_table(summary).splitlines()[:3])
+    assert table["method"] == ", ".join(f"{m} ({n} variants)" for m, n in sorted(counts.items()))
+    assert table["rows"] == "9 ok, 1 failed, of 10: 9 variants of 3 texts + 1 malformed manifest rows (4 manifest rows)"
     assert fit_budget([1.0, 2.0], [4, 4], 6.0) == 2 and fit_budget([1.0], [4], 0.5) == 0
