@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from engine.config import DecodingSettings
+from engine.console import bar_disabled
 from engine.decoding.adaptive import GammaChoice, choose_gamma
 from engine.decoding.speculative import Request, SpeculativeDecoder
 from engine.decoding.verify import make_rule
@@ -173,7 +174,7 @@ class Synthesizer:
         decoder = self.decoder(effective, batch_size)
         start = time.perf_counter()
         bar = tqdm(total=len(requests), desc=f"decode [{settings.method}]", unit="utt",
-                   disable=not progress)
+                   disable=bar_disabled(progress))
         for request, row in decoder.run(requests):
             res = results[request.key]
             res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats

@@ -1,9 +1,10 @@
-"""The `pcg-synth` command."""
+"""pcg-synth: batch speech synthesis with speculative decoding (PCG). Quiet by default: -v for more."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -42,9 +43,17 @@ def cmd_kit_build(args) -> int:
 # ---- generate ----------------------------------------------------------------------------------
 
 
+def text_id(n: int, text: str) -> str:
+    """An id for a text given without one: its number and first words (`003-hello-there`), so
+    `--wav-dir` files say what they hold."""
+    words = "-".join(re.findall(r"[a-z0-9]+", text.lower())[:5])[:40].strip("-")
+    return f"{n:03d}-{words}" if words else f"{n:03d}"
+
+
 def read_items(args) -> list:
     """Items from --text and --texts-file; `.jsonl` rows may name a voice-prompt clip
-    (`prompt_audio`), returned separately as {item index: clip path}."""
+    (`prompt_audio`), returned separately as {item index: clip path}. Texts without an id get
+    `text_id`'s."""
     from engine.records import SynthesisItem
 
     items = [SynthesisItem(text=t) for t in args.text or []]
@@ -69,6 +78,9 @@ def read_items(args) -> list:
                 items.append(SynthesisItem(text=line.strip()))
     if not items:
         raise UsageError("give texts with --text or --texts-file")
+    for n, item in enumerate(items):
+        if item.id is None:
+            item.id = text_id(n, item.text)
     return items, clips
 
 
@@ -139,7 +151,7 @@ def cmd_generate(args) -> int:
     items, clips = read_items(args)
     target = args.target or (Path(args.kit) / "target" if args.kit else None)
     draft = args.draft or (Path(args.kit) / "draft" if args.kit else None)
-    codec_dir = Path(args.codec) if args.codec else (Path(args.kit) / "codec" if args.kit else None)
+    codec_dir = args.codec or (Path(args.kit) / "codec" if args.kit else None)
     if target is None:
         raise UsageError("give --kit DIR or --target DIR (and --draft DIR)")
     if draft is None and any(s.speculative for s in all_settings):
@@ -176,9 +188,11 @@ def add_generate(sub) -> None:
                                    "model; prints per-method statistics, writes JSON with --out.")
     src = p.add_argument_group("models")
     src.add_argument("--kit", help="a tiny kit directory (uses its target and draft)")
-    src.add_argument("--target", help="target checkpoint directory (Hugging Face format)")
-    src.add_argument("--draft", help="draft checkpoint directory (same vocabulary as the target)")
-    src.add_argument("--codec", help="X-codec2 checkpoint directory (for audio output and clips)")
+    src.add_argument("--target", help="target checkpoint (Hugging Face Llama format): a directory, a Hub "
+                                      "model id such as HKUSTAudio/Llasa-1B[@revision], or an s3:// / gs:// / ... URI")
+    src.add_argument("--draft", help="draft checkpoint, same forms as --target (same vocabulary as the target)")
+    src.add_argument("--codec", help="X-codec2 checkpoint, same forms (e.g. HKUSTAudio/xcodec2-hf; for audio "
+                                     "output and clips)")
     src.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     src.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     src.add_argument("--batch-size", type=int, default=8)
@@ -191,7 +205,8 @@ def add_generate(sub) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--out", help="FILE.json: codes + statistics; FILE.parquet: an audio dataset "
                                    "(one file per method, FILE.METHOD.parquet, with --method all)")
-    out.add_argument("--wav-dir", help="also write one audio file per item here (DIR/METHOD/ with --method all)")
+    out.add_argument("--wav-dir", help="also write one audio file per item here, named by the item's id "
+                                       "(texts without one: NNN-first-words), DIR/METHOD/ with --method all")
     out.add_argument("--audio-format", default="wav", choices=["wav", "flac"])
     out.add_argument("--prompt-audio", default="strip", choices=["strip", "include", "context"],
                      help="voice-prompt audio in the output: strip (default), include it, or decode "
@@ -262,8 +277,22 @@ def add_jobs(sub) -> None:
     st.set_defaults(func=cmd_status)
 
 
+def add_verbose(parser: argparse.ArgumentParser, top: bool = False) -> None:
+    """`-v/--verbose` on `parser` and every command under it (before or after the command)."""
+    parser.add_argument("-v", "--verbose", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="progress bars also outside a terminal, and the libraries' (Ray, "
+                             "transformers) own notices; default: quiet")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                add_verbose(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from engine import __version__
+
     parser = argparse.ArgumentParser(prog="pcg-synth", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"pcg-synth {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     kit = sub.add_parser("kit", help="the tiny model kit").add_subparsers(dest="kit_cmd", required=True)
     kb = kit.add_parser("build", help="write the tiny kit (target, draft, codec, tokenizer)")
@@ -282,16 +311,19 @@ def build_parser() -> argparse.ArgumentParser:
     register_groups(sub)
     register_draft(sub)
     register_bench(sub)
+    add_verbose(parser, top=True)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine import console
     from engine.groups.distributed import GroupBuildError
     from engine.io.storage import StorageError
     from engine.models.loading import ModelLoadError
     from engine.runtime.pool import JobFailed
 
     args = build_parser().parse_args(argv)
+    console.configure(verbose=args.verbose)
     try:
         return args.func(args)
     except ValidationError as exc:

@@ -7,6 +7,7 @@ command-line flags are made from these fields (`engine.cli_options`). Imports no
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -95,6 +96,22 @@ def decoding_default(name: str):
     return DecodingSettings.model_fields[name].get_default()
 
 
+# ---- model references ---------------------------------------------------------------------------
+
+# `org/name`, `org/name@revision`, `hf://org/name[@revision]` (revision: a branch, tag or commit)
+_HUB_ID = re.compile(r"^(?:hf://)?([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@([\w./-]+))?/?$")
+
+
+def hub_model_id(text: str) -> tuple[str, str | None] | None:
+    """(repo id, revision or None) when `text` is spelled like a Hugging Face Hub model, else
+    None. Spelling only: whether an existing local path of that spelling wins is decided where
+    paths are resolved (`engine.io.storage.hub_ref`, `resolve_paths`)."""
+    if text.startswith(("./", "../", "/", "~")):
+        return None
+    found = _HUB_ID.match(text)
+    return (found[1], found[2]) if found else None
+
+
 # ---- jobs ----------------------------------------------------------------------------------------
 
 
@@ -110,7 +127,8 @@ class StorageOptions(BaseModel):
 
 
 class ModelsSpec(BaseModel):
-    """Which checkpoints to load (local directories or s3:// URIs)."""
+    """Which checkpoints to load: local directories, Hugging Face Hub models (`org/name`,
+    `org/name@revision`, `hf://org/name`) or object-store URIs (s3://, gs://, az://, ...)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -122,8 +140,10 @@ class ModelsSpec(BaseModel):
         "A prebuilt groups file (`pcg-synth groups build`); by default groups for decoding.theta "
         "are fetched from the cache or built once by the driver."))
     groups_cache: str | None = Field(None, description=(
-        "Where built groups are cached (a directory or s3:// prefix); default: "
-        "<output.uri>/_cache/groups, so every worker of the cluster can read them."))
+        "Where built groups are cached (a directory or s3:// prefix). The driver fetches or builds "
+        "them and ships them to the workers, so the default is the driver's user cache "
+        "($PCG_SYNTH_CACHE/groups or ~/.cache/pcg-synth/groups), shared by every job; an s3:// "
+        "prefix shares them between drivers on different machines."))
     dtype: str = Field("auto", description=(
         "Precision of target and draft: auto (bfloat16 on GPU and on CPUs with native bfloat16 "
         "instructions, AVX512-BF16 or AMX; float32 on other CPUs), float32, bfloat16, float16. "
@@ -304,20 +324,28 @@ def _local(value: str, base: Path) -> str:
     return str((base / value).resolve())
 
 
+def _model(value: str, base: Path) -> str:
+    """A model reference from a spec: a path relative to the spec's folder when one exists there,
+    else a Hub model id as written (`org/name[@revision]`), else a local path."""
+    if hub_model_id(value) and not (base / value).exists():
+        return value
+    return _local(value, base)
+
+
 def resolve_paths(raw: dict, base: Path) -> dict:
     """Make relative local paths in models/input/output absolute against `base`."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     models = out.get("models") or {}
     for key in ("target", "draft", "codec", "groups", "groups_cache"):
         if isinstance(models.get(key), str):
-            models[key] = _local(models[key], base)
+            models[key] = (_model if key in ("target", "draft", "codec") else _local)(models[key], base)
     inp = out.get("input") or {}
     if isinstance(inp.get("manifests"), list):
         inp["manifests"] = [_local(m, base) if isinstance(m, str) else m for m in inp["manifests"]]
     for pair in (out.get("sweep") or {}).get("model_pairs") or []:
         for key in ("target", "draft"):
             if isinstance(pair, dict) and isinstance(pair.get(key), str):
-                pair[key] = _local(pair[key], base)
+                pair[key] = _model(pair[key], base)
     aug = out.get("augment") or {}
     for prompt in aug.get("prompts") or []:
         if isinstance(prompt, dict) and isinstance(prompt.get("audio"), str):

@@ -45,7 +45,7 @@ def cmd_bench(args) -> int:
     synth, models = load_synthesizer(args.preset, args.target, args.draft, args.kit, args.device,
                                      args.dtype, args.save_preset)
     doc = run_bench(synth, cfg, models, command_line(args), progress=not args.quiet)
-    stem = out_stem(args.out)
+    stem = out_stem(args.out or default_out(args))
 
     def plots() -> list[Path]:
         written = bench_plots(doc, stem)
@@ -56,6 +56,16 @@ def cmd_bench(args) -> int:
 
     write_report(doc, stem, markdown(doc), None if args.no_plots else plots)
     return 0
+
+
+def default_out(args) -> str:
+    """`out/bench/<preset or model name>.json` (out/ is where every run's output goes, ignored by git)."""
+    return build_default_out_args(args.preset, args.kit or args.target)
+
+
+def build_default_out_args(preset: str | None, model: str | None = None) -> str:
+    name = preset or (Path(model.rstrip("/")).name if model else "") or "bench"
+    return str(Path("out") / "bench" / f"{name}.json")
 
 
 def add_bench(sub) -> None:
@@ -84,7 +94,8 @@ def add_bench(sub) -> None:
     c.add_argument("--cost-reps", type=int, default=10)
     c.add_argument("--context", type=int, help="KV length for step timings (default: mean prompt + half the budget)")
     o = p.add_argument_group("output")
-    o.add_argument("--out", required=True, help="PATH.json; PATH.md and PATH_*.png are written beside it")
+    o.add_argument("--out", help="PATH.json; PATH.md and PATH_*.png are written beside it "
+                                 "(default: out/bench/<preset or model name>.json)")
     o.add_argument("--quality", help="a paper-table JSON: adds the quality-vs-speedup plot")
     o.add_argument("--no-plots", action="store_true")
     o.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -106,22 +117,42 @@ def cmd_eval(args) -> int:
 
     storage = Storage()
     table = read_dataset(args.dataset, storage)  # a bad path fails before models load
-    codec = None
-    if args.codec:
+    job = job_record(args.dataset, storage)
+    manifests, codec_ref = args.prompts, args.codec
+    if job is not None and not manifests and job.get("manifests"):
+        manifests = job["manifests"]
+        print(f"voice prompts: the job's manifests ({', '.join(manifests)}, from _job.json)")
+    prompts = PromptClips(manifests, None, storage) if manifests else None
+    if codec_ref is None and job is not None and prompts is not None and prompts.has_codes:
+        codec_ref = job.get("spec", {}).get("models", {}).get("codec")
+        if codec_ref:
+            print(f"codec for code-only voice prompts: {codec_ref} (from the job's _job.json)")
+    if codec_ref and prompts is not None:
         from engine.codec.xcodec2 import Xcodec2Codec
 
-        codec = Xcodec2Codec.load(args.codec, device=args.metrics_device, dtype="float32")
-    prompts = PromptClips(args.prompts, codec, storage) if args.prompts else None
+        prompts.codec = Xcodec2Codec.load(codec_ref, device=args.metrics_device, dtype="float32")
     backends = load_backends(args, prompts)
     if backends.speaker is not None and prompts is None:
         backends.notes.append("no speaker similarity: give the generation manifest with --prompts")
     rows = evaluate_table(table, backends, batch=args.batch, progress=not args.quiet)
+    if backends.speaker is not None and prompts is not None:
+        backends.notes.extend(prompts.notes())
     summary = {"dataset": args.dataset, **summarize(rows, backends)}
     out = args.out or sibling(args.dataset, ".eval.parquet")
     summary_uri = write_results(rows, summary, out, storage)
     print(summary_lines(summary))
     print(f"per-row metrics: {out}\nsummary: {summary_uri}")
     return 0
+
+
+def job_record(dataset: str, storage) -> dict | None:
+    """The `_job.json` of a job's output directory (its spec and shard plan), else None."""
+    from engine.io.storage import join
+
+    if dataset.rstrip("/").endswith(".parquet"):
+        return None
+    uri = join(dataset, "_job.json")
+    return json.loads(storage.read_bytes(uri)) if storage.exists(uri) else None
 
 
 def add_eval(sub) -> None:
@@ -131,8 +162,10 @@ def add_eval(sub) -> None:
                                    "write per-row metrics (Parquet) and a summary (JSON).")
     p.add_argument("dataset", help="a .parquet dataset file or a job's output directory (local or s3://)")
     p.add_argument("--prompts", action="append", help="the manifest(s) the dataset was made from: voice-prompt "
-                                                     "clips for speaker similarity (repeatable)")
-    p.add_argument("--codec", help="X-codec2 directory: decode prompts given only as codes")
+                                                     "clips for speaker similarity (repeatable; default for a "
+                                                     "job's output: the job's manifests, from its _job.json)")
+    p.add_argument("--codec", help="X-codec2 checkpoint (directory or Hub id): decode prompts given only as "
+                                   "codes (default for a job's output: the job's models.codec)")
     add_quality_args(p)
     p.add_argument("--batch", type=int, default=16, help="clips per ASR call")
     p.add_argument("--out", help="per-row metrics .parquet (default: DATASET.eval.parquet beside it)")

@@ -51,10 +51,10 @@ def add_model_args(p: argparse.ArgumentParser, presets: bool) -> None:
         g.add_argument("--preset", choices=["tiny", "llasa-1b-shape"],
                        help="tiny: the tiny kit (CPU); llasa-1b-shape: Llasa-1B dimensions, random "
                             "weights, 3-layer draft, built in memory (GPU)")
-    g.add_argument("--kit", help="a tiny kit directory" + (" (default for --preset tiny: built into the cache)"
-                                                         if presets else ""))
-    g.add_argument("--target", help="target checkpoint directory")
-    g.add_argument("--draft", help="draft checkpoint directory (overrides a preset's draft)")
+    g.add_argument("--kit", help="a tiny kit directory" + (" (default for --preset tiny: ./kit when it is one, "
+                                                         "else built into the cache)" if presets else ""))
+    g.add_argument("--target", help="target checkpoint: a directory, Hub model id or URI")
+    g.add_argument("--draft", help="draft checkpoint: a directory, Hub model id or URI (overrides a preset's draft)")
     g.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
 

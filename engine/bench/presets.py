@@ -1,6 +1,6 @@
 """Model sets for `pcg-synth bench` that need no download.
 
-- `tiny`: the tiny kit (built once into the cache), for CPUs and tests.
+- `tiny`: the tiny kit (`./kit` when there is one, else built once into the cache), for CPUs and tests.
 - `llasa-1b-shape`: Llasa-1B's dimensions (Llama-3.2-1B body, 193,800-row vocabulary, tied
   embeddings) with random weights made by the kit's recipe (clustered speech embeddings,
   tied head), built in memory on the device; the draft is 3 of its 16 layers.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.api import Synthesizer
+from engine.io.storage import cache_dir
 from engine.kit.build import KIT_VERSION, KitSpec, build_kit, layer_subset, llama_config, random_llama, save_checkpoint
 from engine.kit.tokenizer import build_tokenizer
 from engine.models.device import resolve_device, resolve_dtype
@@ -37,18 +37,25 @@ LLASA_1B_SPEC = KitSpec(hidden_size=2048, intermediate_size=8192, num_layers=16,
 LLASA_1B_DRAFT_LAYERS = (0, 1, 15)
 
 
-def cache_root() -> Path:
-    root = os.environ.get("PCG_SYNTH_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "pcg-synth"
+def is_kit(path: Path) -> bool:
+    """A tiny kit of this version (its kit.json says so)."""
+    try:
+        return json.loads((Path(path) / "kit.json").read_text()).get("kit_version") == KIT_VERSION
+    except (OSError, ValueError):
+        return False
 
 
 def tiny_kit(kit_dir: str | Path | None = None) -> Path:
-    """The kit at `kit_dir`, else the cached seed-0 kit of this version (built on first use)."""
+    """The kit at `kit_dir`; else `./kit` when it is one (what the quickstart builds); else the
+    cached seed-0 kit of this version (built on first use)."""
     if kit_dir is not None:
         if not (Path(kit_dir) / "target").is_dir():
             raise ValueError(f"{kit_dir} is not a tiny kit (no target/): `pcg-synth kit build {kit_dir}`")
         return Path(kit_dir)
-    path = cache_root() / f"kit-v{KIT_VERSION}-seed0"
+    if is_kit(Path("kit")):
+        print("using the tiny kit in ./kit (--kit DIR for another)", flush=True)
+        return Path("kit")
+    path = cache_dir() / f"kit-v{KIT_VERSION}-seed0"
     if not (path / "kit.json").is_file():
         print(f"building the tiny kit into {path} ...", flush=True)
         build_kit(path, force=True)

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from engine.api import Synthesizer
 from engine.bench.texts import BENCH_TEXTS
 from engine.config import METHODS, DecodingSettings, decoding_default
+from engine.console import bar_disabled
 from engine.decoding.cost import ForwardClock
 from engine.records import CODES_PER_SECOND, RunSummary, SynthesisItem
 
@@ -204,7 +205,7 @@ def run_bench(synth: Synthesizer, cfg: BenchConfig, models: dict, how: str, prog
         "batches": {},
     }
     total = len(cfg.batch_sizes) * len(settings) * (cfg.reps + 1)
-    with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
+    with tqdm(total=total, desc="bench", unit="run", disable=bar_disabled(progress)) as bar:
         for batch in cfg.batch_sizes:
             runs = timed_runs(synth, batch, settings, cfg, bar)
             entry = {"runs": aggregate(runs, settings)}

@@ -21,9 +21,9 @@ from engine.codec.base import CodecError, CodesLike, as_code_array, length_batch
 from engine.codec.features import encoder_inputs
 from engine.models.device import resolve_device, resolve_dtype
 
-HOW_TO_GET = ("Build the tiny kit with `pcg-synth kit build DIR` (its codec is DIR/codec), or copy "
-              "a transformers-format X-codec2 checkpoint (e.g. HKUSTAudio/xcodec2-hf: config.json, "
-              "*.safetensors) to a local directory and pass that directory.")
+HOW_TO_GET = ("Build the tiny kit with `pcg-synth kit build DIR` (its codec is DIR/codec), or pass a "
+              "transformers-format X-codec2 checkpoint: a Hugging Face model id (e.g. "
+              "HKUSTAudio/xcodec2-hf) or a local copy of one (config.json, *.safetensors).")
 DECODER_PREFIXES = ("quantizer.", "acoustic_decoder.")
 
 
@@ -132,10 +132,11 @@ class Xcodec2Codec:
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
              **kwargs) -> Xcodec2Codec:
-        """Load the decode path from a local transformers-format checkpoint directory.
+        """Load the decode path from a transformers-format checkpoint.
 
         Args:
-            path: directory with `config.json` (model_type xcodec2) and safetensors weights.
+            path: directory with `config.json` (model_type xcodec2) and safetensors weights, or
+                a Hub model id or object-store URI of one (`engine.io.storage.model_dir`).
             device: where decoding runs (`auto`: CUDA when available).
             dtype: `auto` (bfloat16 on CUDA, float32 on CPU), `float32`, `bfloat16`, `float16`.
             **kwargs: `encoder_device`, `max_batch`, `max_batch_codes` (see the class).
@@ -143,7 +144,9 @@ class Xcodec2Codec:
         Raises:
             CodecError: missing directory, not an X-codec2 checkpoint, missing tensors.
         """
-        path, device = Path(path), resolve_device(device)
+        from engine.io.storage import model_dir
+
+        path, device = model_dir(path), resolve_device(device)
         dtype = codec_dtype(dtype, device)  # a bad dtype fails before any loading
         config = read_codec_config(path)
         parts = DecoderParts(config)

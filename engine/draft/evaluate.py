@@ -14,6 +14,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from engine.config import DecodingSettings, decoding_default
+from engine.console import bar_disabled
 
 # Held out from every training set this project builds (the kit's `KIT_TRAIN_TEXTS`).
 HELDOUT_TEXTS = [
@@ -93,7 +94,7 @@ def evaluate_drafts(target: str | Path, drafts: Sequence[str | Path], texts: Seq
                               "seed": seed, "texts": len(texts), "batch_size": batch_size,
                               "device": device, "dtype": str(tgt.model.dtype).replace("torch.", "")},
                  "drafts": {}}
-    bar = tqdm(total=len(drafts) * len(methods), desc="draft eval", unit="run", disable=not progress)
+    bar = tqdm(total=len(drafts) * len(methods), desc="draft eval", unit="run", disable=bar_disabled(progress))
     for draft in drafts:
         drf = load_model(draft, device=device, dtype=dtype, tokenizer=vocabulary_view(draft).tokenizer)
         synth = Synthesizer(tgt, drf, batch_size=batch_size)

@@ -23,6 +23,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from engine.console import bar_disabled
+from engine.io.storage import model_dir
 from engine.models.llasa import LlasaLayout
 from engine.models.loading import (
     LoadedModel,
@@ -97,7 +99,7 @@ def cached_tokenizer(path: Path):
 
 def vocabulary_view(path: str | Path) -> LoadedModel:
     """Tokenizer, layout and config of a checkpoint without its weights (for vocabulary checks)."""
-    path = Path(path)
+    path = model_dir(path)
     config = read_config(path)
     tokenizer = cached_tokenizer(path)
     layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
@@ -110,7 +112,7 @@ def check_vocabularies(target: str | Path, draft: str | Path) -> None:
     Raises:
         ValueError: the Llasa layouts or the tokenizer vocabularies differ.
     """
-    check_same_vocabulary(vocabulary_view(Path(target)), vocabulary_view(Path(draft)))
+    check_same_vocabulary(vocabulary_view(target), vocabulary_view(draft))
 
 
 def renamed_tensors(source: Path, layers: Sequence[int]) -> Iterator[tuple[str, str]]:
@@ -150,7 +152,7 @@ def stream_tensors(source: Path, layers: Sequence[int], overrides: dict[str, tor
     unknown = sorted(set(overrides) - {new for _, new in pairs})
     if unknown:
         raise ValueError(f"trained tensors {unknown[:3]} are not in {source}")
-    for old, new in tqdm(pairs, desc="tensors", unit="t", disable=not progress):
+    for old, new in tqdm(pairs, desc="tensors", unit="t", disable=bar_disabled(progress)):
         with safe_open(str(where[old]), framework="pt", device="cpu") as f:
             stored = f.get_tensor(old)
         if new in overrides:
@@ -261,8 +263,8 @@ def init_draft(target: str | Path, out: str | Path, layers: Sequence[int] | str 
         ModelLoadError: a directory is missing or not a Llama checkpoint.
         FileExistsError: `out` is not empty and `force` is not set.
     """
-    target, out = Path(target), Path(out)
-    src = Path(source) if source is not None else target
+    target, out = model_dir(target), Path(out)  # Hub ids and URIs: their local copies
+    src = model_dir(source) if source is not None else target
     if isinstance(layers, str):
         layers = parse_layers(layers)
     if layers is None and src.resolve() == target.resolve():

@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 from tqdm.auto import tqdm
 
+from engine.console import bar_disabled
 from engine.draft.data import Batch, CodeSequence, batch_order, make_batch
 from engine.draft.objective import SpeechLM, acceptance_sum, ce_loss_sum, kd_loss_sum
 from engine.models.llasa import LlasaLayout
@@ -203,7 +204,7 @@ class DraftTrainer:
             record = {"step": 0, **self.evaluate()}
             on_log and on_log(record)
         bar = tqdm(total=steps, initial=self.step, desc="draft train", unit="step",
-                   disable=not progress or self.rank != 0)
+                   disable=bar_disabled(progress and self.rank == 0))
         start = time.perf_counter()
         while self.step < steps:
             record = self.train_step()

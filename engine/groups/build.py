@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from engine.console import bar_disabled
 from engine.groups.cap import apply_cap
 from engine.groups.csr import SpeechGroups
 from engine.groups.search import Candidates, Searcher, exact_cosines, make_searcher
@@ -178,7 +179,7 @@ def build_groups(
     bounds = slice_bounds(x.shape[0])
     slices = [search_slice(searcher, x, lo, hi, theta, max_group_size)
               for lo, hi in tqdm(bounds, desc=f"groups theta={theta:g}", unit="slice",
-                                 disable=not progress)]
+                                 disable=bar_disabled(progress))]
     groups = assemble(slices, x.shape[0], theta, max_group_size)
     groups.meta["backend"] = searcher.name
     return groups

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import warnings
 from pathlib import Path
@@ -22,7 +21,7 @@ from engine.groups.build import build_groups, check_cap, check_theta
 from engine.groups.csr import SpeechGroups
 from engine.groups.source import embeddings_sha256
 from engine.groups.store import FORMAT_VERSION, GroupFileError, deduplicate, from_bytes, to_bytes
-from engine.io.storage import write_atomic
+from engine.io.storage import cache_dir, write_atomic
 
 
 @runtime_checkable
@@ -65,8 +64,7 @@ class LocalDirStore:
 
 def default_cache_dir() -> Path:
     """`$PCG_SYNTH_CACHE/groups`, else `~/.cache/pcg-synth/groups`."""
-    root = os.environ.get("PCG_SYNTH_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "pcg-synth") / "groups"
+    return cache_dir() / "groups"
 
 
 def cache_key(embeddings_hash: str, theta: float, max_group_size: int | None, dedup: bool) -> str:

@@ -16,6 +16,7 @@ import ray
 import torch
 from tqdm.auto import tqdm
 
+from engine.console import bar_disabled
 from engine.groups.build import (
     SLICE_ROWS,
     Slice,
@@ -111,7 +112,7 @@ class SlicePool:
             progress: bool) -> list[Slice]:
         pending = deque((lo, hi, 1) for lo, hi in bounds)
         idle, inflight, done = list(range(len(self.actors))), {}, []
-        bar = tqdm(total=len(bounds), desc=f"groups theta={theta:g}", unit="slice", disable=not progress)
+        bar = tqdm(total=len(bounds), desc=f"groups theta={theta:g}", unit="slice", disable=bar_disabled(progress))
         while pending or inflight:
             while idle and pending:
                 index, job = idle.pop(), pending.popleft()

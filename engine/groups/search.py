@@ -70,28 +70,42 @@ def faiss_gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """`auto` | `faiss` | `torch` -> `faiss-gpu` | `faiss-cpu` | `torch`.
+def choose_backend(backend: str, on_gpu: bool, faiss_installed: bool, faiss_gpus: int) -> str:
+    """The backend choice, from what the machine has: `auto` | `faiss` | `torch` ->
+    `faiss-gpu` | `faiss-cpu` | `torch`.
 
-    `auto` prefers faiss (faster than torch on CPU); on a CUDA device it takes faiss only where
-    the GPU build is present, else torch on the GPU rather than faiss-cpu on the host.
+    `faiss_gpus` is the number of GPUs a faiss GPU build sees (0 for faiss-cpu or no GPU). `auto`
+    prefers faiss (faster than torch on CPU); on a CUDA device it takes faiss only where the GPU
+    build sees a GPU, else torch on the GPU rather than faiss-cpu on the host.
 
     Raises:
         ValueError: unknown backend, or `faiss` asked for but not installed.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    on_gpu = device.type == "cuda"
     if backend == "torch":
         return "torch"
-    if backend == "faiss" and not faiss_importable():
-        raise ValueError("backend 'faiss' needs the faiss package (pip install faiss-cpu, or a "
-                         "faiss GPU build); use backend 'torch' instead")
-    if on_gpu and faiss_gpu_available():
+    if not faiss_installed:
+        if backend == "faiss":
+            raise ValueError("backend 'faiss' needs the faiss package (pip install 'pcg-synth[cpu]', or "
+                             "'pcg-synth[gpu]' for the GPU build); use backend 'torch' instead")
+        return "torch"
+    if on_gpu and faiss_gpus > 0:
         return "faiss-gpu"
-    if backend == "auto":
-        return "torch" if on_gpu or not faiss_importable() else "faiss-cpu"
+    if backend == "auto" and on_gpu:
+        return "torch"
     return "faiss-cpu"
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """`choose_backend` for this machine and `device` (never calls a faiss GPU function
+    without a GPU build that sees one)."""
+    gpus = 0
+    if faiss_gpu_available():
+        import faiss
+
+        gpus = faiss.get_num_gpus()
+    return choose_backend(backend, device.type == "cuda", faiss_importable(), gpus)
 
 
 class TorchSearcher:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from engine.io.storage import model_dir
 from engine.models.llasa import LlasaLayout
 from engine.models.loading import ModelLoadError, load_tokenizer, read_config, safetensors_files
 
@@ -49,7 +50,7 @@ def load_speech_embeddings(checkpoint: str | Path, source: str = "input_embeddin
         ModelLoadError: missing directory, config, weights or tensor (a ValueError).
         ValueError: not a Llasa tokenizer, or an unknown source.
     """
-    path = Path(checkpoint)
+    path = model_dir(checkpoint)  # a directory, Hub model id or URI
     config = read_config(path)
     name = tensor_name(config, source)
     layout = LlasaLayout.from_tokenizer(load_tokenizer(path), model_vocab_size=config["vocab_size"])

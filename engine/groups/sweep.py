@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from engine.console import bar_disabled
 from engine.groups.build import EXACT_BAND, check_theta, member_dtype, slice_bounds, threshold, unit_rows
 from engine.groups.search import make_searcher
 from engine.models.device import resolve_device
@@ -48,7 +49,7 @@ def sweep(embeddings: torch.Tensor | np.ndarray, thetas: list[float], backend: s
     searcher = make_searcher(x, backend, resolve_device(device))
     sizes = {t: np.zeros(x.shape[0], dtype=np.int64) for t in thetas}
     floor = min(thetas) - EXACT_BAND
-    for lo, hi in tqdm(slice_bounds(x.shape[0]), desc="sweep", unit="slice", disable=not progress):
+    for lo, hi in tqdm(slice_bounds(x.shape[0]), desc="sweep", unit="slice", disable=bar_disabled(progress)):
         cand = searcher(lo, hi, floor)
         for theta in thetas:
             kept = threshold(x, cand, lo, hi, theta)

@@ -1,9 +1,16 @@
-"""The storage layer: the only code that touches URIs, boto3 or pyarrow filesystems.
+"""The storage layer: the only code that touches URIs, boto3, fsspec, pyarrow filesystems or
+the Hugging Face Hub.
 
-URIs: plain local paths, `file:///abs/path`, and `s3://bucket/key` (AWS or any S3-compatible
-endpoint). Credentials come from the standard AWS chain (environment, ~/.aws profiles,
-instance/role credentials) and never appear in messages: errors name the URI and the service's
-error code only.
+URIs: plain local paths, `file:///abs/path`, `s3://bucket/key` (boto3: AWS or any S3-compatible
+endpoint), and any other scheme fsspec knows (`gs://` with the `gcs` extra, `az://`/`abfs://`
+with the `azure` extra, `memory://`, ...). S3 credentials come from the standard AWS chain
+(environment, ~/.aws profiles, instance/role credentials), other stores' from their fsspec
+library's own chain; they never appear in messages: errors name the URI and the error's kind.
+
+Model directories (`model_dir`, `Storage.local_dir`) may also be Hugging Face Hub models:
+`org/name`, `org/name@revision` or `hf://org/name[@revision]`, fetched by `huggingface_hub` into
+its cache (HF_HOME / HF_HUB_CACHE; HF_HUB_OFFLINE=1 uses the cache only). An existing local
+path always wins over the Hub reading of the same text.
 """
 
 from __future__ import annotations
@@ -14,7 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
-from engine.config import StorageOptions
+from engine.config import StorageOptions, hub_model_id
+
+# Schemes this module serves itself; every other scheme fsspec knows goes through fsspec.
+OWN_SCHEMES = ("file", "s3")
+# fsspec schemes whose package comes with one of this project's extras
+EXTRAS = {"gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure", "adl": "azure"}
 
 
 class StorageError(RuntimeError):
@@ -23,20 +35,24 @@ class StorageError(RuntimeError):
 
 @dataclass(frozen=True)
 class Location:
-    scheme: str  # "file" | "s3"
-    bucket: str  # "" for local
-    path: str  # local absolute path, or the S3 key
+    scheme: str  # "file" | "s3" | another fsspec protocol ("gs", "az", "memory", ...)
+    bucket: str  # the S3 bucket; "" otherwise
+    path: str  # local absolute path, the S3 key, or the fsspec path after "scheme://"
 
     @property
     def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.path}" if self.scheme == "s3" else self.path
+        if self.scheme == "file":
+            return self.path
+        if self.scheme == "s3":
+            return f"s3://{self.bucket}/{self.path}"
+        return f"{self.scheme}://{self.path}"
 
 
 def parse(uri: str | os.PathLike) -> Location:
     """Split a URI; local paths are made absolute.
 
     Raises:
-        StorageError: an unsupported scheme or an S3 URI without a bucket.
+        StorageError: a scheme neither this module nor fsspec knows, or an S3 URI without a bucket.
     """
     text = os.fspath(uri)
     parsed = urlparse(text)
@@ -47,7 +63,12 @@ def parse(uri: str | os.PathLike) -> Location:
     if parsed.scheme == "file":
         return Location("file", "", str(Path(parsed.path).resolve()))
     if parsed.scheme and len(parsed.scheme) > 1:  # one letter: a Windows drive, a path
-        raise StorageError(f"{text}: unsupported scheme {parsed.scheme!r} (use a path, file:// or s3://)")
+        import fsspec
+
+        if "://" not in text or parsed.scheme not in fsspec.available_protocols():
+            raise StorageError(f"{text}: unsupported scheme {parsed.scheme!r} (use a path, file://, s3://, "
+                               "or a scheme fsspec knows, e.g. gs:// or az://)")
+        return Location(parsed.scheme, "", text.split("://", 1)[1])
     return Location("file", "", str(Path(text).resolve()))
 
 
@@ -66,7 +87,7 @@ def relative_to(manifest: str, ref: str) -> str:
         return ref
     loc = parse(manifest)
     base = str(PurePosixPath(loc.path).parent / ref)
-    return f"s3://{loc.bucket}/{base}" if loc.scheme == "s3" else base
+    return Location(loc.scheme, loc.bucket, base).uri
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
@@ -84,7 +105,103 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
 
 
 def is_remote(uri: str) -> bool:
-    return parse(uri).scheme == "s3"
+    """Not on this machine's disk: an object-store URI or a Hub model id."""
+    return hub_ref(uri) is not None or parse(uri).scheme != "file"
+
+
+def cache_dir() -> Path:
+    """This user's pcg-synth cache: `$PCG_SYNTH_CACHE`, else `~/.cache/pcg-synth` (fetched
+    models, groups, the bench's tiny kit)."""
+    root = os.environ.get("PCG_SYNTH_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "pcg-synth"
+
+
+# ---- Hugging Face Hub models ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubRef:
+    """A model on the Hugging Face Hub: repository id and optional revision (branch, tag, commit)."""
+
+    repo_id: str
+    revision: str | None = None
+    explicit: bool = False  # written hf://... (else it could have been a local path)
+
+    def __str__(self) -> str:
+        return self.repo_id + (f"@{self.revision}" if self.revision else "")
+
+
+def hub_ref(ref: str | os.PathLike) -> HubRef | None:
+    """The Hub model `ref` names, or None for a path or URI.
+
+    `hf://org/name[@revision]` is always a Hub model. `org/name[@revision]` is one unless a local
+    file or directory of that spelling exists (relative to the working directory): an existing
+    local path wins.
+
+    Raises:
+        StorageError: an `hf://` reference that is not `hf://org/name[@revision]`.
+    """
+    text = os.fspath(ref)
+    if text.startswith("hf://"):
+        found = hub_model_id(text)
+        if found is None:
+            raise StorageError(f"{text}: a Hub model is hf://org/name or hf://org/name@revision")
+        return HubRef(*found, explicit=True)
+    if os.path.exists(text):
+        return None
+    found = hub_model_id(text)
+    return HubRef(*found) if found else None
+
+
+def _hub_failure(ref: HubRef, exc: Exception) -> StorageError:
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    cache = constants.HF_HUB_CACHE
+    get = (f"download it where the Hub is reachable (`hf download {ref.repo_id}"
+           + (f" --revision {ref.revision}" if ref.revision else "")
+           + "` with HF_HOME or HF_HUB_CACHE pointing at this cache), or pass a local directory")
+    if isinstance(exc, GatedRepoError):
+        why = "it is gated: accept its terms on the Hub and log in (`hf auth login` or HF_TOKEN)"
+    elif isinstance(exc, RepositoryNotFoundError):
+        why = ("no such model on the Hub (or it is private: log in with `hf auth login` or HF_TOKEN), "
+               "and no local directory of that name")
+    elif isinstance(exc, RevisionNotFoundError):
+        why = f"the model has no revision {ref.revision!r}"
+    elif isinstance(exc, LocalEntryNotFoundError) or constants.HF_HUB_OFFLINE:
+        mode = "HF_HUB_OFFLINE=1 forbids downloading" if constants.HF_HUB_OFFLINE else "the Hub cannot be reached"
+        why = f"not in the Hugging Face cache ({cache}) and {mode}; {get}"
+    else:
+        why = f"{type(exc).__name__} ({cache}); {get}"
+    local = "" if ref.explicit else f"no local directory {ref}; as a Hugging Face model: "
+    return StorageError(f"{local or 'Hugging Face model ' + str(ref) + ': '}{why}")
+
+
+def hub_snapshot(ref: HubRef, config_only: bool = False) -> Path:
+    """The local snapshot directory of a Hub model, downloaded into huggingface_hub's cache on
+    first use (offline: from the cache only). `config_only` fetches just `config.json`.
+
+    Raises:
+        StorageError: not cached while offline, unknown model or revision, no access.
+    """
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(ref.repo_id, revision=ref.revision, local_files_only=constants.HF_HUB_OFFLINE,
+                                      allow_patterns=["config.json"] if config_only else None))
+    except Exception as exc:  # noqa: BLE001 - huggingface_hub's errors become one message
+        raise _hub_failure(ref, exc) from None
+
+
+def model_dir(ref: str | os.PathLike, storage: Storage | None = None) -> Path:
+    """A local directory holding the model `ref` names: a local path (as is), a Hub model (its
+    cached snapshot) or an object-store URI (a cached copy). See `Storage.local_dir`."""
+    return (storage or Storage()).local_dir(ref)
 
 
 class Storage:
@@ -127,12 +244,41 @@ class Storage:
             why = type(exc).__name__
         return StorageError(f"cannot {action} {loc.uri}: {why}")
 
+    # ---- fsspec plumbing (every scheme but file and s3) ---------------------------------------
+
+    def _fs(self, loc: Location):
+        """(fsspec filesystem, path inside it) for `loc`."""
+        from fsspec.core import url_to_fs
+
+        try:
+            return url_to_fs(loc.uri)
+        except ImportError as exc:
+            extra = EXTRAS.get(loc.scheme)
+            how = f"pip install 'pcg-synth[{extra}]'" if extra else str(exc)
+            raise StorageError(f"{loc.uri}: the {loc.scheme}:// filesystem is not installed ({how})") from None
+
+    @staticmethod
+    def _fs_fail(loc: Location, action: str, exc: Exception) -> StorageError:
+        if isinstance(exc, FileNotFoundError):
+            why = "no such object"
+        elif isinstance(exc, PermissionError):
+            why = "permission denied"
+        else:
+            why = type(exc).__name__
+        return StorageError(f"cannot {action} {loc.uri}: {why}")
+
     # ---- operations ------------------------------------------------------------------------
 
     def exists(self, uri: str) -> bool:
         loc = parse(uri)
         if loc.scheme == "file":
             return Path(loc.path).is_file()
+        if loc.scheme not in OWN_SCHEMES:
+            fs, path = self._fs(loc)
+            try:
+                return fs.isfile(path)
+            except Exception as exc:  # noqa: BLE001
+                raise self._fs_fail(loc, "check", exc) from None
         from botocore.exceptions import ClientError
 
         try:
@@ -152,6 +298,12 @@ class Storage:
                 return Path(loc.path).read_bytes()
             except OSError as exc:
                 raise StorageError(f"cannot read {loc.uri}: {exc.strerror}") from None
+        if loc.scheme not in OWN_SCHEMES:
+            fs, path = self._fs(loc)
+            try:
+                return fs.cat_file(path)
+            except Exception as exc:  # noqa: BLE001
+                raise self._fs_fail(loc, "read", exc) from None
         try:
             return self.s3.get_object(Bucket=loc.bucket, Key=loc.path)["Body"].read()
         except Exception as exc:  # noqa: BLE001
@@ -169,6 +321,12 @@ class Storage:
                     return f.read(stop - start)
             except OSError as exc:
                 raise StorageError(f"cannot read {loc.uri}: {exc.strerror}") from None
+        if loc.scheme not in OWN_SCHEMES:
+            fs, path = self._fs(loc)
+            try:
+                return fs.cat_file(path, start=start, end=stop)
+            except Exception as exc:  # noqa: BLE001
+                raise self._fs_fail(loc, "read", exc) from None
         try:
             obj = self.s3.get_object(Bucket=loc.bucket, Key=loc.path, Range=f"bytes={start}-{stop - 1}")
             return obj["Body"].read()
@@ -176,10 +334,17 @@ class Storage:
             raise self._fail(loc, "read", exc) from None
 
     def write_bytes(self, uri: str, data: bytes) -> None:
-        """Write atomically: a temporary file renamed into place, or one S3 PUT."""
+        """Write atomically: a temporary file renamed into place, or one object PUT."""
         loc = parse(uri)
         if loc.scheme == "file":
             write_atomic(loc.path, data)
+            return
+        if loc.scheme not in OWN_SCHEMES:
+            fs, path = self._fs(loc)
+            try:
+                fs.pipe_file(path, data)
+            except Exception as exc:  # noqa: BLE001
+                raise self._fs_fail(loc, "write", exc) from None
             return
         try:
             self.s3.put_object(Bucket=loc.bucket, Key=loc.path, Body=data)
@@ -190,6 +355,14 @@ class Storage:
         loc = parse(uri)
         if loc.scheme == "file":
             Path(loc.path).unlink(missing_ok=True)
+            return
+        if loc.scheme not in OWN_SCHEMES:
+            fs, path = self._fs(loc)
+            try:
+                if fs.isfile(path):
+                    fs.rm_file(path)
+            except Exception as exc:  # noqa: BLE001
+                raise self._fs_fail(loc, "delete", exc) from None
             return
         try:
             self.s3.delete_object(Bucket=loc.bucket, Key=loc.path)
@@ -210,6 +383,8 @@ class Storage:
                 return []
             return sorted(style + str(p) for p in root.rglob("*")
                           if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+        if loc.scheme not in OWN_SCHEMES:
+            return [u for u, _ in self._fs_list(loc)]
         out = []
         try:
             pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=loc.path)
@@ -221,6 +396,24 @@ class Storage:
             raise self._fail(loc, "list", exc) from None
         return sorted(out)
 
+    def _fs_list(self, loc: Location) -> list[tuple[str, int]]:
+        """(URI, size) of every object under `loc` (or `loc` itself), sorted."""
+        fs, path = self._fs(loc)
+        try:
+            if fs.isfile(path):
+                found = {path: fs.info(path)}
+            else:
+                found = fs.find(path.rstrip("/"), detail=True) if fs.isdir(path) else {}
+        except Exception as exc:  # noqa: BLE001
+            raise self._fs_fail(loc, "list", exc) from None
+        strip = path.rstrip("/")
+        out = []
+        for name, info in found.items():
+            if info.get("type", "file") != "file" or not name.startswith(strip):
+                continue
+            out.append((loc.uri.rstrip("/") + name[len(strip):], int(info.get("size") or 0)))
+        return sorted(out)
+
     def arrow_filesystem(self, uri: str):
         """(pyarrow FileSystem, path inside it) for reading/writing Parquet at `uri`."""
         import pyarrow.fs as pafs
@@ -228,6 +421,9 @@ class Storage:
         loc = parse(uri)
         if loc.scheme == "file":
             return pafs.LocalFileSystem(), loc.path
+        if loc.scheme not in OWN_SCHEMES:
+            fs, path = self._fs(loc)
+            return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
         if self._arrow_s3 is None:
             creds = self._session().get_credentials()
             frozen = creds.get_frozen_credentials() if creds else None
@@ -241,22 +437,28 @@ class Storage:
             self._arrow_s3 = pafs.S3FileSystem(**kwargs)
         return self._arrow_s3, f"{loc.bucket}/{loc.path}"
 
-    def local_dir(self, uri: str, cache_root: str | os.PathLike | None = None) -> Path:
-        """A local directory with the contents of `uri`: the path itself for local URIs; for
-        s3:// a copy under `cache_root` (default `$PCG_SYNTH_CACHE/models` or
-        `~/.cache/pcg-synth/models`), fetched once and reused while object sizes match.
+    def local_dir(self, uri: str | os.PathLike, cache_root: str | os.PathLike | None = None) -> Path:
+        """A local directory with the contents of `uri`: the path itself for local paths; a Hub
+        model's cached snapshot (see `hub_ref`); for object-store URIs (s3:// and fsspec's) a
+        copy under `cache_root` (default `cache_dir()/models`), fetched once and reused while
+        object sizes match.
 
         Raises:
-            StorageError: nothing under `uri`, or a download failed.
+            StorageError: nothing under `uri`, a Hub model not to be had, or a download failed.
         """
+        hub = hub_ref(uri)
+        if hub is not None:
+            return hub_snapshot(hub)
+        uri = os.fspath(uri)
         loc = parse(uri)
         if loc.scheme == "file":
             return Path(loc.path)
         import hashlib
 
-        root = Path(cache_root) if cache_root else Path(
-            os.environ.get("PCG_SYNTH_CACHE", Path.home() / ".cache" / "pcg-synth")) / "models"
+        root = Path(cache_root) if cache_root else cache_dir() / "models"
         dest = root / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:24]
+        if loc.scheme not in OWN_SCHEMES:
+            return self._fetch_fs(loc, dest)
         prefix = loc.path.rstrip("/") + "/"
         objects = [u for u in self.list(uri) if parse(u).path.startswith(prefix)]
         if not objects:
@@ -275,3 +477,36 @@ class Storage:
                 raise self._fail(Location("s3", loc.bucket, key), "fetch", exc) from None
             os.replace(tmp, target)
         return dest
+
+    def _fetch_fs(self, loc: Location, dest: Path) -> Path:
+        """Copy every object under an fsspec `loc` to `dest` (skipping files of the same size)."""
+        prefix = loc.uri.rstrip("/") + "/"
+        objects = [(u, size) for u, size in self._fs_list(loc) if u.startswith(prefix)]
+        if not objects:
+            raise StorageError(f"nothing to fetch under {loc.uri}")
+        fs, _ = self._fs(loc)
+        for uri, size in objects:
+            target = dest / uri[len(prefix):]
+            if target.is_file() and target.stat().st_size == size:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.part")
+            src = parse(uri)
+            try:
+                fs.get_file(self._fs(src)[1], str(tmp))
+            except Exception as exc:  # noqa: BLE001
+                raise self._fs_fail(src, "fetch", exc) from None
+            os.replace(tmp, target)
+        return dest
+
+    def has_checkpoint(self, ref: str) -> bool:
+        """Whether `ref` (a path, URI or Hub model) holds a checkpoint (`config.json`). A Hub model
+        is asked for its config only (from the cache when offline).
+
+        Raises:
+            StorageError: a Hub model that cannot be had (the message says why and what to do).
+        """
+        hub = hub_ref(ref)
+        if hub is not None:
+            return (hub_snapshot(hub, config_only=True) / "config.json").is_file()
+        return self.exists(join(os.fspath(ref), "config.json"))

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
+from engine.console import bar_disabled
 from engine.metrics.asr import Recognizer
 from engine.metrics.references import PromptClips, decode_audio
 from engine.metrics.speaker import SpeakerEncoder, cosine
@@ -67,7 +68,7 @@ def evaluate_table(table: pa.Table, backends: Backends, batch: int = 16, progres
     """Per-row metrics (rows without audio keep their error and no metrics)."""
     rows = table.drop_columns([c for c in ("codes", "stats") if c in table.column_names]).to_pylist()
     out = []
-    bar = tqdm(total=len(rows), desc="eval", unit="clip", disable=not progress)
+    bar = tqdm(total=len(rows), desc="eval", unit="clip", disable=bar_disabled(progress))
     for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
         waves = [decode_audio(r.get("audio")) for r in chunk]

@@ -72,6 +72,22 @@ class PromptClips:
                     if key is not None:
                         self.by_key.setdefault(str(key), ref)
         self._waves: dict[str, np.ndarray] = {}
+        # rows without a reference, by reason: "no_prompt", "not_found" (a prompt_id the
+        # manifests do not hold), "codes_without_codec"
+        self.missing: dict[str, int] = {}
+
+    @property
+    def has_codes(self) -> bool:
+        """Some prompt is given only as codes (decoding it needs a codec)."""
+        return any(kind == "codes" for kind, _ in self.by_key.values())
+
+    def notes(self) -> list[str]:
+        """Why rows have no speaker similarity, one line per reason."""
+        why = {"codes_without_codec": "their voice prompts are X-codec2 codes and no codec was given "
+                                      "(--codec DIR; a job's output names it in _job.json)",
+               "not_found": "their prompt ids are not in the --prompts manifests",
+               "no_prompt": "they have no voice prompt (the model's own voice: nothing to compare with)"}
+        return [f"no speaker similarity for {n} row(s): {why[k]}" for k, n in self.missing.items() if n]
 
     @staticmethod
     def _reference(uri: str, row: dict) -> tuple[str, object] | None:
@@ -88,9 +104,12 @@ class PromptClips:
 
         key = row_id if row_id in self.by_key else prompt_id
         if key is None or key not in self.by_key:
+            reason = "no_prompt" if prompt_id is None else "not_found"
+            self.missing[reason] = self.missing.get(reason, 0) + 1
             return None
         kind, ref = self.by_key[key]
         if kind == "codes" and self.codec is None:
+            self.missing["codes_without_codec"] = self.missing.get("codes_without_codec", 0) + 1
             return None
         cache_key = f"{kind}:{ref}" if kind == "clip" else f"codes:{hash(tuple(ref))}"
         if cache_key not in self._waves:

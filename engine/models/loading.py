@@ -1,4 +1,5 @@
-"""Load Llama-family checkpoints (Hugging Face layout) from a local directory."""
+"""Load Llama-family checkpoints (Hugging Face layout): a local directory, a Hugging Face Hub
+model (`org/name[@revision]`, `hf://...`) or an object-store URI (fetched to the cache first)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.io.storage import model_dir
 from engine.models.device import resolve_dtype
 from engine.models.llama import LlamaLM, LlamaShape, prepack_supported
 from engine.models.llasa import LlasaLayout
 
 HOW_TO_GET = (
-    "Build the tiny kit with `pcg-synth kit build DIR`, or copy a real checkpoint "
-    "(e.g. HKUSTAudio/Llasa-1B: config.json, *.safetensors, tokenizer files) to a local "
-    "directory on a machine that can reach the hub and pass that directory."
+    "Build the tiny kit with `pcg-synth kit build DIR`, pass a Hugging Face model id such as "
+    "HKUSTAudio/Llasa-1B (fetched into the Hugging Face cache), or a local copy of one "
+    "(config.json, *.safetensors, tokenizer files)."
 )
 
 
@@ -137,7 +139,7 @@ def load_model(
 
     Args:
         path: directory with `config.json`, safetensors weights and (unless `tokenizer` is
-            given) tokenizer files.
+            given) tokenizer files; or a Hub model id or object-store URI of one (`model_dir`).
         device: where the weights go.
         dtype: `auto`, `float32`, `bfloat16`, `float16` or `float64`.
         tokenizer: reuse this tokenizer instead of loading the directory's own.
@@ -146,8 +148,9 @@ def load_model(
     Raises:
         ModelLoadError: missing/incomplete directory, not a Llama model.
         ValueError: the tokenizer is not a Llasa tokenizer.
+        StorageError: a Hub model or URI that cannot be fetched.
     """
-    path = Path(path)
+    path = model_dir(path)
     config = read_config(path)
     device = torch.device(device)
     dtype = resolve_dtype(dtype, device)

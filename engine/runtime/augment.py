@@ -8,6 +8,7 @@ voices and methods and workers get even loads.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import json
@@ -32,6 +33,7 @@ class Expansion:
     over_budget: int  # cut by max_audio_hours
     bad_rows: int  # malformed manifest rows, passed through once as error records
     estimated_hours: float
+    methods: dict[str, int]  # variants per acceptance rule
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -127,4 +129,5 @@ def expand(spec: JobSpec, storage: Storage, root: str) -> Expansion:
     return Expansion(uri=uri, texts=len(rows), grid=len(grid), variants=len(variants),
                      capped=len(rows) * (len(grid) - cap), over_budget=len(rows) * (cap - per_text),
                      bad_rows=len(passthrough),
-                     estimated_hours=round(sum(min(per_text, cap) * s for s in seconds) / 3600, 4))
+                     estimated_hours=round(sum(min(per_text, cap) * s for s in seconds) / 3600, 4),
+                     methods=dict(sorted(collections.Counter(v["method"] for v in variants).items())))

@@ -10,6 +10,7 @@ import ray
 from tqdm.auto import tqdm
 
 from engine.config import JobSpec
+from engine.console import bar_disabled
 from engine.io.storage import Storage, StorageError
 from engine.runtime.connect import init_ray
 from engine.runtime.plan import Layout, Plan, make_plan
@@ -27,7 +28,11 @@ def preflight(spec: JobSpec, storage: Storage) -> None:
         uri = getattr(spec.models, field)
         if uri is None:
             continue
-        if not storage.exists(f"{uri.rstrip('/')}/config.json"):
+        try:
+            found = storage.has_checkpoint(uri.rstrip("/"))
+        except StorageError as exc:
+            raise ValueError(f"models.{field}: {exc}") from None
+        if not found:
             raise ValueError(f"models.{field}: no checkpoint at {uri} (config.json missing)")
     if spec.models.groups and not storage.exists(spec.models.groups):
         raise ValueError(f"models.groups: no groups file at {spec.models.groups}")
@@ -61,22 +66,37 @@ def check_resume(spec: JobSpec, plan: Plan, storage: Storage, layout: Layout) ->
     return committed & ids
 
 
-def prepare_groups(spec: JobSpec, storage: Storage, layout: Layout):
-    """PCG groups for the job: a given file, or cached/built once here for every worker."""
-    if spec.decoding.method != "pcg":
+def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True):
+    """PCG groups for the job: a given file, or fetched from the groups cache (built there once)
+    here, on the driver, which ships them to every worker through Ray's object store. So the
+    default cache is this user's (`$PCG_SYNTH_CACHE/groups` or `~/.cache/pcg-synth/groups`),
+    shared by every job; `models.groups_cache` names another (e.g. an s3:// prefix that several
+    drivers share)."""
+    methods = {spec.decoding.method, *(spec.augment.methods or [] if spec.augment else [])}
+    if "pcg" not in methods:
         return None
     from engine.groups.store import from_bytes
 
     if spec.models.groups:
         return from_bytes(storage.read_bytes(spec.models.groups))
-    from engine.groups.cache import get_groups
+    from engine.groups.cache import default_cache_dir, get_groups
     from engine.groups.source import load_speech_embeddings
     from engine.runtime.storage_blobs import StorageBlobStore
 
     embeddings = load_speech_embeddings(storage.local_dir(spec.models.target))
-    store = StorageBlobStore(storage, spec.models.groups_cache or layout.groups_cache)
+    store = StorageBlobStore(storage, spec.models.groups_cache or str(default_cache_dir()))
     return get_groups(embeddings, spec.decoding.theta, spec.decoding.max_group_size, store=store,
-                      progress=True)
+                      progress=progress)
+
+
+def finished_summary(storage: Storage, layout: Layout, plan: Plan) -> dict | None:
+    """The summary a finished run of this very job wrote (every shard committed), else None."""
+    if not storage.exists(layout.summary):
+        return None
+    summary = json.loads(storage.read_bytes(layout.summary))
+    shards = summary.get("shards", {})
+    done = shards.get("committed") == len(plan.shards) and not shards.get("failed")
+    return summary if summary.get("fingerprint") == plan.fingerprint and done else None
 
 
 class JobRunner:
@@ -119,17 +139,23 @@ class JobRunner:
             plan = make_plan(spec, storage)
         committed = check_resume(spec, plan, storage, layout)
         todo = [s for s in plan.shards if s.id not in committed]
+        if not todo and (previous := finished_summary(storage, layout, plan)) is not None:
+            if self.progress:  # a rerun of a finished job: its figures, not a run of nothing
+                print(f"{spec.name}: all {len(plan.shards)} shards of {spec.output.uri} were committed "
+                      "before; nothing to run. The summary of the run that finished the job:")
+                print(summary_table(previous))
+            return previous
         started = time.perf_counter()
         records: list[dict] = []
         report = None
         setup_s = 0.0
         if todo:
-            groups = prepare_groups(spec, storage, layout)
+            groups = prepare_groups(spec, storage, self.progress)
             init_ray(self.address, log_to_driver=False, configure_logging=False)
             setup_s = time.perf_counter() - started
             done_rows = sum(s.rows for s in plan.shards if s.id in committed)
             bar = tqdm(total=plan.rows, initial=done_rows, unit="row", desc=spec.name,
-                       disable=not self.progress)
+                       disable=bar_disabled(self.progress))
 
             def commit(record: dict) -> None:
                 records.append(record)

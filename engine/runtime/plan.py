@@ -136,7 +136,3 @@ class Layout:
     @property
     def summary(self) -> str:
         return join(self.root, "summary.json")
-
-    @property
-    def groups_cache(self) -> str:
-        return join(self.root, "_cache", "groups")

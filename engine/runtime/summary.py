@@ -138,10 +138,18 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
 def summary_table(s: dict) -> str:
     acc = " ".join(f"{a:.2f}" for a in s["acceptance_per_position"]) or "-"
     sh = s["shards"]
+    aug = s.get("augment")
+    if aug and aug.get("methods"):  # an augment corpus mixes methods: say which, and how often
+        method = ", ".join(f"{m} ({n} variants)" for m, n in aug["methods"].items())
+        rows_line = (f"{s['rows_ok']} ok, {s['rows_failed']} failed, of {s['rows']}: {aug['variants']} variants "
+                     f"of {aug['texts']} texts + {aug['bad_rows']} malformed manifest rows "
+                     f"({aug['texts'] + aug['bad_rows']} manifest rows)")
+    else:
+        method, rows_line = s["method"], f"{s['rows_ok']} ok, {s['rows_failed']} failed, {s['rows']} in manifests"
     rows = [
         ("job", f"{s['job']} -> {s['output']}"),
-        ("method", s["method"]),
-        ("rows", f"{s['rows_ok']} ok, {s['rows_failed']} failed, {s['rows']} in manifests"),
+        ("method", method),
+        ("rows", rows_line),
         ("shards", f"{sh['committed']}/{sh['total']} committed ({sh['committed_before']} before this run, "
                    f"{sh['retries']} retries, {sh['failed']} failed)"),
         ("audio", f"{s['audio_seconds']:.1f} s ({s['audio_hours']:.4f} h)"),

@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 from engine.config import JobSpec, ModelPair
 from engine.io.storage import Storage, join
 from engine.runtime.job import JobRunner
-from engine.runtime.plan import Layout
 
 
 def points(spec: JobSpec) -> list[dict]:
@@ -51,8 +50,7 @@ def point_id(p: dict) -> str:
 def point_spec(spec: JobSpec, p: dict, uri: str) -> JobSpec:
     decoding = {"method": p["method"]}
     decoding.update({k: p[k] for k in ("gamma", "theta") if p[k] is not None})
-    models = {"target": p["pair"].target, "draft": p["pair"].draft,
-              "groups_cache": spec.models.groups_cache or Layout(spec.output.uri).groups_cache}
+    models = {"target": p["pair"].target, "draft": p["pair"].draft}
     return spec.model_copy(update={
         "kind": "synthesize", "sweep": None, "name": f"{spec.name}-{point_id(p)}",
         "models": spec.models.model_copy(update=models),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,3 +136,13 @@ def test_llasa_shape_builder_makes_a_working_target_and_draft(tmp_path):
     results, summary = Synthesizer(target, draft).synthesize(
         ["Hello there."], DecodingSettings(method="exact", max_new_tokens=6))
     assert results[0].finish_reason in ("eos", "length") and summary.stats.generated_tokens > 0
+
+
+def test_tiny_preset_uses_the_kit_in_the_working_directory(kit_dir, tmp_path, monkeypatch, capsys):
+    from engine.bench.cli import build_default_out_args
+    from engine.bench.presets import tiny_kit
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kit").symlink_to(kit_dir)
+    assert tiny_kit() == Path("kit") and "using the tiny kit in ./kit" in capsys.readouterr().out
+    assert build_default_out_args("tiny") == "out/bench/tiny.json"  # out/ is ignored by git

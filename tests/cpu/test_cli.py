@@ -136,3 +136,23 @@ def test_settings_are_built_from_the_flags_given_only():
     assert settings_from_args(parser.parse_args(["--gamma", "5", "--theta", "0.3"]), DecodingSettings).gamma == 5
     with pytest.raises(SystemExit):
         parser.parse_args(["--gamma", "many"])
+
+
+def test_version_and_verbose(capsys):
+    import engine
+    from engine.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"pcg-synth {engine.__version__}"
+    parser = build_parser()
+    assert parser.parse_args(["groups", "stats", "x", "-v"]).verbose  # after the command too
+    assert parser.parse_args(["-v", "run", "job.yaml"]).verbose
+    assert not parser.parse_args(["run", "job.yaml"]).verbose
+
+
+def test_generate_names_texts_without_an_id_by_their_words():
+    from engine.cli import text_id
+
+    assert text_id(3, "Hello there, how are you today?") == "003-hello-there-how-are-you"
+    assert text_id(0, "¿?") == "000"

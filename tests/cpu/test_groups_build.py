@@ -172,10 +172,30 @@ def test_parse_thetas():
         parse_thetas("0.4,1.5")
 
 
-def test_backend_resolution_without_a_faiss_gpu_build():
+def test_backend_choice_follows_what_the_machine_has():
+    from engine.groups.search import choose_backend
+
+    # no GPU (what CPU installs and CI have): faiss-cpu, whichever faiss build is installed
+    assert choose_backend("auto", on_gpu=False, faiss_installed=True, faiss_gpus=0) == "faiss-cpu"
+    assert choose_backend("faiss", on_gpu=True, faiss_installed=True, faiss_gpus=0) == "faiss-cpu"
+    assert choose_backend("auto", on_gpu=True, faiss_installed=True, faiss_gpus=0) == "torch"
+    # a faiss GPU build that sees a GPU: faiss-gpu on a CUDA device, faiss-cpu for a CPU device
+    assert choose_backend("auto", on_gpu=True, faiss_installed=True, faiss_gpus=1) == "faiss-gpu"
+    assert choose_backend("faiss", on_gpu=True, faiss_installed=True, faiss_gpus=2) == "faiss-gpu"
+    assert choose_backend("auto", on_gpu=False, faiss_installed=True, faiss_gpus=1) == "faiss-cpu"
+    # no faiss at all (neither extra installed): torch, or a clear error when faiss is demanded
+    assert choose_backend("auto", on_gpu=False, faiss_installed=False, faiss_gpus=0) == "torch"
+    with pytest.raises(ValueError, match=r"pcg-synth\[cpu\]"):
+        choose_backend("faiss", on_gpu=False, faiss_installed=False, faiss_gpus=0)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        choose_backend("annoy", on_gpu=False, faiss_installed=True, faiss_gpus=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_backend_resolution_without_a_gpu():
     from engine.groups.search import faiss_gpu_available, resolve_backend
 
-    assert not faiss_gpu_available()  # faiss-cpu here: no GPU function may be reached
+    assert not faiss_gpu_available()  # no GPU here: no faiss GPU function may be reached
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_backend("auto", cpu) == "faiss-cpu"  # faiss is the faster CPU default
     assert resolve_backend("auto", cuda) == "torch"  # torch on the GPU beats faiss-cpu on the host

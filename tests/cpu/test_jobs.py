@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,10 +19,23 @@ from pydantic import ValidationError
 from engine.config import JobSpec, StorageOptions
 from engine.io.storage import Storage
 from engine.runtime.job import JobRunner
+from engine.runtime.summary import summary_table
 
 from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def decoding_available() -> bool:
+    """Whether `datasets` can decode audio here (torchcodec with FFmpeg's shared libraries, which
+    scripts/setup.sh installs where it can). CI must have it."""
+    try:
+        from torchcodec.decoders import AudioDecoder  # noqa: F401
+    except (ImportError, OSError, RuntimeError):
+        if os.environ.get("CI"):
+            raise
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +75,46 @@ def test_quickstart_job_end_to_end(local_ray, kit_dir, tmp_path, groups_cache, k
     assert on_disk["rows_ok"] == summary["rows_ok"]
     import datasets
 
-    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "out/data/*.parquet"), split="train")
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "out/data/*.parquet"), split="train",
+                               cache_dir=str(tmp_path / "hf-datasets"))
     assert isinstance(ds.features["audio"], datasets.Audio) and ds.num_rows == len(manifest)
+    if decoding_available():  # the README's example: one row's audio, decoded by datasets itself
+        row = next(r for r in ds if r["audio"] is not None)
+        audio = row["audio"]
+        samples = audio["array"]
+        assert audio["sampling_rate"] == 16_000 and samples.shape == (320 * row["num_codes"],)
+        assert 0 < abs(samples).max() <= 1.0
+
+
+def test_a_finished_job_rerun_prints_its_figures_again(local_ray, kit_dir, tmp_path, groups_cache, kit_groups,
+                                                       capsys):
+    spec = job_spec(kit_dir, [str(write_manifest(tmp_path / "m.jsonl", texts(4)))], str(tmp_path / "out"),
+                    decoding={"method": "pcg"}, models={"groups_cache": str(groups_cache)})
+    first = JobRunner(spec).run()
+    capsys.readouterr()
+    again = JobRunner(spec).run()
+    assert again == first == json.loads((tmp_path / "out" / "summary.json").read_text())
+    out = capsys.readouterr().out
+    assert "were committed before; nothing to run" in out
+    assert f"{first['throughput']['tokens_per_s']} tok/s" in out  # the first run's figures, not nulls
+
+
+def test_eval_of_a_job_output_finds_its_manifests_and_codec(local_ray, kit_dir, tmp_path, groups_cache, kit_groups,
+                                                            capsys):
+    """The quickstart's voice prompt is given as codes: eval needs the job's codec, from _job.json."""
+    from engine.cli import main
+
+    rows = [json.loads(line) for line in (ROOT / "jobs/data/quickstart.jsonl").read_text().splitlines()]
+    manifest = write_manifest(tmp_path / "m.jsonl", [r for r in rows if r["id"] in ("qs-000", "qs-clone")])
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), models={"groups_cache": str(groups_cache)})
+    JobRunner(spec, progress=False).run()
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "out"), "--asr", "none", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{kit_dir / 'codec'} (from the job's _job.json)" in printed
+    summary = json.loads((tmp_path / "out.eval.summary.json").read_text())
+    assert summary["methods"]["exact"]["similarity_rows"] == 1  # qs-clone, against its decoded prompt codes
+    assert "no speaker similarity for 1 row(s): they have no voice prompt" in printed
 
 
 def test_job_reads_and_writes_s3(local_ray, kit_dir, s3_endpoint, s3_bucket, tmp_path):
@@ -201,4 +253,9 @@ def test_augment_job_crosses_texts_with_voices_seeds_and_methods_within_budget(l
         assert len({(r["prompt_id"], json.loads(r["provenance"])["augment_seed"], r["method"]) for r in mine}) == 3
         assert len({r["prompt_id"] for r in mine}) >= 2
     assert "text is empty" in next(r["error"] for r in rows if r["id"] == "bad")
+    counts = collections.Counter(r["method"] for r in variants)
+    assert aug["methods"] == dict(sorted(counts.items()))
+    table = dict(line.split(None, 1) for line in summary_table(summary).splitlines()[:3])
+    assert table["method"] == ", ".join(f"{m} ({n} variants)" for m, n in sorted(counts.items()))
+    assert table["rows"] == "9 ok, 1 failed, of 10: 9 variants of 3 texts + 1 malformed manifest rows (4 manifest rows)"
     assert fit_budget([1.0, 2.0], [4, 4], 6.0) == 2 and fit_budget([1.0], [4], 0.5) == 0

@@ -54,3 +54,20 @@ def test_groups_on_cuda_equal_faiss_cpu():
     ref = build_groups(emb, 0.5, backend="faiss", device="cpu")
     gpu = build_groups(emb, 0.5, backend="torch", device="cuda")
     assert np.array_equal(ref.indptr, gpu.indptr) and np.array_equal(ref.members, gpu.members)
+
+
+def test_groups_builder_chooses_faiss_gpu_where_a_faiss_gpu_build_sees_the_gpu():
+    """With the [gpu] extra (faiss-gpu) on a CUDA machine the builder picks the faiss GPU backend,
+    and its groups equal faiss-cpu's."""
+    import pytest
+
+    from engine.groups.search import faiss_gpu_available, resolve_backend
+
+    if not faiss_gpu_available():
+        pytest.skip("no faiss GPU build here (pip install 'pcg-synth[gpu]')")
+    assert resolve_backend("auto", torch.device("cuda")) == "faiss-gpu"
+    emb = torch.randn(3000, 32, generator=torch.Generator().manual_seed(1))
+    gpu = build_groups(emb, 0.5, backend="auto", device="cuda")
+    ref = build_groups(emb, 0.5, backend="faiss", device="cpu")
+    assert gpu.meta["backend"] == "faiss-gpu" and ref.meta["backend"] == "faiss-cpu"
+    assert np.array_equal(ref.indptr, gpu.indptr) and np.array_equal(ref.members, gpu.members)

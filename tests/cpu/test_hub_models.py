@@ -1,0 +1,69 @@
+"""Models by Hugging Face Hub id, offline: a Hub cache laid out as huggingface_hub writes it
+(models--org--name/{blobs, refs/main, snapshots/<commit>/...}) is built here from the tiny kit,
+and `pcg-synth` runs with HF_HUB_CACHE pointing at it and HF_HUB_OFFLINE=1. Nothing is
+downloaded: the real huggingface_hub resolves the ids from that cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def add_to_hub_cache(cache: Path, repo_id: str, source: Path, commit: str = COMMIT) -> None:
+    """Put `source`'s files into `cache` as huggingface_hub stores a downloaded snapshot:
+    content-addressed blobs, snapshot files linking to them, and refs/main naming the commit."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    for file in sorted(p for p in source.rglob("*") if p.is_file()):
+        data = file.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = repo / "snapshots" / commit / file.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+
+
+@pytest.fixture(scope="module")
+def hub_cache(kit_dir, tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("hf") / "hub"
+    for part in ("target", "draft", "codec"):
+        add_to_hub_cache(cache, f"test-org/tiny-{part}", kit_dir / part)
+    return cache
+
+
+def pcg_synth(args: list[str], hub: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_generate_by_hub_ids_offline(hub_cache, kit_groups, tmp_path):
+    """Target by `org/name`, draft by `hf://org/name@commit`, codec by `org/name@main`."""
+    out = pcg_synth(["generate", "--target", "test-org/tiny-target", "--draft", f"hf://test-org/tiny-draft@{COMMIT}",
+                     "--codec", "test-org/tiny-codec@main", "--text", "Hello from the hub.", "--method", "pcg",
+                     "--max-new-tokens", "12", "--device", "cpu", "--wav-dir", "wav", "--out", "run.json", "--quiet"],
+                    hub_cache, tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["target"] == "test-org/tiny-target" and doc["runs"][0]["summary"]["ok"] == 1
+    assert [p.name for p in (tmp_path / "wav").iterdir()] == ["000-hello-from-the-hub.wav"]
+
+
+def test_a_hub_id_missing_from_the_offline_cache_says_where_it_looked(hub_cache, tmp_path):
+    out = pcg_synth(["generate", "--target", "test-org/not-there", "--text", "Hi.", "--method", "ar"],
+                    hub_cache, tmp_path)
+    assert out.returncode == 2
+    err = out.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: no local directory test-org/not-there; as a Hugging Face model: ")
+    assert f"not in the Hugging Face cache ({hub_cache})" in err and "HF_HUB_OFFLINE=1" in err
+    assert "hf download test-org/not-there" in err
