@@ -108,11 +108,12 @@ class ShardStream:
 
     def submit(self, task: ShardTask) -> Future:
         """Queue a prepared shard (already `hold`); its future resolves to the commit record."""
-        if not self.threads:
-            self.threads = [threading.Thread(target=self.decode_loop, name="decode", daemon=True),
-                            threading.Thread(target=self.io_loop, name="shard-io", daemon=True)]
-            for t in self.threads:
-                t.start()
+        with self.lock:  # shards arrive on several threads: start one loop, once
+            if not self.threads:
+                self.threads = [threading.Thread(target=self.decode_loop, name="decode", daemon=True),
+                                threading.Thread(target=self.io_loop, name="shard-io", daemon=True)]
+                for t in self.threads:
+                    t.start()
         task.future.add_done_callback(lambda _: self.release())
         self.inbox.put(task)
         return task.future
