@@ -13,8 +13,8 @@ Two workloads on the tiny kit, each run two ways side by side, in one run of thi
     over the same rows with the same per-row settings at the same batch size, in this process,
     no Ray, no audio.
 Both get the same CPU threads (`--threads`: torch threads here, `cpus_per_worker` there).
-With `--before DIR` (a checkout of the engine before the streaming worker, e.g. commit 22b6ad8
-unpacked with `git archive`) the job also runs with that code, in a subprocess, for the
+With `--before DIR` (the engine before the streaming worker: `mkdir /tmp/before14 && git archive
+22b6ad8 | tar -x -C /tmp/before14`) the job also runs with that code, in a subprocess, for the
 before/after table. Repetitions are interleaved (`--reps`); the machine's load is recorded.
 
     .venv/bin/python benchmarks/bench_job_throughput.py [--before /tmp/before14] [--reps 1]
@@ -198,7 +198,8 @@ def markdown(doc: dict) -> str:
                      f"{a['job_ratio']} | {a['job_io_wait_s']} | {a['job_overlap']} | {a['job_decoders']} |")
     lines += ["", "Medians over repetitions; each repetition runs decoding alone and the job(s) back to back. "
               "Workloads: " + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
-              "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)."]
+              "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)" + (
+                  "; the before code: `git archive 22b6ad8 | tar -x -C DIR`." if doc.get("before") else ".")]
     return "\n".join(lines) + "\n"
 
 
@@ -257,7 +258,7 @@ def main() -> None:
            "how": ".venv/bin/python benchmarks/bench_job_throughput.py " + " ".join(sys.argv[1:]),
            "machine": describe("cpu"), "threads": args.threads, "reps": args.reps,
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
-           "seconds": round(time.perf_counter() - t0, 1), "workloads": {}}
+           "seconds": round(time.perf_counter() - t0, 1), "before": args.before, "workloads": {}}
     for name, _ in workloads:
         r = runs[name]
         summary = {
