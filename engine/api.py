@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -17,8 +17,9 @@ from tqdm.auto import tqdm
 from engine.config import DecodingSettings
 from engine.console import bar_disabled
 from engine.decoding.adaptive import GammaChoice, choose_gamma
-from engine.decoding.speculative import Request, SpeculativeDecoder
-from engine.decoding.verify import make_rule
+from engine.decoding.scheduler import DecodeScheduler
+from engine.decoding.speculative import Request, RowResult, SpeculativeDecoder
+from engine.decoding.verify import Rule, make_rule, rule_key
 from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
 from engine.models.device import resolve_device
@@ -51,7 +52,8 @@ class Synthesizer:
         self.prompter = LlasaPrompter(target.tokenizer, target.layout, date_string)
         self._groups: dict[tuple, GroupIndex] = {}
         self._gamma: dict[tuple, GammaChoice] = {}
-        self._decoder: tuple[tuple, SpeculativeDecoder] | None = None
+        self._rules: dict[tuple, Rule] = {}
+        self._decoders: dict[tuple, SpeculativeDecoder] = {}
 
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
@@ -76,6 +78,8 @@ class Synthesizer:
         """Use prebuilt groups for their (theta, cap) instead of building them."""
         key = (groups.theta, groups.max_group_size)
         self._groups[key] = GroupIndex(groups, self.target.layout.vocab_out, self.device)
+        for rule in [k for k in self._rules if k[0] == "pcg" and k[1:3] == key]:
+            del self._rules[rule]  # rules built on the groups replaced
 
     def groups(self, theta: float, max_group_size: int | None = None) -> GroupIndex:
         """The group index for (theta, cap): from the content-addressed groups cache
@@ -86,42 +90,54 @@ class Synthesizer:
             self.set_groups(get_groups(self.speech_embeddings(), theta, max_group_size))
         return self._groups[key]
 
-    def decoder(self, settings: DecodingSettings, batch_size: int | None = None) -> SpeculativeDecoder:
-        """A decoder for these settings; the last one is kept (its caches are reused)."""
-        batch = batch_size or self.batch_size
-        key = (settings.method, settings.gamma, settings.warp, settings.theta,
-               settings.max_group_size, settings.max_thinning_trials, settings.beta, settings.topk,
-               batch)
-        if self._decoder is not None and self._decoder[0] == key:
-            return self._decoder[1]
-        self._decoder = None  # free the old caches first
+    def rule(self, settings: DecodingSettings) -> Rule | None:
+        """The acceptance rule of `settings` (None for `ar`), one object per distinct rule."""
+        if not settings.speculative:
+            return None
+        key = rule_key(settings)
+        if key not in self._rules:
+            groups = self.groups(settings.theta, settings.max_group_size) if settings.method == "pcg" else None
+            self._rules[key] = make_rule(settings, groups)
+        return self._rules[key]
+
+    def make_decoder(self, settings: DecodingSettings, batch: int) -> SpeculativeDecoder:
+        """A new decoder for `settings`' structure (draft or not, gamma) at `batch` slots."""
         if settings.speculative:
             if self.draft is None:
                 raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
-            groups = self.groups(settings.theta, settings.max_group_size) if settings.method == "pcg" else None
-            rule = make_rule(settings, groups)
-            decoder = SpeculativeDecoder(self.target.model, self.draft.model, rule, settings.warp,
-                                         settings.gamma, batch, self.max_context,
-                                         self.target.layout.eos_out)
-        else:
-            decoder = SpeculativeDecoder(self.target.model, None, None, settings.warp, 0,
-                                         batch, self.max_context, self.target.layout.eos_out)
-        self._decoder = (key, decoder)
-        return decoder
+            return SpeculativeDecoder(self.target.model, self.draft.model, settings.gamma, batch,
+                                      self.max_context, self.target.layout.eos_out)
+        return SpeculativeDecoder(self.target.model, None, 0, batch, self.max_context,
+                                  self.target.layout.eos_out)
+
+    def decoder(self, settings: DecodingSettings, batch_size: int | None = None) -> SpeculativeDecoder:
+        """The decoder for `settings` (concrete gamma): one per structure (draft or not, gamma)
+        and batch size, whatever the sampling settings or the rule; kept for reuse (its caches),
+        and idle ones are freed when another structure is needed."""
+        batch = batch_size or self.batch_size
+        key = decoder_key(settings, batch)
+        if key not in self._decoders:
+            for other in [k for k, d in self._decoders.items() if d.idle]:
+                del self._decoders[other]  # free idle caches first
+            self._decoders[key] = self.make_decoder(settings, batch)
+        return self._decoders[key]
 
     def resolve_gamma(self, settings: DecodingSettings, requests: list[Request], batch: int,
                       ) -> tuple[DecodingSettings, GammaChoice | None]:
         """Settings with a concrete gamma. For `gamma: auto` a pilot (gamma 4, a few short rows)
         measures acceptance, then `choose_gamma` times the steps at `batch`; the choice is kept
-        per (settings, batch). Speculation off means `ar`."""
+        per (structural settings, batch). Speculation off means `ar`."""
         if settings.gamma != "auto" or not settings.speculative:
             return (settings.model_copy(update={"gamma": 3}) if settings.gamma == "auto" else settings), None
-        key = (settings.model_dump_json(), batch)
+        key = (structure(settings), batch)
         if key not in self._gamma:
             pilot = settings.model_copy(update={"gamma": 4, "max_new_tokens": 48})
-            probe = [Request(key=i, prompt_ids=r.prompt_ids, seed=r.seed, max_new_tokens=48)
-                     for i, r in enumerate(requests[: min(8, batch)])]
-            stats = aggregate([row.stats for _, row in self.decoder(pilot, min(8, batch)).run(probe)])
+            rule = self.rule(pilot)
+            probe = [Request(key=i, prompt_ids=r.prompt_ids, seed=r.seed, max_new_tokens=48, warp=r.warp,
+                             rule=rule) for i, r in enumerate(requests[: min(8, batch)])]
+            decoder = self.make_decoder(pilot, min(8, batch))  # its own: live decoders stay untouched
+            stats = aggregate([row.stats for _, row in decoder.run(probe)])
+            del decoder
             acceptance = sum(stats.accepted) / max(sum(stats.reached), 1)
             context = int(sum(len(r.prompt_ids) for r in probe) / max(len(probe), 1)) + 64
             self._gamma[key] = choose_gamma(self.target.model, self.draft.model, batch, acceptance, context)
@@ -129,8 +145,10 @@ class Synthesizer:
         update = {"gamma": choice.gamma} if choice.gamma else {"method": "ar", "gamma": 1}
         return settings.model_copy(update=update), choice
 
-    def prepare(self, index: int, item: SynthesisItem | str, settings: DecodingSettings):
-        """(result shell, request or None): bad items become error results, never exceptions."""
+    def prepare(self, index: int, item: SynthesisItem | str, settings: DecodingSettings, key: object = None):
+        """(result shell, request or None) for one item decoded with `settings` (the item's own
+        sampling settings are applied by `item_settings` first): bad items become error results,
+        never exceptions. The request's key is `key` (default: `index`)."""
         if isinstance(item, str):
             item = SynthesisItem(text=item)
         item_id = item.id if item.id is not None else str(index)
@@ -145,10 +163,53 @@ class Synthesizer:
             result.error = (f"prompt is {len(ids)} tokens; the model's context is {self.max_context} "
                             "(shorten the text or the voice prompt)")
             return result, None
-        request = Request(key=index, prompt_ids=ids, seed=seed,
+        request = Request(key=index if key is None else key, prompt_ids=ids, seed=seed,
                           max_new_tokens=settings.max_new_tokens,
-                          history_out=list(item.prompt_codes or []))
+                          history_out=list(item.prompt_codes or []), warp=settings.warp)
         return result, request
+
+    def session(self, batch_size: int | None = None) -> DecodeSession:
+        """A decode session: rows with their own settings in, finished rows out (see
+        `DecodeSession`)."""
+        return DecodeSession(self, batch_size or self.batch_size)
+
+    def _start(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None,
+               batch_size: int | None) -> _Call:
+        settings = settings or DecodingSettings()
+        if settings.speculative and self.draft is None:
+            raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
+        call = _Call(settings, self.session(batch_size))
+        rows = []
+        for i, item in enumerate(items):
+            try:
+                mine = item_settings(item, settings)
+            except ValueError as exc:  # pydantic's ValidationError is one
+                result = self.prepare(i, item, settings)[0]
+                result.error = f"item settings: {one_line(exc)}"
+                call.results.append(result)
+                continue
+            result, request = self.prepare(i, item, mine)
+            call.results.append(result)
+            if request is not None:
+                rows.append((mine, request))
+        call.session.submit(rows)
+        call.ok = len(rows)
+        return call
+
+    def stream(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
+               batch_size: int | None = None) -> Iterator[SynthesisResult]:
+        """Decode `items` with `settings`, yielding each result as its row finishes (items that
+        could not be decoded first). Every item's result is yielded exactly once; `result.id`
+        says which item it is (the item's id, else its index as a string).
+
+        Args:
+            items: texts or `SynthesisItem`s (with their own sampling settings, if any).
+            settings: decoding settings (defaults: `DecodingSettings()`).
+            batch_size: override the synthesizer's batch size for this call.
+        """
+        call = self._start(items, settings, batch_size)
+        for _, result in call:
+            yield result
 
     def synthesize(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
                    progress: bool = False, batch_size: int | None = None,
@@ -156,7 +217,8 @@ class Synthesizer:
         """Decode `items` with `settings`; results come back in input order.
 
         Args:
-            items: texts or `SynthesisItem`s; bad items become error results.
+            items: texts or `SynthesisItem`s (with their own sampling settings, if any); bad
+                items become error results.
             settings: decoding settings (defaults: `DecodingSettings()`).
             progress: show a progress bar.
             batch_size: override the synthesizer's batch size for this call.
@@ -164,29 +226,117 @@ class Synthesizer:
         Returns:
             (one result per item, the run's summary).
         """
-        settings = settings or DecodingSettings()
-        prepared = [self.prepare(i, item, settings) for i, item in enumerate(items)]
-        results = [r for r, _ in prepared]
-        requests = [q for _, q in prepared if q is not None]
-        if settings.speculative and self.draft is None:
-            raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
-        effective, choice = self.resolve_gamma(settings, requests, batch_size or self.batch_size)
-        decoder = self.decoder(effective, batch_size)
+        call = self._start(items, settings, batch_size)
+        settings = call.settings
         start = time.perf_counter()
-        bar = tqdm(total=len(requests), desc=f"decode [{settings.method}]", unit="utt",
+        bar = tqdm(total=call.ok, desc=f"decode [{settings.method}]", unit="utt",
                    disable=bar_disabled(progress))
-        for request, row in decoder.run(requests):
-            res = results[request.key]
-            res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats
-            bar.update(1)
+        for _, result in call:
+            if result.error is None:
+                bar.update(1)
         bar.close()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
+        results = call.results
         stats = aggregate([r.stats for r in results if r.stats is not None])
+        session = call.session
+        choice = session.gamma_choices[0] if session.gamma_choices else None
         summary = RunSummary(method=settings.method, settings=settings.model_dump(), items=len(results),
-                             ok=len(requests), failed=len(results) - len(requests), wall_s=wall,
+                             ok=call.ok, failed=len(results) - call.ok, wall_s=wall,
                              stats=stats, gamma_choice=choice.to_dict() if choice else None,
-                             decode_rounds=decoder.rounds_run,
-                             slot_rounds=decoder.slot_rounds, batch_size=decoder.batch)
+                             decode_rounds=session.scheduler.rounds,
+                             slot_rounds=session.scheduler.slot_rounds, batch_size=session.batch)
         return results, summary
+
+
+def structure(settings: DecodingSettings) -> tuple:
+    """The settings that need a decoder (and a rule) of their own; sampling settings do not."""
+    return (settings.method, settings.gamma, settings.theta, settings.max_group_size,
+            settings.max_thinning_trials, settings.beta, settings.topk)
+
+
+def decoder_key(settings: DecodingSettings, batch: int) -> tuple:
+    """Rows share a decoder when they agree on this: draft or not, gamma, batch size (rules
+    and sampling settings are per row)."""
+    return (settings.speculative, settings.gamma if settings.speculative else 0, batch)
+
+
+def item_settings(item: SynthesisItem | str, settings: DecodingSettings) -> DecodingSettings:
+    """`settings` with the item's own sampling settings applied.
+
+    Raises:
+        ValueError: an invalid value (pydantic's ValidationError, naming the field).
+    """
+    over = item.overrides() if isinstance(item, SynthesisItem) else {}
+    if not over:
+        return settings
+    return DecodingSettings(**{**settings.model_dump(), **over})
+
+
+def one_line(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'item'}: {e['msg']}" for e in errors())
+    return str(exc)
+
+
+class DecodeSession:
+    """Rows with their own settings in, finished rows out, through one thread.
+
+    Rows go to the decoder of their structure (`decoder_key`): rows differing only in sampling
+    settings, seeds, budgets or acceptance rules share a batch. `submit` may be called while
+    the session runs (continuous batching across calls: a job worker feeds it shard after
+    shard); `step` runs one decode round and returns the rows that finished in it.
+    """
+
+    def __init__(self, synth: Synthesizer, batch: int) -> None:
+        self.synth, self.batch = synth, batch
+        self.scheduler = DecodeScheduler()
+        self.gamma_choices: list[GammaChoice] = []
+
+    def submit(self, rows: Sequence[tuple[DecodingSettings, Request]]) -> None:
+        """Queue `(settings, request)` pairs (requests from `Synthesizer.prepare` with those
+        settings). `gamma: auto` is resolved here, per structure, from these rows."""
+        by_structure: dict[tuple, list[tuple[DecodingSettings, Request]]] = {}
+        for settings, request in rows:
+            by_structure.setdefault(structure(settings), []).append((settings, request))
+        for group in by_structure.values():
+            first = group[0][0]
+            effective, choice = self.synth.resolve_gamma(first, [r for _, r in group], self.batch)
+            if choice is not None and choice not in self.gamma_choices:
+                self.gamma_choices.append(choice)
+            concrete = {"method": effective.method, "gamma": effective.gamma}
+            for settings, request in group:
+                request.rule = self.synth.rule(settings.model_copy(update=concrete))
+            self.scheduler.submit(decoder_key(effective, self.batch), self.synth.decoder(effective, self.batch),
+                                  [r for _, r in group])
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle
+
+    def step(self) -> list[tuple[Request, RowResult]]:
+        return self.scheduler.step()
+
+    def reset(self) -> None:
+        self.scheduler.reset()
+
+
+class _Call:
+    """One `synthesize`/`stream` call: the results in input order, filled as rows finish."""
+
+    def __init__(self, settings: DecodingSettings, session: DecodeSession) -> None:
+        self.settings, self.session = settings, session
+        self.results: list[SynthesisResult] = []
+        self.ok = 0
+
+    def __iter__(self) -> Iterator[tuple[int, SynthesisResult]]:
+        for i, result in enumerate(self.results):
+            if result.error is not None:
+                yield i, result
+        while not self.session.idle:
+            for request, row in self.session.step():
+                res = self.results[request.key]
+                res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats
+                yield request.key, res

@@ -199,7 +199,9 @@ def add_generate(sub) -> None:
     inp = p.add_argument_group("input")
     inp.add_argument("--text", action="append", help="a text to speak (repeatable)")
     inp.add_argument("--texts-file", help="one text per line, or .jsonl items {id, text, prompt_text, "
-                                          "prompt_codes | prompt_audio (a clip path), seed}")
+                                          "prompt_codes | prompt_audio (a clip path), seed} with "
+                                          "optional per-item temperature, top_p, top_k, "
+                                          "repetition_penalty, max_new_tokens")
     dec = p.add_argument_group("decoding (DecodingSettings; --method all: every rule in turn)")
     add_settings_arguments(dec, DecodingSettings, extra_choices={"method": ["all"]})
     out = p.add_argument_group("output")

@@ -178,6 +178,19 @@ class ResourcesSpec(BaseModel):
     rows_per_shard: int = Field(256, ge=1, description="Manifest rows per output shard (one Parquet file).")
     max_retries: int = Field(3, ge=0, description="Retries of a shard whose worker died or failed.")
     device: str = Field("auto", description="auto (cuda where the worker has a GPU, else cpu), cpu, cuda.")
+    shard_window: int = Field(2, ge=1, description=(
+        "Shards a worker holds at once: their rows share its batch, so rows of the next shard "
+        "take the slots rows of the current one leave. Raised to hold at least two batches of "
+        "rows (ceil(2 * batch_size / rows_per_shard) + 1 shards), so the batch never drains "
+        "between shards. 1: one shard at a time (a shard's rows are then always batched "
+        "together, the same way in every run)."))
+
+    @property
+    def window(self) -> int:
+        """Shards a worker actually holds (`shard_window`, raised to keep the batch fed)."""
+        if self.shard_window == 1:
+            return 1
+        return max(self.shard_window, -(-2 * self.batch_size // self.rows_per_shard) + 1)
 
 
 class VoicePromptSpec(BaseModel):

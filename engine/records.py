@@ -84,15 +84,29 @@ def aggregate(rows: list[RowStats]) -> RowStats:
     return total
 
 
+# Per-item sampling settings: an item may set any of these; they override the call's settings.
+ITEM_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
+
+
 @dataclass
 class SynthesisItem:
-    """One utterance: text, optional voice prompt (transcript + X-codec2 codes), optional seed."""
+    """One utterance: text, optional voice prompt (transcript + X-codec2 codes), optional seed,
+    and optional sampling settings of its own (None: the call's `DecodingSettings`)."""
 
     text: str
     id: str | None = None
     prompt_text: str | None = None
     prompt_codes: list[int] | None = None
     seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    max_new_tokens: int | None = None
+
+    def overrides(self) -> dict:
+        """The sampling settings this item sets."""
+        return {k: getattr(self, k) for k in ITEM_SAMPLING_FIELDS if getattr(self, k) is not None}
 
 
 @dataclass

@@ -1,54 +1,169 @@
 """Logits -> warped float32 probabilities, and categorical draws from given uniforms.
 
-Draft and target go through the same `warp` with the same settings and the same token history,
-so every acceptance rule compares like with like.
+Draft and target go through the same warp with the same settings and the same token history,
+so every acceptance rule compares like with like. Settings are per row (`RowWarp`: one batch
+may mix temperatures, top-k, top-p, penalties, greedy and sampled rows); every operation is
+row-wise and a row whose knob is off is left exactly as it would be alone, so a row's
+probabilities never depend on the other rows of its batch. `Warp` (one setting for every row)
+is accepted too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from engine.config import Warp
 
 
+@dataclass
+class RowWarp:
+    """Sampling settings of `b` rows: device tensors for the maths, host flags that decide which
+    steps run at all (taken from host copies, so choosing costs no device sync).
+
+    Attributes:
+        temperature: `[b]` float32; 1 for greedy rows (a placeholder: their decisions are argmaxes).
+        top_k: `[b]` long, 0 = off.
+        top_p: `[b]` float32, 1 = off.
+        penalty: `[b]` float32 repetition penalty, 1 = off.
+        greedy: `[b]` bool, temperature 0.
+        any_greedy, all_greedy, any_penalty, any_top_p: host flags over the rows.
+        max_top_k: the largest top-k in use (0: no row filters by top-k).
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    penalty: torch.Tensor
+    greedy: torch.Tensor
+    any_greedy: bool
+    all_greedy: bool
+    any_penalty: bool
+    any_top_p: bool
+    max_top_k: int
+
+    @classmethod
+    def from_host(cls, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+                  penalty: np.ndarray, device: torch.device | str = "cpu") -> RowWarp:
+        """From host arrays (`temperature` 0 = greedy)."""
+        greedy = temperature == 0
+        put = lambda a, dt: torch.as_tensor(a, dtype=dt).to(device)  # noqa: E731
+        return cls(put(np.where(greedy, 1.0, temperature), torch.float32),
+                   put(top_k, torch.long), put(top_p, torch.float32), put(penalty, torch.float32),
+                   put(greedy, torch.bool), **host_flags(temperature, top_k, top_p, penalty))
+
+    @classmethod
+    def of(cls, warps: Sequence[Warp], device: torch.device | str = "cpu") -> RowWarp:
+        """One row per `Warp`."""
+        cols = list(zip(*[(w.temperature, w.top_k, w.top_p, w.repetition_penalty) for w in warps]))
+        return cls.from_host(*(np.asarray(c) for c in cols), device=device)
+
+    def view(self, x: torch.Tensor) -> tuple[int, ...]:
+        """Shape that broadcasts a `[b]` setting over `x` `[b, ..., V]`."""
+        return (-1,) + (1,) * (x.dim() - 1)
+
+
+def host_flags(temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+               penalty: np.ndarray) -> dict:
+    """The flags of `RowWarp` from host copies of the settings."""
+    greedy = temperature == 0
+    active_k = np.where(greedy, 0, top_k)
+    return {"any_greedy": bool(greedy.any()), "all_greedy": bool(greedy.all()),
+            "any_penalty": bool((penalty != 1.0).any()), "any_top_p": bool((~greedy & (top_p < 1.0)).any()),
+            "max_top_k": int(active_k.max()) if len(active_k) else 0}
+
+
+def divide_rows(x: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
+    """`x / by` with `by` broadcast per row, rounded as a division by a Python float would be
+    on this device (CUDA multiplies by the float32 reciprocal of a scalar divisor; the CPU
+    divides), so uniform settings give the bits they gave before per-row settings."""
+    if x.is_cuda:
+        return x * (1.0 / by)
+    return x / by
+
+
 def apply_repetition_penalty(
-    logits: torch.Tensor, seen: torch.Tensor, penalty: float
+    logits: torch.Tensor, seen: torch.Tensor, penalty: float | torch.Tensor
 ) -> torch.Tensor:
     """CTRL-style penalty on tokens already in the sequence: divide positive logits, multiply
-    negative ones (what transformers does)."""
-    if penalty == 1.0:
-        return logits
-    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-    return torch.where(seen, penalised, logits)
+    negative ones (what transformers does). `penalty` is a float or `[b]` per row (1 = off)."""
+    if not torch.is_tensor(penalty):
+        if penalty == 1.0:
+            return logits
+        penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+        return torch.where(seen, penalised, logits)
+    p = penalty.view((-1,) + (1,) * (logits.dim() - 1))
+    penalised = torch.where(logits > 0, divide_rows(logits, p), logits * p)
+    return torch.where(seen & (p != 1.0), penalised, logits)
 
 
-def penalised_logits(logits: torch.Tensor, seen: torch.Tensor, warp: Warp) -> torch.Tensor:
+def penalised_logits(logits: torch.Tensor, seen: torch.Tensor, warp: Warp | RowWarp) -> torch.Tensor:
     """float32 logits after the repetition penalty (the greedy path stops here)."""
-    return apply_repetition_penalty(logits.float(), seen, warp.repetition_penalty)
+    if isinstance(warp, Warp):
+        return apply_repetition_penalty(logits.float(), seen, warp.repetition_penalty)
+    if not warp.any_penalty:
+        return logits.float()
+    return apply_repetition_penalty(logits.float(), seen, warp.penalty)
 
 
-def warp_probs(logits: torch.Tensor, seen: torch.Tensor, warp: Warp) -> torch.Tensor:
-    """Warped float32 probabilities `[..., V]`.
+def warp_penalised(x: torch.Tensor, warp: Warp | RowWarp) -> torch.Tensor:
+    """Penalised float32 logits `[b, ..., V]` -> probabilities: temperature, top-k, top-p.
+    Rows that are greedy get temperature-1 probabilities (never used for a decision)."""
+    if isinstance(warp, Warp):
+        return _warp_uniform(x, warp)
+    shape = warp.view(x)
+    x = divide_rows(x, warp.temperature.view(shape))
+    if warp.max_top_k > 0:
+        # each row's k-th largest value, from one top-k at the largest k in use
+        width = min(warp.max_top_k, x.shape[-1])
+        values = torch.topk(x, width, dim=-1).values
+        k = warp.top_k.clamp(1, width).view(shape).expand(*x.shape[:-1], 1)
+        kth = values.gather(-1, k - 1)
+        on = ((warp.top_k > 0) & (warp.top_k < x.shape[-1]) & ~warp.greedy).view(shape)
+        x = x.masked_fill(on & (x < kth), float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if warp.any_top_p:
+        top_p = warp.top_p.view(shape)
+        on = (top_p < 1.0) & ~warp.greedy.view(shape)
+        # rows at top_p == 1 keep their probabilities as they are (no renormalising)
+        probs = torch.where(on, nucleus(probs, top_p), probs)
+    return probs
 
-    Args:
-        logits: `[..., V]` raw logits.
-        seen: `[..., V]` bool, tokens present in the sequence so far (repetition penalty).
-        warp: settings; must not be greedy.
-    """
-    x = penalised_logits(logits, seen, warp) / warp.temperature
+
+def nucleus(probs: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
+    """Keep the smallest prefix (by probability) whose mass reaches `top_p`, renormalised;
+    the most likely token always stays."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    probs = probs.masked_fill(drop, 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _warp_uniform(x: torch.Tensor, warp: Warp) -> torch.Tensor:
+    x = x / warp.temperature
     if warp.top_k > 0 and warp.top_k < x.shape[-1]:
         kth = torch.topk(x, warp.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     if warp.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-        drop_sorted = mass_before >= warp.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = nucleus(probs, warp.top_p)
     return probs
+
+
+def warp_probs(logits: torch.Tensor, seen: torch.Tensor, warp: Warp | RowWarp) -> torch.Tensor:
+    """Warped float32 probabilities `[..., V]`.
+
+    Args:
+        logits: `[b, ..., V]` raw logits.
+        seen: `[b, ..., V]` bool, tokens present in the sequence so far (repetition penalty).
+        warp: one setting for all rows (must not be greedy), or per-row settings.
+    """
+    return warp_penalised(penalised_logits(logits, seen, warp), warp)
 
 
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

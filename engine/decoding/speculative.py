@@ -1,4 +1,4 @@
-"""The batched draft/verify loop with per-row lengths and continuous batching.
+"""The batched draft/verify loop with per-row lengths, per-row settings and continuous batching.
 
 Invariants per active row (slot), with `L = seq_len`:
     tokens[slot, :L]   committed ids (prompt + generated);
@@ -11,6 +11,12 @@ A round drafts `gamma` tokens, runs the target once over `[last, x_1..x_gamma]`,
 row at once, and commits `accepted + 1` tokens per row. Rejected slots in the caches are
 overwritten by later rounds. Rows that finish free their slot and queued requests are
 prefilled into it before the next round. One host sync per round (committed counts).
+
+Each row brings its own sampling settings (temperature, top-k, top-p, repetition penalty;
+greedy and sampled rows mix), seed, length budget and acceptance rule (rules of the same gamma
+mix); all of them are per-row data, so a row's output never depends on the rows beside it.
+The loop can be fed while it runs: `submit` queues requests, `advance` admits queued requests
+into free slots, runs one round and returns the rows that finished; `run` does both until done.
 """
 
 from __future__ import annotations
@@ -22,10 +28,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.config import Warp
+from engine.config import Warp, decoding_default
 from engine.decoding import rng
-from engine.decoding.sampling import penalised_logits, sample_one, warp_probs
-from engine.decoding.verify import Block, Rule
+from engine.decoding.sampling import RowWarp, host_flags, penalised_logits, sample_one, warp_penalised
+from engine.decoding.verify import Block, Rule, judge_rows
 from engine.models.llama import LlamaLM
 from engine.records import RowStats
 
@@ -41,6 +47,8 @@ class Request:
         max_new_tokens: generation budget (the context limit may cut it shorter).
         history_out: output ids already "in the sequence" for the repetition penalty
             (the voice prompt's codes).
+        warp: the row's sampling settings (temperature 0: greedy).
+        rule: the row's acceptance rule (None for a decoder without a draft, `ar`).
     """
 
     key: object
@@ -48,6 +56,8 @@ class Request:
     seed: int
     max_new_tokens: int
     history_out: list[int] = field(default_factory=list)
+    warp: Warp = field(default_factory=lambda: Warp(decoding_default("temperature")))
+    rule: Rule | None = None
 
 
 @dataclass
@@ -69,22 +79,20 @@ class SpeculativeDecoder:
     Args:
         target: the target model.
         draft: the draft model (None for `ar`).
-        rule: the acceptance rule (None for `ar`).
-        warp: sampling settings shared by draft and target.
         gamma: draft tokens per round (0 for `ar`).
         batch_size: slots decoded together.
         max_len: longest sequence (prompt + generated) a row may reach.
         eos_out: output id of the end-of-speech token.
     """
 
-    def __init__(self, target: LlamaLM, draft: LlamaLM | None, rule: Rule | None, warp: Warp,
-                 gamma: int, batch_size: int, max_len: int, eos_out: int) -> None:
-        if (draft is None) != (rule is None) or (draft is None) != (gamma == 0):
-            raise ValueError("a draft, a rule and gamma >= 1 go together (none of them for 'ar')")
+    def __init__(self, target: LlamaLM, draft: LlamaLM | None, gamma: int, batch_size: int,
+                 max_len: int, eos_out: int) -> None:
+        if (draft is None) != (gamma == 0):
+            raise ValueError("a draft and gamma >= 1 go together (neither for 'ar')")
         if draft is not None and draft.vocab_out != target.vocab_out:
             raise ValueError(
                 f"draft emits {draft.vocab_out} output ids but the target {target.vocab_out}")
-        self.target, self.draft, self.rule, self.warp = target, draft, rule, warp
+        self.target, self.draft = target, draft
         self.gamma, self.batch, self.eos_out = gamma, batch_size, eos_out
         self.max_len = max_len
         self.device = target.device
@@ -98,23 +106,64 @@ class SpeculativeDecoder:
         self.seq_len = torch.zeros(b, dtype=torch.long, device=dev)
         self.limit = torch.zeros(b, dtype=torch.long, device=dev)
         self.seeds = torch.zeros(b, dtype=torch.long, device=dev)
-        self.use_penalty = warp.repetition_penalty != 1.0
-        self.seen = torch.zeros(b, self.vocab if self.use_penalty else 1, dtype=torch.bool, device=dev)
+        # per-row sampling settings: device copies for the maths, host copies for decisions
+        self.temperature = torch.ones(b, dtype=torch.float32, device=dev)  # 1 for greedy rows
+        self.top_k = torch.zeros(b, dtype=torch.long, device=dev)
+        self.top_p = torch.ones(b, dtype=torch.float32, device=dev)
+        self.penalty = torch.ones(b, dtype=torch.float32, device=dev)
+        self.greedy = torch.zeros(b, dtype=torch.bool, device=dev)
+        self.host_warp = {k: np.zeros(b, dtype=np.float64) for k in ("temperature", "top_p", "penalty")}
+        self.host_warp["top_k"] = np.zeros(b, dtype=np.int64)
+        self.rules: list[Rule | None] = [None] * b
+        self.seen: torch.Tensor | None = None  # [B, V] tokens in each sequence, once a row needs it
         g = max(gamma, 1)
         self.stat_reached = torch.zeros(b, g, dtype=torch.long, device=dev)
         self.stat_accepted = torch.zeros(b, g, dtype=torch.long, device=dev)
         self.stat_counts = torch.zeros(b, 4, dtype=torch.long, device=dev)  # rounds, emitted, trials, fallbacks
         self.host_len = np.zeros(b, dtype=np.int64)
         self.host_prompt = np.zeros(b, dtype=np.int64)
-        self.rounds_run = 0  # decode rounds since the last `run` began
+        self.queue: deque[Request] = deque()
+        self.free = list(range(b))
+        self.owner: dict[int, Request] = {}
+        self.rounds_run = 0  # decode rounds (since the last `run` began)
         self.slot_rounds = 0  # active rows summed over those rounds
+
+    # ---- feeding -----------------------------------------------------------------------------
+
+    def submit(self, requests: Iterable[Request]) -> None:
+        """Queue requests; they enter free slots at the next `advance`.
+
+        Raises:
+            ValueError: a prompt leaves no room under the length limit, or a request's rule
+                does not fit this decoder (a rule per request with a draft, none without).
+        """
+        requests = list(requests)
+        for r in requests:
+            if len(r.prompt_ids) >= self.max_len:
+                raise ValueError(f"prompt of {len(r.prompt_ids)} tokens leaves no room under the "
+                                 f"{self.max_len}-token limit")
+            if (r.rule is None) != (self.gamma == 0):
+                raise ValueError("a speculative decoder needs an acceptance rule per request, "
+                                 "an 'ar' decoder none")
+        self.queue.extend(requests)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and no row decoding."""
+        return not self.queue and not self.owner
+
+    @property
+    def load(self) -> int:
+        """Rows decoding plus rows queued."""
+        return len(self.owner) + len(self.queue)
 
     # ---- admission -------------------------------------------------------------------------
 
     def admit(self, slots: list[int], requests: list[Request]) -> None:
         """Prefill `requests` into free `slots` (positions 0..P-2; the last prompt token is fed
-        by the first round). Shorter prompts are right-padded; the padding's cache entries lie
-        beyond each row's position and are overwritten before they are ever read."""
+        by the first round), with their settings. Shorter prompts are right-padded; the
+        padding's cache entries lie beyond each row's position and are overwritten before they
+        are ever read."""
         lengths = [len(r.prompt_ids) for r in requests]
         if min(lengths) < 2:
             raise ValueError("a prompt needs at least two tokens")
@@ -131,11 +180,9 @@ class SpeculativeDecoder:
         budget = torch.tensor([r.max_new_tokens for r in requests], device=self.device)
         self.limit[rows] = torch.clamp(lens + budget, max=self.max_len)
         self.seeds[rows] = torch.tensor([r.seed for r in requests], device=self.device)
-        self.seen[rows] = False
-        if self.use_penalty:
-            for slot, r in zip(slots, requests):
-                if r.history_out:
-                    self.seen[slot, torch.tensor(r.history_out, device=self.device)] = True
+        self.set_warps(slots, rows, requests)
+        for slot, r in zip(slots, requests):
+            self.rules[slot] = r.rule
         self.stat_reached[rows] = 0
         self.stat_accepted[rows] = 0
         self.stat_counts[rows] = 0
@@ -148,26 +195,62 @@ class SpeculativeDecoder:
         if self.draft is not None:
             self.draft(feed, pos, self.dcache, kv_len, slots=rows, logits_at="none")
 
+    def set_warps(self, slots: list[int], rows: torch.Tensor, requests: list[Request]) -> None:
+        """Write the rows' sampling settings (and penalty histories) into their slots."""
+        warps = [r.warp for r in requests]
+        temp = np.array([w.temperature for w in warps], dtype=np.float64)
+        top_k = np.array([w.top_k if w.top_k < self.vocab else 0 for w in warps], dtype=np.int64)
+        top_p = np.array([w.top_p for w in warps], dtype=np.float64)
+        penalty = np.array([w.repetition_penalty for w in warps], dtype=np.float64)
+        for name, values in (("temperature", temp), ("top_k", top_k), ("top_p", top_p), ("penalty", penalty)):
+            self.host_warp[name][slots] = values
+        written = RowWarp.from_host(temp, top_k, top_p, penalty, self.device)
+        self.temperature[rows], self.top_k[rows] = written.temperature, written.top_k
+        self.top_p[rows], self.penalty[rows], self.greedy[rows] = written.top_p, written.penalty, written.greedy
+        if written.any_penalty and self.seen is None:
+            self.seen = torch.zeros(self.batch, self.vocab, dtype=torch.bool, device=self.device)
+        if self.seen is not None:
+            self.seen[rows] = False
+            for slot, r in zip(slots, requests):
+                if r.history_out and r.warp.repetition_penalty != 1.0:
+                    self.seen[slot, torch.tensor(r.history_out, device=self.device)] = True
+
+    def row_warp(self, active: list[int], rows: torch.Tensor) -> RowWarp:
+        """The active rows' settings; which steps run is decided from the host copies."""
+        h = {k: v[active] for k, v in self.host_warp.items()}
+        return RowWarp(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.penalty[rows],
+                       self.greedy[rows], **host_flags(h["temperature"], h["top_k"], h["top_p"], h["penalty"]))
+
     # ---- one round -------------------------------------------------------------------------
 
-    def propose(self, rows, slots, lens, kv_len):
+    def choose(self, logits: torch.Tensor, seen, warp: RowWarp, u: torch.Tensor):
+        """One draft token per row from `logits` `[b, V]`: argmax for greedy rows, an
+        inverse-CDF draw from the warped probabilities for the others (returned, else None)."""
+        penalised = penalised_logits(logits, seen, warp)
+        if warp.all_greedy:
+            return penalised.argmax(-1), None
+        probs = warp_penalised(penalised, warp)
+        x = sample_one(probs, u)
+        if warp.any_greedy:
+            x = torch.where(warp.greedy, penalised.argmax(-1), x)
+        return x, probs
+
+    def propose(self, rows, slots, lens, kv_len, warp: RowWarp):
         """Draft `gamma` tokens per row. Returns tokens `[b, g]`, probs `[b, g, V]` (None when
-        greedy) and the penalty histories `[b, g+1, V]` the target must reuse (or None)."""
-        g, warp = self.gamma, self.warp
+        every row is greedy) and the penalty histories `[b, g+1, V]` the target must reuse (or
+        None)."""
+        g = self.gamma
         pos = torch.stack([lens - 2, lens - 1], dim=-1)  # [b, 2]
         logits = self.draft(self.tokens[rows[:, None], pos], pos, self.dcache, kv_len, slots=slots,
                             logits_at="last")[:, 0]  # [b, V]
-        seen = self.seen[rows]
+        seen = self.seen[rows] if warp.any_penalty else None
         histories, tokens, probs = [seen], [], []
         for i in range(g):
-            if warp.greedy:
-                x = penalised_logits(logits, seen, warp).argmax(-1)
-            else:
-                pi = warp_probs(logits, seen, warp)
-                x = sample_one(pi, rng.uniform(self.seeds[rows], lens + i, rng.DRAFT))
+            x, pi = self.choose(logits, seen, warp, rng.uniform(self.seeds[rows], lens + i, rng.DRAFT))
+            if pi is not None:
                 probs.append(pi)
             tokens.append(x)
-            if self.use_penalty:
+            if warp.any_penalty:
                 seen = seen.scatter(-1, x[:, None], True)
                 histories.append(seen)
             if i < g - 1:
@@ -175,45 +258,50 @@ class SpeculativeDecoder:
                 logits = self.draft(feed, (lens + i)[:, None], self.dcache, kv_len, slots=slots,
                                     logits_at="last")[:, 0]
         stacked = torch.stack(probs, 1) if probs else None
-        history = torch.stack(histories, 1) if self.use_penalty else None
+        history = torch.stack(histories, 1) if warp.any_penalty else None
         return torch.stack(tokens, 1), stacked, history
 
     def step(self, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """One round for the `active` slots. Returns host arrays (committed counts, finished)."""
-        g, warp = self.gamma, self.warp
+        g = self.gamma
         rows = torch.tensor(active, device=self.device)
         slots = None if len(active) == self.batch else rows
+        warp = self.row_warp(active, rows)
         lens = self.seq_len[rows]  # [b]
         kv_len = min(round_up(int(self.host_len[active].max()) + g + 1), self.tcache.max_len)
         last = self.tokens[rows, lens - 1]
         if g:
-            drafts, draft_probs, history = self.propose(rows, slots, lens, kv_len)
+            drafts, draft_probs, history = self.propose(rows, slots, lens, kv_len, warp)
             feed = torch.cat([last[:, None], self.out_to_token[drafts]], 1)  # [b, g+1]
         else:
             drafts, draft_probs = None, None
-            history = self.seen[rows][:, None] if self.use_penalty else None
+            history = self.seen[rows][:, None] if warp.any_penalty else None
             feed = last[:, None]
         pos = (lens - 1)[:, None] + torch.arange(g + 1, device=self.device)  # [b, g+1]
         logits = self.target(feed, pos, self.tcache, kv_len, slots=slots)  # [b, g+1, V]
-        seen = history if history is not None else self.seen[rows][:, None]
-        if warp.greedy:
-            target_probs, argmax = None, penalised_logits(logits, seen, warp).argmax(-1)
-        else:
-            target_probs, argmax = warp_probs(logits, seen, warp), None
+        penalised = penalised_logits(logits, history, warp)
+        target_probs = None if warp.all_greedy else warp_penalised(penalised, warp)
+        argmax = penalised.argmax(-1) if warp.any_greedy else None
+        mixed = warp.greedy if warp.any_greedy and not warp.all_greedy else None
         seeds = self.seeds[rows]
         if g:
-            verdict = self.rule(Block(drafts, draft_probs, target_probs, argmax, seeds, lens))
+            block = Block(drafts, draft_probs, target_probs, argmax, seeds, lens, mixed)
+            verdict = judge_rows([self.rules[s] for s in active], block)
             accepted, next_token = verdict.num_accepted, verdict.next_token
             new = torch.cat([drafts, next_token[:, None]], 1)
             new.scatter_(1, accepted[:, None], next_token[:, None])  # [b, g+1]
             self.record(rows, verdict)
         else:
-            next_token = argmax[:, 0] if warp.greedy else sample_one(
-                target_probs[:, 0], rng.uniform(seeds, lens, rng.BONUS))
+            if warp.all_greedy:
+                next_token = argmax[:, 0]
+            else:
+                next_token = sample_one(target_probs[:, 0], rng.uniform(seeds, lens, rng.BONUS))
+                if mixed is not None:
+                    next_token = torch.where(mixed, argmax[:, 0], next_token)
             accepted, new = torch.zeros_like(lens), next_token[:, None]
             self.stat_counts[rows, 0] += 1
             self.stat_counts[rows, 1] += 1
-        return self.commit(rows, lens, new, accepted)
+        return self.commit(rows, lens, new, accepted, warp.any_penalty)
 
     def record(self, rows, verdict) -> None:
         j = torch.arange(self.gamma, device=self.device)
@@ -224,7 +312,7 @@ class SpeculativeDecoder:
                               verdict.trials, verdict.fallback.long()], 1)
         self.stat_counts[rows] += counts
 
-    def commit(self, rows, lens, new, accepted) -> tuple[np.ndarray, np.ndarray]:
+    def commit(self, rows, lens, new, accepted, track_seen: bool) -> tuple[np.ndarray, np.ndarray]:
         """Append the first `accepted + 1` tokens of `new` `[b, g+1]`, cut after an
         end-of-speech token and at the row's limit."""
         width = new.shape[1]
@@ -237,7 +325,7 @@ class SpeculativeDecoder:
         pos = lens[:, None] + j
         old = self.tokens[rows[:, None], pos]
         self.tokens[rows[:, None], pos] = torch.where(keep, self.out_to_token[new], old)
-        if self.use_penalty:
+        if track_seen:
             # Unkept slots repeat the first token (always kept: count >= 1), so the scatter
             # writes only True and duplicate indices cannot race.
             kept = torch.where(keep, new, new[:, :1])
@@ -266,29 +354,42 @@ class SpeculativeDecoder:
         )
         return RowResult(tokens=tokens, finish_reason="eos" if eos else "length", stats=stats)
 
+    def advance(self) -> list[tuple[Request, RowResult]]:
+        """Admit queued requests into free slots, run one round, and return the rows that
+        finished in it as `(request, result)`."""
+        if not self.owner:
+            self.free = list(range(self.batch))  # an idle decoder fills slots from 0 again
+        if self.free and self.queue:
+            take = min(len(self.free), len(self.queue))
+            slots, self.free = sorted(self.free[:take]), self.free[take:]
+            batch = [self.queue.popleft() for _ in range(take)]
+            self.admit(slots, batch)
+            self.owner.update(zip(slots, batch))
+        if not self.owner:
+            return []
+        active = sorted(self.owner)
+        self.rounds_run += 1
+        self.slot_rounds += len(active)
+        counts, finished = self.step(active)
+        self.host_len[active] += counts
+        done = []
+        for slot, end in zip(active, finished):
+            if end:
+                done.append((self.owner.pop(slot), self.harvest(slot)))
+                self.rules[slot] = None
+                self.free.append(slot)
+        return done
+
+    def reset(self) -> None:
+        """Drop every queued and decoding row (after an error left the batch in doubt)."""
+        self.queue.clear()
+        self.owner.clear()
+        self.free = list(range(self.batch))
+        self.rules = [None] * self.batch
+
     def run(self, requests: Iterable[Request]) -> Iterator[tuple[Request, RowResult]]:
         """Decode every request; yields `(request, result)` as rows finish."""
-        queue = deque(requests)
-        for r in queue:
-            if len(r.prompt_ids) >= self.max_len:
-                raise ValueError(f"prompt of {len(r.prompt_ids)} tokens leaves no room under the "
-                                 f"{self.max_len}-token limit")
-        free = list(range(self.batch))
-        owner: dict[int, Request] = {}
+        self.submit(requests)
         self.rounds_run = self.slot_rounds = 0
-        while queue or owner:
-            if free and queue:
-                take = min(len(free), len(queue))
-                slots, free = sorted(free[:take]), free[take:]
-                batch = [queue.popleft() for _ in range(take)]
-                self.admit(slots, batch)
-                owner.update(zip(slots, batch))
-            active = sorted(owner)
-            self.rounds_run += 1
-            self.slot_rounds += len(active)
-            counts, finished = self.step(active)
-            self.host_len[active] += counts
-            for slot, done in zip(active, finished):
-                if done:
-                    yield owner.pop(slot), self.harvest(slot)
-                    free.append(slot)
+        while not self.idle:
+            yield from self.advance()

@@ -32,9 +32,11 @@ class Block:
         draft_tokens: `[B, gamma]` output ids.
         draft_probs: `[B, gamma, V]` float32 warped draft distributions (None when greedy).
         target_probs: `[B, gamma+1, V]` float32 warped target distributions (None when greedy).
-        target_argmax: `[B, gamma+1]` greedy target choices (None unless greedy).
+        target_argmax: `[B, gamma+1]` greedy target choices (None when no row is greedy).
         seeds: `[B]` int64 per-row seeds.
         base_pos: `[B]` sequence position of the first draft token.
+        greedy_rows: `[B]` bool, which rows are greedy when the block mixes greedy and sampled
+            rows (then both probabilities and argmaxes are given); None otherwise.
     """
 
     draft_tokens: torch.Tensor
@@ -43,6 +45,7 @@ class Block:
     target_argmax: torch.Tensor | None
     seeds: torch.Tensor
     base_pos: torch.Tensor
+    greedy_rows: torch.Tensor | None = None
 
     @property
     def gamma(self) -> int:
@@ -50,7 +53,16 @@ class Block:
 
     @property
     def greedy(self) -> bool:
+        """Every row is greedy."""
         return self.target_probs is None
+
+    def take(self, index: torch.Tensor) -> Block:
+        """The block of rows `index` (rows are independent, so a sub-block decides exactly
+        as the whole block would for them)."""
+        pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
+        return Block(pick(self.draft_tokens), pick(self.draft_probs), pick(self.target_probs),
+                     pick(self.target_argmax), pick(self.seeds), pick(self.base_pos),
+                     pick(self.greedy_rows))
 
     def uniform(self, purpose: int, slot: torch.Tensor | int, lanes: int = 0) -> torch.Tensor:
         """Uniforms for the decisions at draft slot `slot`: an int, `[B]` or `[1 or B, k]`.
@@ -133,18 +145,32 @@ class Rule:
         return block.draft_tokens == block.target_argmax[:, :-1]
 
     def __call__(self, block: Block) -> Verdict:
+        if block.greedy:
+            return self.greedy_verdict(block)
+        sampled = self.sampled_verdict(block)
+        if block.greedy_rows is None:
+            return sampled
+        return select_rows(block.greedy_rows, self.greedy_verdict(block), sampled)
+
+    def greedy_verdict(self, block: Block) -> Verdict:
+        """Accept while the draft agrees with the target's argmax; then the argmax."""
+        accepted = self.accept_greedy(block)
+        num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]
+        zeros = torch.zeros_like(num_accepted)
+        next_token = at_slot(block.target_argmax, num_accepted)
+        return Verdict(num_accepted, next_token, accepted, zeros, zeros.bool())
+
+    def sampled_verdict(self, block: Block) -> Verdict:
         gamma = block.gamma
-        judged = Judgement(self.accept_greedy(block)) if block.greedy else self.accept(block)
+        judged = self.accept(block)
         accepted = judged.accepted
         num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]
         zeros = torch.zeros_like(num_accepted)
-        if block.greedy:
-            next_token = at_slot(block.target_argmax, num_accepted)
-            return Verdict(num_accepted, next_token, accepted, zeros, zeros.bool())
         bonus = sample_one(block.target_probs[:, gamma], block.uniform(rng.BONUS, gamma))
         slot = num_accepted.clamp(max=gamma - 1)
         full = num_accepted == gamma
-        rec = self.recover(block, slot, ~full)
+        rejected = ~full if block.greedy_rows is None else ~full & ~block.greedy_rows
+        rec = self.recover(block, slot, rejected)
         trials = zeros if rec.trials is None else torch.where(full, zeros, rec.trials)
         fallback = zeros.bool() if rec.fallback is None else rec.fallback & ~full
         labels = judged.labels
@@ -154,6 +180,54 @@ class Rule:
             labels.scatter_(1, num_accepted[:, None], label[:, None])
         return Verdict(num_accepted, torch.where(full, bonus, rec.token), accepted, trials,
                        fallback, labels)
+
+
+def select_rows(rows: torch.Tensor, chosen: Verdict, other: Verdict) -> Verdict:
+    """Per row: `chosen` where `rows` `[B]` is set, else `other`."""
+    def pick(a, b):
+        return torch.where(rows.view((-1,) + (1,) * (a.dim() - 1)), a, b)
+    labels = other.labels
+    if labels is not None:
+        labels = pick(torch.full_like(labels, -1), labels)
+    return Verdict(pick(chosen.num_accepted, other.num_accepted), pick(chosen.next_token, other.next_token),
+                   pick(chosen.accepted, other.accepted), pick(chosen.trials, other.trials),
+                   pick(chosen.fallback, other.fallback), labels)
+
+
+def judge_rows(rules: list[Rule], block: Block) -> Verdict:
+    """Each row judged by its own rule (`rules[b]`; a block may mix rules of the same gamma).
+    Rows are independent, so each rule sees only its rows and decides exactly as it would for
+    them alone."""
+    distinct = list(dict.fromkeys(rules))
+    if len(distinct) == 1:
+        return distinct[0](block)
+    device = block.seeds.device
+    parts = []
+    for rule in distinct:
+        index = torch.tensor([i for i, r in enumerate(rules) if r is rule], device=device)
+        parts.append((index, rule(block.take(index))))
+    return merge_rows(parts, len(rules))
+
+
+def merge_rows(parts: list[tuple[torch.Tensor, Verdict]], rows: int) -> Verdict:
+    """Verdicts of disjoint row subsets -> one verdict over `rows` rows (labels -1 where a
+    rule draws none)."""
+    first = parts[0][1]
+    def full(name):
+        x = getattr(first, name)
+        return x.new_zeros((rows,) + tuple(x.shape[1:]))
+    out = {name: full(name) for name in ("num_accepted", "next_token", "accepted", "trials", "fallback")}
+    any_labels = [v.labels for _, v in parts if v.labels is not None]
+    labels = None
+    if any_labels:
+        labels = torch.full((rows, first.accepted.shape[1] + 1), -1, dtype=torch.long,
+                            device=first.num_accepted.device)
+    for index, v in parts:
+        for name, x in out.items():
+            x.index_copy_(0, index, getattr(v, name))
+        if labels is not None and v.labels is not None:
+            labels.index_copy_(0, index, v.labels)
+    return Verdict(labels=labels, **out)
 
 
 class ExactRule(Rule):
@@ -269,6 +343,18 @@ class PCGRule(Rule):
         inside = (target * self.groups.inv_n).gather(-1, ids) * valid
         pick = sample_one(inside, block.uniform(rng.FALLBACK_TOKEN, slot))
         return ids.gather(-1, pick[:, None])[:, 0], label
+
+
+def rule_key(settings: DecodingSettings) -> tuple:
+    """What makes two settings' rules differ: the method and its own knobs only."""
+    method = settings.method
+    if method == "pcg":
+        return (method, settings.theta, settings.max_group_size, settings.max_thinning_trials)
+    if method == "ssd":
+        return (method, settings.beta)
+    if method == "topk":
+        return (method, settings.topk)
+    return (method,)
 
 
 def make_rule(settings: DecodingSettings, groups: GroupIndex | None = None) -> Rule:

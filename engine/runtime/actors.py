@@ -11,7 +11,9 @@ from engine.runtime.plan import Shard
 
 @ray.remote(max_restarts=0, max_task_retries=0)  # the driver decides about retries
 class SynthesisWorker:
-    """Holds target + draft + codec (+ groups) once and synthesizes shard after shard."""
+    """Holds target + draft + codec (+ groups) once and streams shards through them: a threaded
+    actor (`max_concurrency` from `worker_options`), one call per held shard, each returning
+    that shard's commit record when it is written (in any order)."""
 
     def __init__(self, spec_json: str, groups: SpeechGroups | None, worker_id: str,
                  warmup: bool = False) -> None:
@@ -29,9 +31,11 @@ class SynthesisWorker:
 
 
 def worker_options(spec: JobSpec) -> dict:
-    """Resources per actor: `num_gpus` pins each worker to its own GPU(s)."""
+    """Resources per actor (`num_gpus` pins each worker to its own GPU(s)), and threads for its
+    held shards plus `info` calls."""
     res = spec.resources
-    return {"num_cpus": res.cpus_per_worker, "num_gpus": res.gpus_per_worker}
+    return {"num_cpus": res.cpus_per_worker, "num_gpus": res.gpus_per_worker,
+            "max_concurrency": res.window + 2}
 
 
 def cluster_capacity(spec: JobSpec) -> int:

@@ -1,9 +1,11 @@
 """Scheduling shards over worker actors, with retries when workers or nodes die.
 
-Shards go one at a time to whichever worker is free. A worker enters service only after it
-answered `info()` (its models are loaded), so a replacement that the cluster cannot place never
-receives a shard. When a worker dies, its shard is requeued (up to `max_retries` times) and a
-replacement is started if the live nodes have room for it.
+Each worker holds up to `resources.window` shards at once (it decodes their rows in one batch
+and commits each when its last row is done, in any order), and no more than its fair share of
+the shards left; a shard goes to whichever worker has room. A worker enters service only after
+it answered `info()` (its models are loaded), so a replacement that the cluster cannot place
+never receives a shard. When a worker dies, every shard it held is requeued (each up to
+`max_retries` times) and a replacement is started if the live nodes have room for it.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class WorkerPool:
         self.spec, self.groups_ref, self.on_commit = spec, groups_ref, on_commit
         self.warmup = warmup
         self.spec_json = spec.model_dump_json()
-        self.free: deque[int] = deque()
+        self.free: deque[int] = deque()  # one entry per shard a worker can take now
+        self.window = spec.resources.window
         self.actors: dict[int, object] = {}
         self.starting: dict[object, tuple[int, float]] = {}  # info ref -> (slot, started at)
         self.inflight: dict[object, tuple[int, Shard]] = {}
@@ -101,13 +104,19 @@ class WorkerPool:
             barrier = self.warmup
             while self.pending or self.inflight:
                 barrier = barrier and bool(self.starting)
+                over_share = []
                 while self.free and self.pending and not barrier:
-                    slot, shard = self.free.popleft(), self.pending.popleft()
+                    slot = self.free.popleft()
+                    if self.holding(slot) >= self.fair_share():
+                        over_share.append(slot)  # keep the rest for workers still starting
+                        continue
+                    shard = self.pending.popleft()
                     if self.report.first_dispatch is None:
                         self.report.first_dispatch = time.monotonic()
                     self.attempts[shard.id] = self.attempts.get(shard.id, 0) + 1
                     ref = self.actors[slot].process.remote(shard, self.attempts[shard.id])
                     self.inflight[ref] = (slot, shard)
+                self.free.extend(over_share)
                 if not self.inflight and not self.starting and not self.free and not self.replace():
                     for shard in self.pending:
                         self.report.failed[shard.id] = "no worker could be started on the cluster"
@@ -126,6 +135,14 @@ class WorkerPool:
                 self.retire(slot)
         return self.report
 
+    def holding(self, slot: int) -> int:
+        return sum(1 for s, _ in self.inflight.values() if s == slot)
+
+    def fair_share(self) -> int:
+        """Most shards one worker should hold now: the remaining work split over the workers
+        (a worker that loads first must not take every shard of a small job)."""
+        return max(1, -(-(len(self.pending) + len(self.inflight)) // max(self.live(), 1)))
+
     def on_started(self, ref) -> None:
         slot, _ = self.starting.pop(ref)
         try:
@@ -135,7 +152,7 @@ class WorkerPool:
             if exc.actor_init_failed:
                 raise JobFailed(f"worker w{slot} failed to start: {first_line(exc)}") from None
             return  # died while starting (node lost): the next failure path replaces it
-        self.free.append(slot)
+        self.free.extend([slot] * self.window)
 
     def on_finished(self, ref) -> None:
         slot, shard = self.inflight.pop(ref)
@@ -145,6 +162,7 @@ class WorkerPool:
             died = isinstance(exc, RayActorError)
             if died:
                 self.actors.pop(slot, None)
+                self.free = deque(s for s in self.free if s != slot)  # its other shards fail too
             else:
                 self.free.append(slot)  # the worker lives; only this shard failed
             if self.attempts[shard.id] <= self.spec.resources.max_retries:

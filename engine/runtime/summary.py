@@ -30,39 +30,60 @@ def progress_postfix(records: list[dict], elapsed: float) -> str:
     return f"audio={hours:.3f}h tok/s={tokens / max(elapsed, 1e-9):.0f}{acc} mal={mal:.2f}"
 
 
+def slots_of(r: dict) -> int:
+    """Batch slots over the decode rounds a record accounts for."""
+    return r.get("slots", r.get("decode_rounds", 0) * r.get("batch_size", 1))
+
+
+def busy_of(r: dict) -> float:
+    """Worker seconds a record accounts for: time holding shards (streaming workers), else the
+    shard's wall time."""
+    return r.get("busy_s", r["wall_s"])
+
+
 def per_worker(records: list[dict]) -> dict:
+    keys = ("decode_s", "codec_s", "busy_s", "io_wait_s", "finalise_s", "overlap_s")
     out: dict[str, dict] = defaultdict(lambda: {"shards": 0, "rows": 0, "generated_tokens": 0,
-                                                "audio_seconds": 0.0, "decode_s": 0.0, "codec_s": 0.0,
-                                                "busy_s": 0.0, "decode_rounds": 0, "slot_rounds": 0,
-                                                "slots": 0})
+                                                "audio_seconds": 0.0, **dict.fromkeys(keys, 0.0),
+                                                "decode_rounds": 0, "slot_rounds": 0, "slots": 0,
+                                                "decoders": 0})
     for r in records:
         w = out[r["worker"]]
         w["shards"] += 1
         w["rows"] += r["rows"]
         w["generated_tokens"] += r["generated_tokens"]
         w["audio_seconds"] = round(w["audio_seconds"] + r["audio_seconds"], 3)
-        w["decode_s"] = round(w["decode_s"] + r["decode_s"], 3)
-        w["codec_s"] = round(w["codec_s"] + r["codec_s"], 3)
-        w["busy_s"] = round(w["busy_s"] + r["wall_s"], 3)
+        for k in keys:
+            w[k] = round(w[k] + (busy_of(r) if k == "busy_s" else r.get(k, 0.0)), 3)
         w["decode_rounds"] += r.get("decode_rounds", 0)
         w["slot_rounds"] += r.get("slot_rounds", 0)
-        w["slots"] += r.get("decode_rounds", 0) * r.get("batch_size", 1)
-        w.update(node=r.get("node"), gpu_ids=r.get("gpu_ids"), device=r.get("device"), host=r.get("host"))
+        w["slots"] += slots_of(r)
+        w["decoders"] = max(w["decoders"], r.get("decoders", 0))
+        w.update(node=r.get("node"), gpu_ids=r.get("gpu_ids"), device=r.get("device"), host=r.get("host"),
+                 torch_threads=r.get("torch_threads"))
     for w in out.values():
         w["tokens_per_s"] = round(w["generated_tokens"] / w["decode_s"], 2) if w["decode_s"] else None
         # how full the batch was while decoding (continuous batching keeps it near 1)
         w["slot_utilisation"] = round(w.pop("slot_rounds") / w.pop("slots"), 4) if w["slots"] else None
+        w["overlap"] = round(w["overlap_s"] / w["finalise_s"], 4) if w["finalise_s"] else None
     return dict(out)
 
 
-def utilisation(records: list[dict], synth_s: float, workers: int) -> dict:
-    """How busy the workers were: time spent on shards over the synthesis phase (model loading
-    and idle waits are the rest), and batch slots filled per decode round."""
-    busy = sum(r["wall_s"] for r in records)
-    slots = sum(r.get("decode_rounds", 0) * r.get("batch_size", 1) for r in records)
+def utilisation(records: list[dict], synth_s: float, workers: int, window: int | None = None) -> dict:
+    """How busy the workers were: time holding shards over the synthesis phase (model loading
+    and idle waits are the rest); batch slots filled per decode round; how long decoding waited
+    for the writer (`io_wait_s`, ~0 when writing keeps up) and the share of writing time that
+    ran while decoding went on (`overlap`)."""
+    busy = sum(busy_of(r) for r in records)
+    slots = sum(slots_of(r) for r in records)
     filled = sum(r.get("slot_rounds", 0) for r in records)
+    finalise = sum(r.get("finalise_s", 0.0) for r in records)
     return {"worker_busy_fraction": round(busy / (synth_s * workers), 4) if records else None,
-            "slot_utilisation": round(filled / slots, 4) if slots else None}
+            "slot_utilisation": round(filled / slots, 4) if slots else None,
+            "io_wait_s": round(sum(r.get("io_wait_s", 0.0) for r in records), 4) if records else None,
+            "overlap": round(sum(r.get("overlap_s", 0.0) for r in records) / finalise, 4) if finalise else None,
+            "finalise_s": round(finalise, 4) if records else None,
+            "shard_window": window}
 
 
 def steady(records: list[dict], report) -> dict:
@@ -129,7 +150,8 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
                        "audio_s_per_s": round(run_audio / synth_s, 3) if run_records else None,
                        "rows_per_s": round(run_rows / synth_s, 3) if run_records else None},
         "workers": per_worker(run_records),
-        "utilisation": utilisation(run_records, synth_s, min(spec.resources.workers, len(run_records))),
+        "utilisation": utilisation(run_records, synth_s, min(spec.resources.workers, len(run_records)),
+                                   spec.resources.window),
         "gamma_auto": gamma_decisions(run_records),
         "steady": steady(run_records, report),
     }
@@ -156,7 +178,9 @@ def summary_table(s: dict) -> str:
         ("tokens", f"{s['generated_tokens']} in {s['target_calls']} target calls"),
         ("acceptance", f"{acc} (mean accepted length {s['mean_accepted_length']:.2f})"),
         ("utilisation", f"workers busy {s['utilisation']['worker_busy_fraction']}, batch slots filled "
-                        f"{s['utilisation']['slot_utilisation']}"),
+                        f"{s['utilisation']['slot_utilisation']}, decoding waited on IO "
+                        f"{s['utilisation'].get('io_wait_s')} s, writing overlapped with decoding "
+                        f"{s['utilisation'].get('overlap')}"),
         ("throughput", f"{s['throughput']['tokens_per_s']} tok/s, {s['throughput']['audio_s_per_s']} "
                        f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"),
     ]
@@ -164,6 +188,7 @@ def summary_table(s: dict) -> str:
         rows.append((f"gamma auto {d['worker']}", d["reason"]))
     for name, w in sorted(s["workers"].items()):
         rows.append((f"worker {name}", f"{w['shards']} shards, {w['rows']} rows, {w['tokens_per_s']} tok/s, "
-                                       f"slots {w['slot_utilisation']}, {w['device']} gpus={w['gpu_ids']}"))
+                                       f"slots {w['slot_utilisation']}, io wait {w['io_wait_s']} s, "
+                                       f"overlap {w['overlap']}, {w['device']} gpus={w['gpu_ids']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -3,16 +3,23 @@
 A shard becomes one Parquet file (every manifest row exactly once: audio rows and error rows)
 and then a commit record. The commit record is written last, so a shard counts as done only
 when its data file is complete; a worker that dies in between leaves an uncommitted shard that
-is redone (and its data file overwritten with identical content).
+is redone (and its data file overwritten with the same rows).
+
+Shards stream (`runtime/stream.py`): the worker may hold several at once; their rows share one
+continuously batched decode loop, and each shard's file is written by a background thread as
+soon as its last row is decoded, while decoding goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import socket
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -26,6 +33,7 @@ from engine.io.storage import Storage, StorageError, relative_to
 from engine.models.device import resolve_device
 from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
 from engine.runtime.plan import Layout, Shard
+from engine.runtime.stream import ShardStream, ShardTask
 
 
 @dataclass
@@ -46,14 +54,17 @@ class ShardProcessor:
         spec: the job.
         groups: PCG groups prepared by the driver (None unless the method is `pcg`).
         worker_id: a label for the summary's per-worker figures.
+        storage: where to read and write (default: `Storage(spec.storage)`).
+        io_queue: decoded shards that may wait for the writer before decoding blocks.
     """
 
-    def __init__(self, spec: JobSpec, groups: SpeechGroups | None = None, worker_id: str = "w0") -> None:
+    def __init__(self, spec: JobSpec, groups: SpeechGroups | None = None, worker_id: str = "w0",
+                 storage: Storage | None = None, io_queue: int = 2) -> None:
         from engine.codec.prompts import PromptCache
         from engine.codec.xcodec2 import Xcodec2Codec
 
         self.spec, self.worker_id = spec, worker_id
-        self.storage = Storage(spec.storage)
+        self.storage = storage or Storage(spec.storage)
         self.layout = Layout(spec.output.uri)
         self.device = str(resolve_device(spec.resources.device))
         local = self.storage.local_dir
@@ -69,6 +80,10 @@ class ShardProcessor:
         self.revisions = {k: checkpoint_revision(v) for k, v in dirs.items() if v is not None}
         self.prompt_cache = PromptCache()
         self._read_whole = lru_cache(maxsize=2)(self._parse_file)
+        self._codec_stream = None
+        self._prepare_lock = threading.Lock()  # shards arrive on several threads; prepare one at a time
+        self.stream = ShardStream(self.synth.session(spec.resources.batch_size), self.start_rows,
+                                  self.finalise, io_queue=io_queue)
 
     def warmup(self) -> None:
         """Decode and encode a little with the job's settings, so allocation, kernel selection
@@ -79,11 +94,13 @@ class ShardProcessor:
 
     def info(self) -> dict:
         import ray
+        import torch
 
         gpus = ray.get_gpu_ids() if ray.is_initialized() else []
         node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         return {"worker": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
-                "node": node, "gpu_ids": [str(g) for g in gpus], "device": self.device}
+                "node": node, "gpu_ids": [str(g) for g in gpus], "device": self.device,
+                "torch_threads": torch.get_num_threads()}
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -157,52 +174,79 @@ class ShardProcessor:
             out.append(Prepared(item, settings, prompt, None, self.origin(row)))
         return out
 
-    def decode(self, prepared: list[Prepared]) -> tuple[list[SynthesisResult], dict]:
-        """Decode the good rows, one batch run per distinct settings (per-row overrides).
-        Returns the results and the batch's slot occupancy (decode rounds, busy slot-rounds)."""
-        results = [p.error for p in prepared]
-        occupancy = {"decode_rounds": 0, "slot_rounds": 0, "gamma_choices": []}
-        by_settings: dict[str, list[int]] = {}
-        for i, p in enumerate(prepared):
-            if p.item is not None:
-                by_settings.setdefault(p.settings.model_dump_json(), []).append(i)
-        for indices in by_settings.values():
-            settings = prepared[indices[0]].settings
-            done, summary = self.synth.synthesize([prepared[i].item for i in indices], settings)
-            occupancy["decode_rounds"] += summary.decode_rounds
-            occupancy["slot_rounds"] += summary.slot_rounds
-            if summary.gamma_choice:
-                occupancy["gamma_choices"].append(summary.gamma_choice)
-            for i, res in zip(indices, done):
-                results[i] = res
-        return results, occupancy
+    def start_rows(self, task: ShardTask) -> list:
+        """On the decode thread: the shard's rows to decode, as `(settings, request)` with keys
+        `(task, row index)`; error rows get their results now."""
+        rows = []
+        task.results = [p.error for p in task.prepared]
+        for i, p in enumerate(task.prepared):
+            if p.item is None:
+                continue
+            result, request = self.synth.prepare(i, p.item, p.settings, key=(task, i))
+            task.results[i] = result
+            if request is not None:
+                rows.append((p.settings, request))
+        return rows
+
+    def submit(self, shard: Shard, attempt: int = 1) -> Future:
+        """Hand a shard to the decode loop; the future resolves to its commit record (or to the
+        error that failed it). Reading and preparing its rows happen here, on the caller's
+        thread, while the loop decodes other shards."""
+        received = time.perf_counter()
+        self.stream.hold()
+        try:
+            with self._prepare_lock:
+                prepared = self.prepare(shard)
+        except BaseException:
+            self.stream.release()
+            raise
+        return self.stream.submit(ShardTask(shard, attempt, prepared, received))
 
     def process(self, shard: Shard, attempt: int = 1) -> dict:
         """Synthesize one shard, write its Parquet file, then its commit record."""
+        return self.submit(shard, attempt).result()
+
+    def finalise(self, task: ShardTask, figures) -> dict:
+        """On the IO thread: codec, audio, Parquet file, upload; then the commit record."""
         from engine.codec.export import export_audio
 
-        start = time.perf_counter()
-        prepared = self.prepare(shard)
-        results, occupancy = self.decode(prepared)
-        decode_s = time.perf_counter() - start
+        shard, prepared, results = task.shard, task.prepared, task.results
         buffer = io.BytesIO()
-        exported = export_audio(results, [p.settings for p in prepared], None, parquet_path=buffer,
-                                codec=self.codec, audio_format=self.spec.output.audio_format,
-                                prompts=[p.prompt for p in prepared],
-                                prompt_audio=self.spec.output.prompt_audio,
-                                provenance=[p.origin for p in prepared])
+        with self.codec_stream():
+            exported = export_audio(results, [p.settings for p in prepared], None, parquet_path=buffer,
+                                    codec=self.codec, audio_format=self.spec.output.audio_format,
+                                    prompts=[p.prompt for p in prepared],
+                                    prompt_audio=self.spec.output.prompt_audio,
+                                    provenance=[p.origin for p in prepared])
         self.storage.write_bytes(self.layout.data(shard), buffer.getvalue())
         stats = aggregate([r.stats for r in results if r.stats is not None])
+        pipeline = figures()
         record = {
             "shard": shard.id, "manifest": shard.manifest, "rows": shard.rows,
             "ok": exported["with_audio"], "failed": shard.rows - exported["with_audio"],
             "audio_seconds": exported["audio_seconds"], "generated_tokens": stats.generated_tokens,
             "rounds": stats.rounds, "emitted": stats.emitted, "reached": stats.reached,
             "accepted": stats.accepted, "thinning_trials": stats.thinning_trials,
-            "decode_s": round(decode_s, 4), "codec_s": exported["codec_seconds"],
-            "wall_s": round(time.perf_counter() - start, 4), "attempt": attempt,
-            "batch_size": self.spec.resources.batch_size, **occupancy,
+            "codec_s": exported["codec_seconds"],
+            "wall_s": round(time.perf_counter() - task.received, 4), "attempt": task.attempt,
+            "batch_size": self.spec.resources.batch_size,
+            **{k: round(v, 4) if isinstance(v, float) else v for k, v in pipeline.items()},
+            "gamma_choices": [c.to_dict() for c in self.stream.session.gamma_choices],
             "data": self.layout.data(shard), **self.info(),
         }
         self.storage.write_bytes(self.layout.commit(shard), json.dumps(record, indent=1).encode())
         return record
+
+    def codec_stream(self):
+        """On CUDA, the codec runs on a CUDA stream of its own, so its kernels interleave with
+        the decode loop's instead of queueing behind them on the default stream."""
+        import torch
+
+        if not self.device.startswith("cuda"):
+            return contextlib.nullcontext()
+        if self._codec_stream is None:
+            self._codec_stream = torch.cuda.Stream(device=self.device)
+        return torch.cuda.stream(self._codec_stream)
+
+    def close(self) -> None:
+        self.stream.close()

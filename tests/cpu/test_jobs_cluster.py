@@ -13,7 +13,7 @@ from ray.cluster_utils import Cluster
 
 from engine.runtime.job import JobRunner
 
-from jobhelpers import audio_ok, job_spec, read_output, texts, write_manifest
+from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
 
 
 @pytest.fixture
@@ -33,9 +33,9 @@ def gpu_nodes(cluster: Cluster, count: int, gpus: int) -> list:
     return nodes
 
 
-def gpu_spec(kit_dir, tmp_path, rows: int, workers: int, rows_per_shard: int = 2):
+def gpu_spec(kit_dir, tmp_path, rows: int, workers: int, rows_per_shard: int = 2, dtype: str = "auto"):
     manifest = write_manifest(tmp_path / "m.jsonl", texts(rows))
-    return job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
+    return job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), models={"dtype": dtype},
                     resources={"workers": workers, "gpus_per_worker": 1, "cpus_per_worker": 1,
                                "rows_per_shard": rows_per_shard, "device": "cpu"})
 
@@ -57,21 +57,24 @@ def test_workers_are_placed_one_per_gpu(cluster, kit_dir, tmp_path):
     assert_each_row_once(spec, 16)
 
 
-def test_a_worker_killed_mid_job_is_replaced_and_its_shard_retried(cluster, kit_dir, tmp_path):
+def test_a_worker_killed_holding_shards_is_replaced_and_they_are_redone_identically(cluster, kit_dir, tmp_path):
     gpu_nodes(cluster, count=1, gpus=2)
     killed = []
 
     def kill_once(record):
-        if not killed:
-            killed.append(record["pid"])
+        if not killed and record["held"] >= 3:  # this shard and at least two uncommitted ones
+            killed.append(record)
             os.kill(record["pid"], signal.SIGKILL)  # a real crash of the worker process
 
-    spec = gpu_spec(kit_dir, tmp_path, rows=12, workers=2)
+    spec = gpu_spec(kit_dir, tmp_path, rows=12, workers=2, dtype="float64")
     summary = JobRunner(spec, progress=False, on_commit=kill_once).run()
     assert killed
-    assert summary["shards"]["retries"] >= 1 and summary["shards"]["workers_replaced"] >= 1
+    assert summary["shards"]["retries"] >= 2 and summary["shards"]["workers_replaced"] >= 1
     assert summary["shards"]["committed"] == summary["shards"]["total"] == 6
     assert_each_row_once(spec, 12)
+    fresh = spec.model_copy(update={"output": spec.output.model_copy(update={"uri": str(tmp_path / "fresh")})})
+    JobRunner(fresh, progress=False).run()
+    assert comparable(read_output(spec)) == comparable(read_output(fresh))
 
 
 def test_a_node_removed_mid_job_leaves_the_rest_to_finish(cluster, kit_dir, tmp_path):

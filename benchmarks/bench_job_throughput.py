@@ -1,0 +1,286 @@
+"""How full a job keeps its batch, and how close its throughput comes to decoding alone.
+
+Two workloads on the tiny kit, each run two ways side by side, in one run of this script:
+  * `temps48`: 48 rows (the quickstart texts, cycled) carrying 4 per-row temperatures, decoded
+    as in jobs/quickstart.yaml (pcg, gamma 3, theta 0.4, max_new_tokens 200); job: one worker,
+    batch_size 8, rows_per_shard 6;
+  * `augment`: the rows jobs/augment.yaml expands to (voices x seeds x temperatures x methods
+    pcg/exact), as that spec says but with one worker;
+  * the job: `pcg-synth run` on a local Ray cluster (models loaded and warmed up before the clock
+    starts; `steady.tokens_per_s` runs from the first shard handed out to the last committed,
+    codec, audio, Parquet and commit included);
+  * decoding alone, the baseline: what `pcg-synth generate` runs, a `Synthesizer` decode session
+    over the same rows with the same per-row settings at the same batch size, in this process,
+    no Ray, no audio.
+Both get the same CPU threads (`--threads`: torch threads here, `cpus_per_worker` there).
+With `--before DIR` (the engine before the streaming worker: `mkdir /tmp/before14 && git archive
+22b6ad8 | tar -x -C /tmp/before14`) the job also runs with that code, in a subprocess, for the
+before/after table. Repetitions are interleaved (`--reps`); the machine's load is recorded.
+
+    .venv/bin/python benchmarks/bench_job_throughput.py [--before /tmp/before14] [--reps 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared cores: wait passively (tests do too)
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TEMPERATURES = [0.6, 0.8, 1.0, 1.2]
+RESULT = ROOT / "benchmarks" / "results" / "job_throughput_cpu_tiny"
+
+
+def quickstart_texts() -> list[dict]:
+    rows = [json.loads(x) for x in (ROOT / "jobs/data/quickstart.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in rows if r["text"].strip()]
+
+
+def temps48_rows() -> list[dict]:
+    base = quickstart_texts()
+    rows = []
+    for i in range(48):
+        src = dict(base[i % len(base)])
+        src.pop("seed", None)
+        src.pop("temperature", None)
+        rows.append({**src, "id": f"t48-{i:03d}", "temperature": TEMPERATURES[i % len(TEMPERATURES)]})
+    return rows
+
+
+def specs(kit: Path, work: Path, threads: int):
+    """(name, JobSpec) of the two workloads, writing under `work`."""
+    from engine.config import InputSpec, JobSpec
+
+    quick = JobSpec.load(ROOT / "jobs/quickstart.yaml")
+    models = quick.models.model_copy(update={"target": str(kit / "target"), "draft": str(kit / "draft"),
+                                             "codec": str(kit / "codec"), "groups_cache": str(work / "groups")})
+    manifest = work / "temps48.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in temps48_rows()))
+    temps = quick.model_copy(update={
+        "name": "temps48", "models": models, "input": InputSpec(manifests=[str(manifest)]),
+        "output": quick.output.model_copy(update={"uri": str(work / "out-temps48")}),
+        "resources": quick.resources.model_copy(update={"workers": 1, "batch_size": 8, "rows_per_shard": 6,
+                                                        "cpus_per_worker": threads})})
+    aug = JobSpec.load(ROOT / "jobs/augment.yaml")
+    aug = aug.model_copy(update={
+        "models": aug.models.model_copy(update={"target": models.target, "draft": models.draft,
+                                                "codec": models.codec, "groups_cache": models.groups_cache}),
+        "output": aug.output.model_copy(update={"uri": str(work / "out-augment")}),
+        "resources": aug.resources.model_copy(update={"workers": 1, "cpus_per_worker": threads})})
+    return [("temps48", temps), ("augment", aug)]
+
+
+def job_rows(spec, work: Path) -> list[dict]:
+    """The rows a spec decodes (augment: its variants file, written as the driver would)."""
+    from engine.io.storage import Storage
+
+    if spec.kind == "augment":
+        from engine.runtime.augment import expand
+
+        uri = expand(spec, Storage(spec.storage), str(work / f"rows-{spec.name}")).uri
+    else:
+        uri = spec.input.manifests[0]
+    return [json.loads(x) for x in Path(uri).read_text().splitlines() if x.strip()]
+
+
+def run_job(spec, rep: int) -> dict:
+    """One job run into a fresh output; the figures that matter."""
+    import ray
+
+    from engine.runtime.job import JobRunner
+
+    out = spec.output.model_copy(update={"uri": f"{spec.output.uri}-r{rep}"})
+    spec = spec.model_copy(update={"output": out})
+    start = time.perf_counter()
+    summary = JobRunner(spec, address="local", progress=False, warmup=True).run()
+    ray.shutdown()
+    u, steady = summary["utilisation"], summary["steady"]
+    return {"rows_ok": summary["rows_ok"], "generated_tokens": summary["generated_tokens"],
+            "shards": summary["shards"]["total"], "steady_s": steady["wall_s"],
+            "steady_tokens_per_s": steady["tokens_per_s"], "slot_utilisation": u["slot_utilisation"],
+            "worker_busy_fraction": u["worker_busy_fraction"], "io_wait_s": u.get("io_wait_s"),
+            "overlap": u.get("overlap"), "shard_window": u.get("shard_window"),
+            "decoders": max((w.get("decoders", 0) for w in summary["workers"].values()), default=None),
+            "worker_threads": [w.get("torch_threads") for w in summary["workers"].values()],
+            "wall_s": round(time.perf_counter() - start, 1)}
+
+
+def run_alone(synth, spec, rows: list[dict]) -> dict:
+    """The same rows through a decode session at the job's batch size: decoding alone."""
+    from engine.config import DecodingSettings
+    from engine.records import SynthesisItem
+
+    batch = spec.resources.batch_size
+    session = synth.session(batch)
+    pairs = []
+    for i, r in enumerate(rows):
+        if not r.get("text", "").strip():
+            continue
+        over = {k: r[k] for k in ("method", "temperature", "top_p", "top_k", "repetition_penalty") if k in r}
+        settings = DecodingSettings(**{**spec.decoding.model_dump(), **over})
+        item = SynthesisItem(text=r["text"], id=r["id"], seed=r.get("seed"), prompt_text=r.get("prompt_text"),
+                             prompt_codes=r.get("prompt_codes"))
+        _, request = synth.prepare(i, item, settings)
+        pairs.append((settings, request))
+    session.submit(pairs)
+    tokens, start = 0, time.perf_counter()
+    while not session.idle:
+        tokens += sum(row.stats.generated_tokens for _, row in session.step())
+    seconds = time.perf_counter() - start
+    s = session.scheduler
+    return {"rows": len(pairs), "generated_tokens": tokens, "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / seconds, 2), "slot_utilisation": round(s.slot_rounds / s.slots, 4),
+            "decoders": len(s.used)}
+
+
+def run_before(before: Path, kit: Path, work: Path, threads: int, rep: int) -> dict:
+    """The job phase with the engine at `before` (a subprocess importing that code)."""
+    out = work / f"before-r{rep}.json"
+    env = {**os.environ, "PYTHONPATH": str(before)}
+    cmd = [sys.executable, __file__, "--job-only", "--kit", str(kit), "--work", str(work / "before"),
+           "--threads", str(threads), "--rep", str(rep), "--json", str(out)]
+    subprocess.run(cmd, env=env, check=True, cwd=str(before))
+    return json.loads(out.read_text())
+
+
+def job_only(args) -> None:
+    """Subprocess mode: only the jobs, with whatever engine this interpreter imports."""
+    import engine
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    doc = {"engine": str(Path(engine.__file__).parent)}
+    for name, spec in specs(Path(args.kit), work, args.threads):
+        doc[name] = run_job(spec, args.rep)
+    Path(args.json).write_text(json.dumps(doc))
+
+
+def ratio(job: dict, alone: dict) -> float | None:
+    if not job.get("steady_tokens_per_s") or not alone.get("tokens_per_s"):
+        return None
+    return round(job["steady_tokens_per_s"] / alone["tokens_per_s"], 3)
+
+
+def median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else round((values[mid - 1] + values[mid]) / 2, 4)
+
+
+def markdown(doc: dict) -> str:
+    m = doc["machine"]
+    lines = [f"Job throughput on the tiny kit: {m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} "
+             f"threads for decoding, torch {m['torch']}, {m['date']}; load average (1 min) "
+             f"{doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end "
+             "(other work shares these cores: compare figures within this file only).", "",
+             "| workload | run | slot utilisation | steady tokens/s | vs decoding alone | io wait s | overlap "
+             "| decoders |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, w in doc["workloads"].items():
+        a = w["summary"]
+        lines.append(f"| {name} | decoding alone (`generate`) | {a['alone_slot_utilisation']} | "
+                     f"{a['alone_tokens_per_s']} | 1 | - | - | {a['alone_decoders']} |")
+        if "before_tokens_per_s" in a:
+            lines.append(f"| {name} | job, before (22b6ad8) | {a['before_slot_utilisation']} | "
+                         f"{a['before_tokens_per_s']} | {a['before_ratio']} | - | - | - |")
+        lines.append(f"| {name} | job, streaming | {a['job_slot_utilisation']} | {a['job_tokens_per_s']} | "
+                     f"{a['job_ratio']} | {a['job_io_wait_s']} | {a['job_overlap']} | {a['job_decoders']} |")
+    lines += ["", "Medians over repetitions; each repetition runs decoding alone and the job(s) back to back. "
+              "Workloads: " + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
+              "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)" + (
+                  "; the before code: `git archive 22b6ad8 | tar -x -C DIR`." if doc.get("before") else ".")]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kit", default=str(ROOT / "kit"), help="the tiny kit (built if missing)")
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--before", help="an engine checkout from before the streaming worker (job runs with it too)")
+    ap.add_argument("--out", default=str(RESULT))
+    ap.add_argument("--job-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--json", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.job_only:
+        return job_only(args)
+    import torch
+
+    from engine.api import Synthesizer
+    from engine.kit import build_kit
+
+    from machine import describe, write_result
+
+    torch.set_num_threads(args.threads)
+    kit = Path(args.kit)
+    if not (kit / "kit.json").exists():
+        build_kit(kit)
+    t0 = time.perf_counter()
+    load_start = round(os.getloadavg()[0], 2)
+    with tempfile.TemporaryDirectory(prefix="bench-job-") as tmp:
+        work = Path(tmp)
+        os.environ["PCG_SYNTH_CACHE"] = str(work / "cache")
+        workloads = specs(kit, work, args.threads)
+        rows = {name: job_rows(spec, work) for name, spec in workloads}
+        synth = Synthesizer.load(kit / "target", draft=kit / "draft", device="cpu", dtype="float32")
+        synth.synthesize(["Warm-up sentence number one.", "And two."],
+                         workloads[0][1].decoding.model_copy(update={"max_new_tokens": 16}))
+        runs = {name: {"alone": [], "job": [], "before": []} for name, _ in workloads}
+        for rep in range(args.reps):
+            for name, spec in workloads:
+                runs[name]["alone"].append(run_alone(synth, spec, rows[name]))
+                print(name, "alone", runs[name]["alone"][-1], flush=True)
+                runs[name]["job"].append(run_job(spec, rep))
+                print(name, "job", runs[name]["job"][-1], flush=True)
+            if args.before:
+                before = run_before(Path(args.before), kit, work, args.threads, rep)
+                for name, _ in workloads:
+                    runs[name]["before"].append(before[name])
+                    print(name, "before", before[name], flush=True)
+    descriptions = {"temps48": "48 quickstart texts x 4 per-row temperatures, pcg gamma 3, max_new_tokens 200, "
+                               "batch 8, 6 rows per shard, 1 worker",
+                    "augment": "jobs/augment.yaml's 40 variants + 1 bad row (pcg and exact rows, 2 temperatures, "
+                               "3 voices), batch 8, 12 rows per shard, 1 worker"}
+    doc = {"benchmark": "job throughput: slot utilisation and steady tokens/s vs decoding alone (tiny kit, CPU)",
+           "how": ".venv/bin/python benchmarks/bench_job_throughput.py " + " ".join(sys.argv[1:]),
+           "machine": describe("cpu"), "threads": args.threads, "reps": args.reps,
+           "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
+           "seconds": round(time.perf_counter() - t0, 1), "before": args.before, "workloads": {}}
+    for name, _ in workloads:
+        r = runs[name]
+        summary = {
+            "alone_tokens_per_s": median([x["tokens_per_s"] for x in r["alone"]]),
+            "alone_slot_utilisation": median([x["slot_utilisation"] for x in r["alone"]]),
+            "alone_decoders": r["alone"][0]["decoders"],
+            "job_tokens_per_s": median([x["steady_tokens_per_s"] for x in r["job"]]),
+            "job_slot_utilisation": median([x["slot_utilisation"] for x in r["job"]]),
+            "job_ratio": median([ratio(j, a) for j, a in zip(r["job"], r["alone"])]),
+            "job_io_wait_s": median([x["io_wait_s"] for x in r["job"]]),
+            "job_overlap": median([x["overlap"] for x in r["job"]]),
+            "job_decoders": r["job"][0]["decoders"],
+        }
+        if r["before"]:
+            summary.update(before_tokens_per_s=median([x["steady_tokens_per_s"] for x in r["before"]]),
+                           before_slot_utilisation=median([x["slot_utilisation"] for x in r["before"]]),
+                           before_ratio=median([ratio(j, a) for j, a in zip(r["before"], r["alone"])]))
+        doc["workloads"][name] = {"description": descriptions[name], "summary": summary, "runs": r}
+    write_result(doc, f"{args.out}.json")
+    Path(f"{args.out}.md").write_text(markdown(doc))
+    print(markdown(doc))
+
+
+if __name__ == "__main__":
+    main()

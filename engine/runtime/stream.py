@@ -1,0 +1,244 @@
+"""A worker's shards streaming through one decode loop, with their output written beside it.
+
+Threads, all in the worker's process (no Ray here):
+    callers   `submit` a prepared shard (the Ray actor calls it from one thread per held shard)
+              and wait on the returned future for its commit record;
+    decode    ONE loop over one `DecodeSession`: every held shard's rows share the batches
+              (a row of the next shard takes the slot a row of the current one just left);
+              when a shard's last row finishes, the shard goes to the IO queue;
+    IO        finalises shards in the order they finished decoding: codec decode, audio
+              encoding, the Parquet file, the upload and then the commit record.
+The IO queue is bounded: when writing falls behind, the decode loop blocks on it (the time is
+reported as `io_wait_s`), so at most `io_queue + 1` decoded shards wait in memory for their
+files. A shard counts as done only once its commit record is written, after its data file; a
+worker that dies loses exactly the shards it held and had not committed.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from engine.api import DecodeSession
+from engine.records import SynthesisResult
+
+STOP = object()
+
+
+@dataclass(eq=False)
+class ShardTask:
+    """A shard in the worker: its prepared rows, results as they finish, and its future."""
+
+    shard: object  # runtime.plan.Shard
+    attempt: int
+    prepared: list  # runtime.worker.Prepared, one per manifest row
+    received: float  # time.monotonic() when the worker got it
+    results: list[SynthesisResult | None] = field(default_factory=list)
+    remaining: int = 0
+    decoded: float | None = None
+    future: Future = field(default_factory=Future)
+
+
+class Counters:
+    """Cumulative figures of the pipeline; `take` returns what accrued since the last take."""
+
+    FIELDS = ("decode_rounds", "slot_rounds", "slots", "decode_s", "io_wait_s", "finalise_s", "overlap_s",
+              "busy_s")
+
+    def __init__(self) -> None:
+        self.total = dict.fromkeys(self.FIELDS, 0.0)
+        self.taken = dict.fromkeys(self.FIELDS, 0.0)
+
+    def take(self, now: dict) -> dict:
+        out = {k: now[k] - self.taken[k] for k in self.FIELDS}
+        self.taken = dict(now)
+        return out
+
+
+class ShardStream:
+    """The decode loop and the IO thread of one worker.
+
+    Args:
+        session: the decode session every shard's rows go through.
+        start_rows: `(task) -> [(settings, request)]` called on the decode thread when a shard
+            arrives: fills `task.results` with error results and result shells, returns the
+            rows to decode (request keys `(task, row index)`).
+        finalise: `(task, figures) -> record` on the IO thread: writes the data file and then the
+            commit record; `figures()` gives the pipeline's counters accrued since the last
+            record, taken when called.
+        io_queue: decoded shards that may wait for the IO thread (>= 1).
+    """
+
+    def __init__(self, session: DecodeSession, start_rows: Callable, finalise: Callable, io_queue: int = 1) -> None:
+        self.session, self.start_rows, self.finalise = session, start_rows, finalise
+        self.inbox: queue.Queue = queue.Queue()
+        self.io: queue.Queue = queue.Queue(maxsize=max(1, io_queue))
+        self.io_bound = max(1, io_queue)
+        self.decoding: list[ShardTask] = []
+        self.lock = threading.Lock()
+        self.held = 0  # shards submitted and not yet resolved
+        self.waiting_io = 0  # decoded shards not yet finalised (queued or being written)
+        self.waiting_io_max = 0
+        self.counters = Counters()
+        self.decode_s = 0.0
+        self.round_started: float | None = None
+        self.io_wait_s = self.finalise_s = self.overlap_s = 0.0
+        self.busy_s, self.busy_since = 0.0, None
+        self.threads: list[threading.Thread] = []
+
+    # ---- callers ------------------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """Count a shard as held from now on (before it is prepared)."""
+        with self.lock:
+            if self.held == 0:
+                self.busy_since = time.perf_counter()
+            self.held += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.held -= 1
+            if self.held == 0 and self.busy_since is not None:
+                self.busy_s += time.perf_counter() - self.busy_since
+                self.busy_since = None
+
+    def submit(self, task: ShardTask) -> Future:
+        """Queue a prepared shard (already `hold`); its future resolves to the commit record."""
+        with self.lock:  # shards arrive on several threads: start one loop, once
+            if not self.threads:
+                self.threads = [threading.Thread(target=self.decode_loop, name="decode", daemon=True),
+                                threading.Thread(target=self.io_loop, name="shard-io", daemon=True)]
+                for t in self.threads:
+                    t.start()
+        task.future.add_done_callback(lambda _: self.release())
+        self.inbox.put(task)
+        return task.future
+
+    def close(self) -> None:
+        """Stop both threads after the work queued so far."""
+        if self.threads:
+            self.inbox.put(STOP)
+            for t in self.threads:
+                t.join()
+            self.threads = []
+
+    # ---- figures ------------------------------------------------------------------------------
+
+    def decode_clock(self, now: float) -> float:
+        """Seconds the decode loop has spent in rounds up to `now`."""
+        started = self.round_started
+        return self.decode_s + (now - started if started is not None else 0.0)
+
+    def figures(self) -> dict:
+        """Counters accrued since the previous call (one call per commit record)."""
+        now = time.perf_counter()
+        with self.lock:
+            busy = self.busy_s + (now - self.busy_since if self.busy_since is not None else 0.0)
+            held = self.held
+        sched = self.session.scheduler
+        totals = {"decode_rounds": sched.rounds, "slot_rounds": sched.slot_rounds, "slots": sched.slots,
+                  "decode_s": self.decode_clock(now), "io_wait_s": self.io_wait_s,
+                  "finalise_s": self.finalise_s, "overlap_s": self.overlap_s, "busy_s": busy}
+        out = self.counters.take(totals)
+        for k in ("decode_rounds", "slot_rounds", "slots"):
+            out[k] = int(out[k])
+        out.update(held=held, decoders=len(sched.used), io_backlog_max=self.waiting_io_max)
+        return out
+
+    # ---- decode thread ------------------------------------------------------------------------
+
+    def decode_loop(self) -> None:
+        while True:
+            try:
+                task = self.inbox.get(block=self.session.idle)
+            except queue.Empty:
+                task = None
+            while task is not None:
+                if task is STOP:
+                    self.io.put(STOP)
+                    return
+                self.start(task)
+                try:
+                    task = self.inbox.get_nowait()
+                except queue.Empty:
+                    task = None
+            if self.session.idle:
+                continue
+            self.round_started = start = time.perf_counter()
+            try:
+                done = self.session.step()
+            except Exception as exc:  # the batch is in doubt: every shard in it is redone
+                self.fail_all(exc)
+                continue
+            finally:
+                self.decode_s += time.perf_counter() - start
+                self.round_started = None
+            for request, row in done:
+                task, i = request.key
+                res = task.results[i]
+                res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats
+                task.remaining -= 1
+                if task.remaining == 0:
+                    self.decoding.remove(task)
+                    self.hand_off(task)
+
+    def start(self, task: ShardTask) -> None:
+        try:
+            rows = self.start_rows(task)
+            task.remaining = len(rows)
+            if rows:
+                self.decoding.append(task)
+                self.session.submit(rows)
+        except Exception as exc:
+            self.fail_all(exc, task)
+            return
+        if not rows:
+            self.hand_off(task)
+
+    def fail_all(self, exc: Exception, extra: ShardTask | None = None) -> None:
+        """Fail every shard being decoded (and `extra`), and empty the batches."""
+        self.session.reset()
+        failed = self.decoding + ([extra] if extra is not None and extra not in self.decoding else [])
+        self.decoding = []
+        for task in failed:
+            if not task.future.done():
+                task.future.set_exception(exc)
+
+    def hand_off(self, task: ShardTask) -> None:
+        """A decoded shard to the IO queue; blocks while the queue is full (backpressure)."""
+        task.decoded = time.perf_counter()
+        with self.lock:
+            self.waiting_io += 1
+            self.waiting_io_max = max(self.waiting_io_max, self.waiting_io)
+        start = time.perf_counter()
+        self.io.put(task)
+        self.io_wait_s += time.perf_counter() - start
+
+    # ---- IO thread ----------------------------------------------------------------------------
+
+    def io_loop(self) -> None:
+        while True:
+            task = self.io.get()
+            if task is STOP:
+                return
+            start = time.perf_counter()
+            decoding_at_start = self.decode_clock(start)
+
+            def figures(start=start, decoding_at_start=decoding_at_start):
+                now = time.perf_counter()
+                self.finalise_s += now - start
+                self.overlap_s += self.decode_clock(now) - decoding_at_start
+                return self.figures()
+            try:
+                record = self.finalise(task, figures)
+            except Exception as exc:
+                task.future.set_exception(exc)
+            else:
+                task.future.set_result(record)
+            finally:
+                with self.lock:
+                    self.waiting_io -= 1
