@@ -15,7 +15,9 @@ echo "The five acceptance rules on the same texts (tiny kit, this machine):"
 if [ -f out/quickstart/methods.json ] && [ "${FORCE:-0}" != 1 ]; then
   echo "(saved by an earlier run in out/quickstart/methods.json; FORCE=1 ./quickstart.sh measures again)"
   .venv/bin/python -c "import json, sys; from engine.cli import summary_table
-print(summary_table([r['summary'] for r in json.load(open(sys.argv[1]))['runs']]))" out/quickstart/methods.json
+doc = json.load(open(sys.argv[1]))
+print(summary_table([r['summary'] for r in doc['runs']]))
+print(doc.get('outlook') or '')" out/quickstart/methods.json
 else
   .venv/bin/pcg-synth generate --kit kit --method all --texts-file jobs/quickstart-texts.txt \
     --max-new-tokens 100 --quiet --out out/quickstart/methods.json

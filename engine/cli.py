@@ -172,11 +172,21 @@ def cmd_generate(args) -> int:
             write_audio(args, synth, items, settings, results, codec_dir, len(all_settings) > 1)
     summaries = [r["summary"] for r in runs]
     print(summary_table(summaries))
+    outlook = None
+    if len(all_settings) > 1 and synth.draft is not None:  # comparing rules: say what speed to expect
+        from engine.decoding.cost import speculation_outlook
+
+        gamma = next(s.gamma for s in all_settings if s.speculative)
+        gamma = gamma if isinstance(gamma, int) else decoding_default("gamma")  # auto: the default's
+        context = int(sum(len(synth.prompter.build(it.text)) for it in items) / max(len(items), 1))
+        outlook = speculation_outlook(synth.target.model, synth.draft.model, gamma, context + 32, {
+            s["method"]: s["mean_accepted_length"] for s in summaries if s["method"] != "ar"})
+        print(outlook)
     if kind == "json":
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         doc = {"target": str(target), "draft": str(draft) if draft else None,
-               "device": str(synth.device), "runs": runs}
+               "device": str(synth.device), "runs": runs, "outlook": outlook}
         out.write_text(json.dumps(doc, indent=1))
         print(f"codes and statistics written to {out}")
     return 0

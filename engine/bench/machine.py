@@ -8,6 +8,8 @@ import platform
 
 import torch
 
+from engine.models.device import auto_dtype
+
 
 def cpu_name() -> str:
     try:
@@ -33,6 +35,8 @@ def describe(device: str | torch.device = "cpu") -> dict:
         "torch": torch.__version__,
         "device": str(device),
     }
+    auto, why = auto_dtype(device)
+    out["dtype_auto"] = f"{str(auto).removeprefix('torch.')}: {why}"  # what `dtype: auto` picks here, and why
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
         out["cuda"] = torch.version.cuda

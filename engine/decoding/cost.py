@@ -179,3 +179,27 @@ def bandwidth_bound(target: LlamaLM, batch: int, context: int, bandwidth: float)
     kv = kv_bytes(target, batch, context)
     return {"weight_bytes": w, "kv_bytes": kv, "weights_bound_s": w / bandwidth,
             "weights_kv_bound_s": (w + kv) / bandwidth}
+
+
+def speculation_outlook(target: LlamaLM, draft: LlamaLM, gamma: int, context: int,
+                        accepted: dict[str, float], reps: int = 10) -> str:
+    """Why speculation does or does not pay for this model pair at batch 1, in words: the step
+    times measured now, the break-even accepted length, and the cost model's speedup for each
+    method's measured mean accepted length (`accepted`: method -> tokens per round)."""
+    times = step_times(target, draft, 1, gamma, context, reps)
+    even = break_even_length(times)
+    ms = {k: v * 1e3 for k, v in times.items()}
+    lines = [f"Speculation at batch 1, gamma {gamma} (step times measured now): a round costs the draft "
+             f"{ms['draft_phase_s']:.1f} ms + verify {ms['verify_s']:.1f} ms against an `ar` step of "
+             f"{ms['ar_s']:.1f} ms, so it pays only above {even:.2f} accepted tokens per round "
+             f"(the draft step is {times['draft_step_s'] / times['ar_s']:.2f}x the target's)."]
+    for method, length in accepted.items():
+        lines.append(f"  {method}: {length:.2f} tokens per round -> predicted "
+                     f"{predicted_speedup(length, gamma, times):.2f}x `ar`")
+    if even >= gamma + 1:
+        lines.append(f"No draft can pay here: even accepting every token ({gamma + 1} per round) is below the "
+                     "break-even.")
+    if times["draft_step_s"] > 0.5 * times["ar_s"]:
+        lines.append("Speculation pays when the draft costs a small fraction of the target (the paper's: 3 "
+                     "of 16 layers): README, 'Speed', llasa-1b-shape on a CPU.")
+    return "\n".join(lines)

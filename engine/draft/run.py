@@ -31,7 +31,7 @@ from engine.draft.objective import SpeechLM, set_trainable
 from engine.draft.settings import TrainSettings
 from engine.draft.train import DraftTrainer, Hyper
 from engine.io.storage import Storage
-from engine.models.device import resolve_device
+from engine.models.device import resolve_device, resolve_dtype
 from engine.models.llasa import LlasaLayout, LlasaPrompter
 from engine.models.loading import check_same_vocabulary, read_config
 
@@ -127,12 +127,14 @@ def plan_run(settings: TrainSettings) -> Plan:
 def build_trainer(plan: Plan, device: torch.device, rank: int = 0, world: int = 1,
                   wrap=None) -> DraftTrainer:
     """Load the draft (float32 master weights) and the target, choose the trainable parts.
+    With bfloat16 (`dtype` auto on CUDA and on CPUs with native bf16 instructions), the target
+    runs in bfloat16 and the draft's forward under bfloat16 autocast.
 
     Args:
         wrap: turns the draft into the module called for training (Ray's `prepare_model`).
     """
     s = plan.settings
-    low = device.type == "cuda" and s.dtype in ("auto", "bfloat16")
+    low = resolve_dtype(s.dtype, device) == torch.bfloat16
     output_ids = plan.layout.output_token_ids()
     draft = SpeechLM.load(plan.draft_dir, output_ids, torch.float32, device)
     set_trainable(draft, s.trainable)

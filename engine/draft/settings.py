@@ -47,11 +47,12 @@ class TrainSettings(BaseModel):
     seed: int = Field(0, description="Data order seed.")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N (single-process runs).")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description=(
-        "auto: bfloat16 autocast and a bfloat16 target on CUDA, float32 on CPU; master weights "
-        "are float32 either way."))
+        "auto: bfloat16 autocast and a bfloat16 target where bfloat16 is native (CUDA; CPUs with "
+        "AVX512-BF16 or AMX), float32 elsewhere; master weights are float32 either way."))
     cache_target: bool = Field(False, description=(
         "Keep the target's logits of every training sequence after first use (tokens x 65,537 x "
-        "4 bytes): for small datasets trained for many epochs."))
+        "2 bytes in bfloat16 runs, 4 in float32): the target runs once per sequence; for datasets "
+        "trained for several epochs."))
     storage: StorageOptions = Field(default_factory=StorageOptions, description=(
         "S3 endpoint/region/profile for s3:// data and models."))
 

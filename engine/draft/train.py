@@ -71,7 +71,8 @@ class DraftTrainer:
         forward: the module to call for the draft's logits (a DDP wrapper under Ray Train);
             defaults to `draft`.
         rank, world: this worker's share of every batch.
-        autocast: bfloat16 autocast for the draft's forward (CUDA).
+        autocast: bfloat16 autocast for the draft's forward (CUDA, or CPUs with native bf16);
+            cached target logits are then kept in bfloat16.
     """
 
     def __init__(self, hyper: Hyper, draft: SpeechLM, target: SpeechLM | None, layout: LlasaLayout,
@@ -94,6 +95,7 @@ class DraftTrainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=hyper.lr, weight_decay=hyper.weight_decay)
         self.step = 0
         self._target_cache: dict[int, torch.Tensor] = {}
+        self._heldout_cache: dict[int, torch.Tensor] = {}
 
     def _autocast(self):
         if not self.autocast:
@@ -114,9 +116,10 @@ class DraftTrainer:
             seqs = [self.train_seqs[i] for i in missing]
             fresh = make_batch(seqs, self.layout).to(self.device)
             logits = self.target(fresh.input_ids, fresh.rows, fresh.cols)
+            kept = torch.bfloat16 if self.autocast else logits.dtype  # half the memory in bf16 runs
             for i, part in zip(missing, logits.split([s.num_targets for s in seqs])):
-                self._target_cache[i] = part
-        return torch.cat([self._target_cache[i] for i in indices])
+                self._target_cache[i] = part.to(kept)
+        return torch.cat([self._target_cache[i] for i in indices]).float()
 
     def _loss_sum(self, indices: list[int]) -> torch.Tensor:
         batch = make_batch([self.train_seqs[i] for i in indices], self.layout).to(self.device)
@@ -154,6 +157,16 @@ class DraftTrainer:
         return {"step": self.step, "loss": total / global_tokens, "tokens": global_tokens, "lr": lr}
 
     @torch.no_grad()
+    def _heldout_logits(self, chunk: int, batch: Batch) -> torch.Tensor:
+        """Target logits of held-out chunk `chunk` (kept across evaluations with `cache_target`)."""
+        if not self.hyper.cache_target:
+            return self._target_logits(batch)
+        if chunk not in self._heldout_cache:
+            logits = self._target_logits(batch)
+            self._heldout_cache[chunk] = logits.to(torch.bfloat16 if self.autocast else logits.dtype)
+        return self._heldout_cache[chunk].float()
+
+    @torch.no_grad()
     def evaluate(self) -> dict:
         """Held-out loss per token and, with a target, expected exact-SD acceptance per token
         (`1 - TV` at the sampling temperature, teacher-forced on the held-out sequences)."""
@@ -161,11 +174,11 @@ class DraftTrainer:
             return {}
         self.draft.eval()
         sums = [0.0, 0.0, 0.0]  # loss, acceptance, tokens
-        for chunk in self._chunks(self.heldout[self.rank:: self.world]):
+        for n, chunk in enumerate(self._chunks(self.heldout[self.rank:: self.world])):
             batch = make_batch(chunk, self.layout).to(self.device)
             with self._autocast():
                 logits = self.draft(batch.input_ids, batch.rows, batch.cols)
-            target = self._target_logits(batch) if self.target is not None else None
+            target = self._heldout_logits(n, batch) if self.target is not None else None
             if self.hyper.loss == "kd":
                 sums[0] += kd_loss_sum(logits, target, self.hyper.temperature).item()
             else:

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Speculation at Llasa-1B's shape, start to end: the llasa-1b-shape target (Llasa-1B dimensions,
+# random weights, deterministic), target samples, a 3-layer draft distilled against it, draft
+# acceptance before/after on held-out texts, then `pcg-synth bench` with the distilled draft.
+# Results land in benchmarks/results/ (commit them).
+#
+#   bash benchmarks/llasa_1b_shape.sh               # CPU profile: bfloat16, fits in an hour on 2 cores
+#   DEVICE=cuda bash benchmarks/llasa_1b_shape.sh   # GPU profile: the paper-scale recipe
+#
+# Every step is deterministic (fixed seeds, fixed step counts; no time budget). Rerunning resumes
+# the distillation from its last checkpoint. Overrides (environment): WORK (scratch dir), DEVICE,
+# DTYPE, SEEDS (target samples per training text), MAX_NEW (tokens per sample), STEPS, BATCH, LR,
+# LAYERS, BATCHES, GAMMAS, THETAS, REPS, ITEMS (bench items per batch slot), COST_REPS, EVAL_TOKENS,
+# EVAL_TEXTS (a texts file; default: the built-in held-out texts), BENCH=0 (stop before the bench), OUT (result-file stem), TARGET (an existing
+# target directory instead of the preset: e.g. a tiny kit's target/, which is how the tests run
+# this chain in seconds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PCG=${PCG:-.venv/bin/pcg-synth}
+PY=${PY:-.venv/bin/python}
+DEVICE=${DEVICE:-cpu}
+if [ "$DEVICE" = cpu ]; then  # 2 cores: short samples, a few hundred steps on cached target logits
+  DTYPE=${DTYPE:-bfloat16}; SEEDS=${SEEDS:-4}; MAX_NEW=${MAX_NEW:-128}; STEPS=${STEPS:-300}
+  BATCH=${BATCH:-8}; LR=${LR:-2e-4}; BATCHES=${BATCHES:-1,2,4,8}; REPS=${REPS:-2}
+  CACHE=--cache-target; GEN_BATCH=32
+else
+  DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-16}; MAX_NEW=${MAX_NEW:-256}; STEPS=${STEPS:-1500}
+  BATCH=${BATCH:-16}; LR=${LR:-1e-3}; BATCHES=${BATCHES:-1,2,4,8,16,32,64}; REPS=${REPS:-3}
+  CACHE=; GEN_BATCH=64
+fi
+LAYERS=${LAYERS:-0,1,15}
+GAMMAS=${GAMMAS:-2,3,4,auto}
+THETAS=${THETAS:-0.3,0.4,0.5}
+EVAL_TOKENS=${EVAL_TOKENS:-128}
+EVAL_TEXTS=${EVAL_TEXTS:+--texts-file $EVAL_TEXTS}
+ITEMS=${ITEMS:-2}
+COST_REPS=${COST_REPS:-10}
+SUFFIX=$(echo "$DEVICE" | tr -d ':')$([ "$DTYPE" = bfloat16 ] && echo _bf16 || true)
+WORK=${WORK:-work/llasa-1b-shape}
+OUT=${OUT:-benchmarks/results/llasa_1b_shape_$SUFFIX}
+mkdir -p "$WORK" "$(dirname "$OUT")"
+SECONDS=0
+stage() { echo "[$(date +%H:%M:%S) +${SECONDS}s] $*"; }
+
+if [ -z "${TARGET:-}" ]; then
+  # 1. the preset's target on disk (deterministic: seed 0); its untrained 3-layer draft is the
+  #    "before" of step 4
+  stage "llasa-1b-shape target -> $WORK/target"
+  "$PY" - "$WORK" "$DEVICE" <<'PYEOF'
+import sys
+from pathlib import Path
+import torch
+from engine.bench.presets import llasa_1b_shape
+if not (Path(sys.argv[1]) / "target" / "config.json").is_file():
+    llasa_1b_shape(torch.device("cpu"), torch.bfloat16, save_to=Path(sys.argv[1]))
+PYEOF
+  TARGET=$WORK/target
+fi
+
+# 2. target samples: every training text under SEEDS seeds (`ar`, temperature 0.8)
+stage "target samples: $SEEDS per training text, $MAX_NEW tokens"
+"$PY" - "$WORK/texts.jsonl" "$SEEDS" <<'PYEOF'
+import json, sys
+from engine.kit.draft import KIT_TRAIN_TEXTS
+with open(sys.argv[1], "w") as f:
+    for seed in range(int(sys.argv[2])):
+        for i, text in enumerate(KIT_TRAIN_TEXTS):
+            f.write(json.dumps({"id": f"t{i}-s{seed}", "text": text, "seed": 1000 + seed}) + "\n")
+PYEOF
+SAMPLES=$WORK/samples-s$SEEDS-n$MAX_NEW.json  # deterministic: made once per setting
+[ -s "$SAMPLES" ] || "$PCG" generate --target "$TARGET" --texts-file "$WORK/texts.jsonl" --method ar \
+    --temperature 0.8 --max-new-tokens "$MAX_NEW" --batch-size "$GEN_BATCH" --device "$DEVICE" \
+    --dtype "$DTYPE" --out "$SAMPLES" --quiet
+
+# 3. the draft: a layer subset, then knowledge distillation (rerunning resumes)
+stage "draft: layers $LAYERS, $STEPS distillation steps"
+"$PCG" draft init --target "$TARGET" --layers "$LAYERS" --out "$WORK/draft-init" --force --quiet
+"$PCG" draft train --data "$SAMPLES" --draft "$WORK/draft-init" --target "$TARGET" \
+    --out "$WORK/draft-kd" --steps "$STEPS" --batch-size "$BATCH" --lr "$LR" \
+    --eval-every $(( STEPS < 50 ? STEPS : 50 )) --checkpoint-every 100 --device "$DEVICE" \
+    --dtype "$DTYPE" $CACHE --quiet
+
+# 4. acceptance before/after on held-out texts (per draft position), then the speed benchmark
+stage "draft eval before/after"
+"$PCG" draft eval --target "$TARGET" --draft "$WORK/draft-init" --draft "$WORK/draft-kd" \
+    --methods exact,pcg --gamma 4 --max-new-tokens "$EVAL_TOKENS" $EVAL_TEXTS --device "$DEVICE" --dtype "$DTYPE" \
+    --out "${OUT}_draft_eval.json" --quiet
+cp "$WORK/draft-kd/train_log.jsonl" "${OUT}_draft_train_log.jsonl"
+if [ "${BENCH:-1}" = 0 ]; then stage "done (BENCH=0: no bench)"; exit 0; fi
+stage "bench: batch $BATCHES, gamma $GAMMAS, theta $THETAS"
+if [ "$TARGET" = "$WORK/target" ]; then
+  MODELS=(--preset llasa-1b-shape)
+else
+  MODELS=(--target "$TARGET")
+fi
+"$PCG" bench "${MODELS[@]}" --draft "$WORK/draft-kd" --device "$DEVICE" --dtype "$DTYPE" \
+    --methods ar,exact,pcg --batch-sizes "$BATCHES" --gammas "$GAMMAS" --thetas "$THETAS" \
+    --reps "$REPS" --items-per-slot "$ITEMS" --cost-reps "$COST_REPS" --out "${OUT}.json" --quiet
+stage "done: ${OUT}*"
