@@ -33,6 +33,13 @@ def test_generate_all_methods_writes_codes_and_statistics(kit_dir, tmp_path, cap
         if summary["method"] != "ar":
             assert len(summary["acceptance_per_position"]) == 3
             assert summary["mean_accepted_length"] >= 1.0
+    # comparing rules says what speed to expect: break-even from step times measured now, and the
+    # kit's verdict (its 3-layer draft costs most of its 4-layer target's step)
+    outlook = doc["outlook"]
+    assert outlook in printed and "pays only above" in outlook
+    for method in ("exact", "pcg", "ssd", "topk"):
+        assert f"  {method}: " in outlook and "x `ar`" in outlook
+    assert "small fraction of the target" in outlook
 
 
 @pytest.mark.parametrize("args, message", [
