@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 
@@ -164,7 +165,11 @@ class JobRunner:
                 if self.on_commit:
                     self.on_commit(record)
 
-            pool = WorkerPool(spec, ray.put(groups) if groups is not None else None, commit, self.warmup)
+            def notify(text: str) -> None:  # always shown: the job is waiting, not stuck
+                tqdm.write(f"{spec.name}: {text}", file=sys.stderr)
+
+            pool = WorkerPool(spec, ray.put(groups) if groups is not None else None, commit, self.warmup,
+                              notify=notify)
             try:
                 report = pool.run(todo)
             finally:
