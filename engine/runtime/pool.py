@@ -25,19 +25,12 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from engine.config import JobSpec
+from engine.io.storage import backoff_s
 from engine.runtime.actors import SynthesisWorker, cluster_capacity, worker_options
 from engine.runtime.plan import Shard
 
 START_TIMEOUT_S = 900.0  # loading an 8B target from object storage takes minutes
 POLL_S = 5.0  # longest wait for an event before the pool looks at the cluster again
-
-
-def backoff_s(retry: int, base: float, cap: float, rng: random.Random | None = None) -> float:
-    """Wait before retry number `retry` (1, 2, ...): `base * 2**(retry - 1)`, capped at `cap`,
-    times a random 50-100 % (jitter, so retries after a common outage spread out)."""
-    if base <= 0:
-        return 0.0
-    return min(cap, base * 2 ** (retry - 1)) * (0.5 + 0.5 * (rng or random).random())
 
 
 def request_capacity(bundles: list[dict]) -> bool:
