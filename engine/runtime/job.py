@@ -96,13 +96,13 @@ def check_groups_file(spec: JobSpec, storage: Storage):
     Raises:
         ValueError: `models.groups: <uri>: why`.
     """
-    from engine.groups.source import embeddings_sha256, load_speech_embeddings
+    from engine.groups.source import embeddings_sha256, speech_embeddings_of
     from engine.groups.store import GroupFileError, from_bytes
 
     uri = spec.models.groups
     try:
         data = storage.read_bytes(uri)
-        embeddings = load_speech_embeddings(storage.local_dir(spec.models.target))
+        embeddings = speech_embeddings_of(storage, spec.models.target)
         expect = {"embeddings_sha256": embeddings_sha256(embeddings), "theta": spec.decoding.theta,
                   "max_group_size": spec.decoding.max_group_size}
         return from_bytes(data, uri, expect)
@@ -123,10 +123,10 @@ def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given
     if spec.models.groups:
         return check_groups_file(spec, storage)
     from engine.groups.cache import default_cache_dir, get_groups
-    from engine.groups.source import load_speech_embeddings
+    from engine.groups.source import speech_embeddings_of
     from engine.runtime.storage_blobs import StorageBlobStore
 
-    embeddings = load_speech_embeddings(storage.local_dir(spec.models.target))
+    embeddings = speech_embeddings_of(storage, spec.models.target)
     store = StorageBlobStore(storage, spec.models.groups_cache or str(default_cache_dir()))
     return get_groups(embeddings, spec.decoding.theta, spec.decoding.max_group_size, store=store,
                       progress=progress)

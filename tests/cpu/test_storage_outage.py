@@ -158,3 +158,30 @@ def test_concurrent_model_fetches_share_one_download_and_are_verified(s3_endpoin
     assert storages[0].local_dir(f"s3://{s3_bucket}/m", cache_root=tmp_path) == local
     assert (local / "model.safetensors").read_bytes() == files["model.safetensors"]
     assert not [p for p in tmp_path.rglob("*.part")]
+
+
+def test_the_driver_reads_only_the_speech_rows_of_a_remote_target(kit_dir):
+    """For groups the driver needs the target's speech-token embedding rows only: from object
+    storage (fsspec's memory:// standing for s3://) it reads the small files and exactly those
+    rows of the weights (safetensors header + one ranged read), never the whole weights file."""
+    import fsspec
+    import torch
+
+    from engine.groups.source import load_speech_embeddings, speech_embeddings_of
+
+    fs = fsspec.filesystem("memory")
+    for f in (kit_dir / "target").iterdir():
+        fs.pipe_file(f"/faults-kit/target/{f.name}", f.read_bytes())
+    storage = Storage()
+    ranges: list[int] = []
+    read_range = storage.read_range
+    storage.read_range = lambda uri, start, stop: (ranges.append(stop - start), read_range(uri, start, stop))[1]
+    reads: list[str] = []
+    read_bytes = storage.read_bytes
+    storage.read_bytes = lambda uri: (reads.append(uri), read_bytes(uri))[1]
+    rows = speech_embeddings_of(storage, "memory://faults-kit/target")
+    assert torch.equal(rows, load_speech_embeddings(kit_dir / "target"))
+    weights = (kit_dir / "target" / "model.safetensors").stat().st_size
+    assert not [u for u in reads if u.endswith(".safetensors")]
+    assert len(ranges) == 3 and ranges[0] == 8  # header length, header, the rows
+    assert max(ranges) == rows.numel() * rows.element_size() < weights
