@@ -94,6 +94,7 @@ class WorkerPool:
         self.delayed: list[tuple[float, Shard]] = []  # (monotonic time it may run again, shard)
         self.waiting_since: float | None = None  # no worker and no room: waiting for capacity
         self.rng = random.Random()
+        self.target = spec.resources.workers
         self.report = PoolReport()
 
     def start_worker(self) -> None:
@@ -116,10 +117,9 @@ class WorkerPool:
         return bool(self.pending or self.delayed)
 
     def replace(self) -> bool:
-        """Start a replacement if work remains, fewer than `workers` are live or starting, and
-        the live nodes have room for one more."""
-        res = self.spec.resources
-        if self.work_left() and self.live() < min(res.workers, cluster_capacity(self.spec)):
+        """Start a replacement if work remains, fewer than the job's workers are live or
+        starting, and the live nodes have room for one more."""
+        if self.work_left() and self.live() < min(self.target, cluster_capacity(self.spec)):
             self.start_worker()
             self.report.replaced += 1
             return True
@@ -128,7 +128,7 @@ class WorkerPool:
     def top_up(self) -> None:
         """Replace every worker missing from `resources.workers` that the live nodes can hold
         now (nodes may have joined since a worker died)."""
-        while self.live() < self.spec.resources.workers and self.replace():
+        while self.live() < self.target and self.replace():
             pass
 
     def wait_for_capacity(self) -> bool:
@@ -139,7 +139,7 @@ class WorkerPool:
         if self.waiting_since is None:
             self.waiting_since = now
             bundle = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})}
-            asked = request_capacity([bundle] * res.workers)
+            asked = request_capacity([bundle] * self.target)
             need = ", ".join(f"{v:g} {k}" for k, v in bundle.items())
             left = len(self.pending) + len(self.delayed)
             self.notify(f"no live node can host a worker ({need} each): "
@@ -178,7 +178,8 @@ class WorkerPool:
 
     def run(self, shards: list[Shard]) -> PoolReport:
         self.pending = deque(shards)
-        for _ in range(min(self.spec.resources.workers, len(self.pending))):
+        self.target = min(self.spec.resources.workers, len(self.pending))  # workers the job runs on
+        for _ in range(self.target):
             self.start_worker()
         try:
             barrier = self.warmup
@@ -198,7 +199,7 @@ class WorkerPool:
                     ref = self.actors[slot].process.remote(shard, self.attempts[shard.id])
                     self.inflight[ref] = (slot, shard)
                 self.free.extend(over_share)
-                if self.live() < self.spec.resources.workers and self.work_left():
+                if self.live() < self.target and self.work_left():
                     self.top_up()
                 if self.live():
                     self.capacity_found()
