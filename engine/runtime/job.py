@@ -174,6 +174,8 @@ class JobRunner:
         if spec.kind == "sweep":
             raise ValueError("kind: sweep runs many jobs: use engine.runtime.sweep.run_sweep (pcg-synth run does)")
         preflight(spec, storage)
+        # a given groups file is checked before anything is written to the output
+        given_groups = check_groups_file(spec, storage) if needs_groups(spec) and spec.models.groups else None
         expansion = None
         if spec.kind == "augment":
             from engine.config import InputSpec
@@ -185,7 +187,6 @@ class JobRunner:
             plan = make_plan(spec, storage)
         for warning in plan.warnings():
             print(f"{spec.name}: warning: {warning}", file=sys.stderr)
-        given_groups = check_groups_file(spec, storage) if needs_groups(spec) and spec.models.groups else None
         committed, numerics_changes = check_resume(spec, plan, storage, layout, self.allow_numerics_change)
         todo = [s for s in plan.shards if s.id not in committed]
         if not todo and (previous := finished_summary(storage, layout, plan)) is not None:

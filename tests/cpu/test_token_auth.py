@@ -47,6 +47,19 @@ def python(code: str, arg: str, env: dict) -> str:
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
 
 
+def started_with(token: str) -> list[int]:
+    """Processes whose environment holds this test's token: the cluster's own, nobody else's."""
+    mark = f"RAY_AUTH_TOKEN={token}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return [pid for pid in found if pid != os.getpid()]
+
+
 @pytest.fixture
 def token_cluster(tmp_path):
     token = uuid.uuid4().hex + uuid.uuid4().hex
@@ -70,8 +83,13 @@ def token_cluster(tmp_path):
     finally:
         for p in reversed(procs):
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
+                os.killpg(p.pid, signal.SIGKILL)  # a graceful `ray stop` costs half a minute
                 p.wait(timeout=60)
+        for pid in started_with(token):  # anything of this cluster outside those process groups
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_a_node_joins_and_the_jobs_api_answers_only_the_token(token_cluster):
