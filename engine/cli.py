@@ -243,7 +243,8 @@ def cmd_run(args) -> int:
             print(json.dumps({"job": spec.name, "output": spec.output.uri, "runs": len(doc["runs"]),
                               "plots": doc["plots"]}))
         return 0
-    summary = JobRunner(spec, address=args.address, progress=not args.quiet).run()
+    summary = JobRunner(spec, address=args.address, progress=not args.quiet,
+                        allow_numerics_change=args.allow_numerics_change).run()
     if args.quiet:
         print(json.dumps({k: summary[k] for k in ("job", "output", "rows_ok", "rows_failed", "audio_seconds")}))
     return 0
@@ -274,6 +275,9 @@ def add_jobs(sub) -> None:
     p.add_argument("--address", help="Ray cluster address (auto: the running cluster, ray://HEAD:10001); "
                                       "default: $RAY_ADDRESS if set, else a fresh local Ray")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table; print a JSON line")
+    p.add_argument("--allow-numerics-change", action="store_true",
+                   help="resume an output written under another numerics environment (device type, "
+                        "torch version, threads per worker); recorded in _job.json and the summary")
     p.set_defaults(func=cmd_run)
     s = sub.add_parser("submit", help="submit a job spec to a Ray cluster (Ray Jobs API)",
                        description="Validate JOB.yaml here, upload it and run `pcg-synth run` on the "

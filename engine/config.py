@@ -124,6 +124,12 @@ class StorageOptions(BaseModel):
         "S3-compatible endpoint, e.g. http://minio:9000; unset for AWS S3."))
     region: str | None = Field(None, description="AWS region of the bucket(s).")
     profile: str | None = Field(None, description="AWS profile name from ~/.aws (optional).")
+    retries: int = Field(5, ge=0, description=(
+        "Retries of a storage call that failed transiently (connection refused or reset, "
+        "timeouts, HTTP 5xx, throttling), after botocore's own quick retries; 0: none."))
+    retry_backoff_s: float = Field(0.5, gt=0, description=(
+        "First wait before a storage retry; doubled per retry, with jitter (a random 50-100 %)."))
+    retry_backoff_max_s: float = Field(20.0, gt=0, description="Cap of one storage retry's wait.")
 
 
 class ModelsSpec(BaseModel):
@@ -177,6 +183,14 @@ class ResourcesSpec(BaseModel):
     batch_size: int = Field(8, ge=1, description="Rows decoded together per worker (continuous batching).")
     rows_per_shard: int = Field(256, ge=1, description="Manifest rows per output shard (one Parquet file).")
     max_retries: int = Field(3, ge=0, description="Retries of a shard whose worker died or failed.")
+    retry_backoff_s: float = Field(2.0, ge=0, description=(
+        "Wait before a shard's first retry; doubled per retry of that shard, with jitter (a "
+        "random 50-100 %); other shards go on meanwhile."))
+    retry_backoff_max_s: float = Field(60.0, ge=0, description="Cap of one shard retry's wait.")
+    capacity_wait_s: float = Field(1800.0, ge=0, description=(
+        "When no live node can host a worker (the only worker node was lost), how long the "
+        "driver asks the autoscaler for capacity and waits for nodes before it fails the shards "
+        "left (committed shards are kept; a rerun resumes)."))
     device: str = Field("auto", description="auto (cuda where the worker has a GPU, else cpu), cpu, cuda.")
     shard_window: int = Field(2, ge=1, description=(
         "Shards a worker holds at once: their rows share its batch, so rows of the next shard "

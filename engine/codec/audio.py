@@ -43,21 +43,25 @@ def to_mono(data: np.ndarray) -> np.ndarray:
     return data if data.ndim == 1 else data.mean(axis=1)
 
 
-def read_clip(source: str | Path | BinaryIO, target_sr: int = SAMPLE_RATE) -> np.ndarray:
+def read_clip(source: str | Path | BinaryIO, target_sr: int = SAMPLE_RATE, name: str | None = None) -> np.ndarray:
     """Read a WAV/FLAC (anything libsndfile reads) as float32 mono `[N]` at `target_sr`.
+
+    Args:
+        name: what to call the clip in errors (its URI, when `source` holds its bytes).
 
     Raises:
         CodecError: missing, unreadable or empty file (the message names it).
     """
     import soundfile as sf
 
-    name = str(source) if isinstance(source, (str, Path)) else "clip"
+    name = name or (str(source) if isinstance(source, (str, Path)) else "clip")
     if isinstance(source, (str, Path)) and not Path(source).is_file():
         raise CodecError(f"audio clip {name} does not exist")
     try:
         data, sr = sf.read(source, dtype="float32", always_2d=False)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise CodecError(f"cannot read audio clip {name}: {exc} (WAV or FLAC expected)") from exc
+        why = getattr(exc, "error_string", None) or str(exc).replace(repr(source), name).replace(str(source), name)
+        raise CodecError(f"cannot read audio clip {name}: {why} (WAV or FLAC expected)") from exc
     if data.size == 0:
         raise CodecError(f"audio clip {name} holds no samples")
     return resample(to_mono(data), int(sr), target_sr)

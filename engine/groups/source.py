@@ -73,3 +73,81 @@ def embeddings_sha256(embeddings: torch.Tensor | np.ndarray) -> str:
     digest = hashlib.sha256(f"float32{tuple(x.shape)}".encode())
     digest.update(x.numpy().tobytes())
     return digest.hexdigest()
+
+
+# ---- from object storage: only the rows the groups need ---------------------------------------
+
+ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".onnx")
+
+
+def safetensors_header(storage, uri: str) -> tuple[dict, int]:
+    """A safetensors file's header (tensor name -> dtype, shape, data_offsets) and where its data
+    begins, read with two ranged reads."""
+    import struct
+
+    (n,) = struct.unpack("<Q", storage.read_range(uri, 0, 8))
+    return json.loads(storage.read_range(uri, 8, 8 + n)), 8 + n
+
+
+def read_rows(storage, uri: str, name: str, start: int, stop: int) -> torch.Tensor | None:
+    """Rows `[start, stop)` of tensor `name` in the safetensors file at `uri`, by one ranged read
+    (None if the file has no such tensor).
+
+    Raises:
+        ModelLoadError: the tensor is shorter than `stop` rows or of a dtype this reader lacks.
+    """
+    header, data_start = safetensors_header(storage, uri)
+    entry = header.get(name)
+    if entry is None:
+        return None
+    if entry["dtype"] not in ST_DTYPES:
+        raise ModelLoadError(f"{uri}: {name} is {entry['dtype']}, not one of {', '.join(ST_DTYPES)}")
+    dtype, shape = ST_DTYPES[entry["dtype"]], entry["shape"]
+    if shape[0] < stop:
+        raise ModelLoadError(f"{uri}: {name} has {shape[0]} rows; the speech tokens need {stop}")
+    row = int(np.prod(shape[1:])) * torch.tensor([], dtype=dtype).element_size()
+    begin = data_start + entry["data_offsets"][0]
+    data = storage.read_range(uri, begin + start * row, begin + stop * row)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(stop - start, *shape[1:])
+
+
+def speech_embeddings_of(storage, ref: str, source: str = "input_embeddings") -> torch.Tensor:
+    """The speech rows of the checkpoint `ref` as `load_speech_embeddings` gives them, without
+    fetching its weights when it lives in object storage: the small files (config, tokenizer)
+    are copied to a temporary directory and the rows are read from the weights file by ranged
+    reads (safetensors header, then exactly those rows). Local paths and Hub models are read in
+    place (`load_speech_embeddings`).
+
+    Raises:
+        ModelLoadError: as `load_speech_embeddings`; StorageError: unreadable objects.
+    """
+    import tempfile
+
+    from engine.io.storage import hub_ref, is_remote, join
+
+    if hub_ref(ref) is not None or not is_remote(ref):
+        return load_speech_embeddings(model_dir(ref, storage), source)
+    prefix = str(ref).rstrip("/") + "/"
+    objects = [u for u in storage.list(ref) if u.startswith(prefix)]
+    small = [u for u in objects if not u.lower().endswith(WEIGHT_SUFFIXES)]
+    with tempfile.TemporaryDirectory(prefix="pcg-synth-meta-") as tmp:
+        for uri in small:
+            target = Path(tmp) / uri[len(prefix):]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(storage.read_bytes(uri))
+        path = Path(tmp)
+        config = read_config(path)
+        name = tensor_name(config, source)
+        layout = LlasaLayout.from_tokenizer(load_tokenizer(path), model_vocab_size=config["vocab_size"])
+    index = join(ref.rstrip("/"), "model.safetensors.index.json")
+    files = sorted(u for u in objects if u.lower().endswith(".safetensors"))
+    if index in objects:
+        mapped = json.loads(storage.read_bytes(index))["weight_map"].get(name)
+        files = [join(ref.rstrip("/"), mapped)] if mapped else files
+    end = layout.first_speech + layout.num_speech
+    for uri in files:
+        rows = read_rows(storage, uri, name, layout.first_speech, end)
+        if rows is not None:
+            return rows
+    raise ModelLoadError(f"{ref}: no tensor {name!r} in its safetensors files")

@@ -3,8 +3,9 @@
 Row fields: `id`, `text` (required); `prompt_id`, `prompt_text`, `prompt_codes`, `prompt_audio`
 (voice prompt: transcript + X-codec2 codes, or a clip URI); `seed`, `method`, `temperature`,
 `top_p`, `top_k`, `repetition_penalty` (per-row overrides); `text_id`, `augment_seed`
-(provenance of augmentation variants). A malformed row becomes a `RowError` that
-travels with the shard into the output; it never stops the other rows.
+(provenance of augmentation variants). A malformed row (not JSON, invalid UTF-8, bad fields)
+becomes a `RowError` that travels with the shard into the output; it never stops the other
+rows. Fields of no meaning here are ignored, and counted (`unknown_fields`) so the job can warn.
 """
 
 from __future__ import annotations
@@ -69,6 +70,14 @@ class ManifestRow(BaseModel):
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
+@dataclass(frozen=True)
+class BadLine:
+    """A manifest line that could not be read as a row (parse_rows' stand-in for it)."""
+
+    error: str
+    text: str
+
+
 @dataclass
 class RowError:
     """A row that could not be used: where it was and why."""
@@ -86,13 +95,23 @@ def manifest_format(uri: str) -> str:
     return FORMATS[suffix]
 
 
-def parse_jsonl(data: bytes) -> list[dict | str]:
-    """Rows of JSONL bytes; a line that is not a JSON object stays a string (an error row)."""
-    rows: list[dict | str] = []
+def not_utf8(raw: bytes, exc: UnicodeDecodeError) -> BadLine:
+    return BadLine(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start} of the line)",
+                   raw.decode("utf-8", errors="replace")[:200])
+
+
+def parse_jsonl(data: bytes) -> list[dict | str | BadLine]:
+    """Rows of JSONL bytes; a line that is not a JSON object stays a string, one that is not
+    UTF-8 becomes a `BadLine` (error rows, either)."""
+    rows: list[dict | str | BadLine] = []
     for raw in data.splitlines():  # bytes rules, exactly as `jsonl_offsets` counts lines
         if not raw.strip():
             continue
-        line = raw.decode("utf-8", errors="replace").lstrip("\ufeff")  # a BOM on line 1
+        try:
+            line = raw.decode("utf-8").lstrip("\ufeff")  # a BOM on line 1
+        except UnicodeDecodeError as exc:
+            rows.append(not_utf8(raw, exc))
+            continue
         try:
             value = json.loads(line)
             rows.append(value if isinstance(value, dict) else line)
@@ -119,12 +138,35 @@ def parse_rows(uri: str, data: bytes) -> list[dict | str]:
 
         return pq.read_table(io.BytesIO(data)).to_pylist()
     if kind == "csv":
-        text = data.decode("utf-8", errors="replace")
-        return [dict(r) for r in csv.DictReader(io.StringIO(text))]
+        text = data.decode("utf-8", errors="surrogateescape")  # bad bytes -> lone surrogates, found per row
+        rows: list = []
+        for r in csv.DictReader(io.StringIO(text)):
+            bad = [k for k, v in r.items() if isinstance(v, str) and any("\udc80" <= c <= "\udcff" for c in v)]
+            if bad:
+                raw = ",".join(str(v) for v in r.values()).encode("utf-8", errors="surrogateescape")
+                rows.append(BadLine(f"not valid UTF-8 (field {bad[0]!r})", raw.decode("utf-8", errors="replace")[:200]))
+            else:
+                rows.append(dict(r))
+        return rows
     return parse_jsonl(data)
 
 
-def validate(raw: dict | str, source: str) -> ManifestRow | RowError:
+KNOWN_FIELDS = frozenset(ManifestRow.model_fields)
+
+
+def unknown_fields(rows: list) -> dict[str, int]:
+    """Fields rows carry that mean nothing here (ignored), with how many rows carry each."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if isinstance(row, dict):
+            for key in row.keys() - KNOWN_FIELDS:
+                counts[str(key)] = counts.get(str(key), 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def validate(raw: dict | str | BadLine, source: str) -> ManifestRow | RowError:
+    if isinstance(raw, BadLine):
+        return RowError(source, None, raw.error, raw.text)
     if isinstance(raw, str):
         return RowError(source, None, "not a JSON object", raw[:200])
     # empty CSV cells mean "not given" for optional fields; id and text keep theirs (clear errors)

@@ -16,7 +16,10 @@ path always wins over the Hub reading of the same text.
 from __future__ import annotations
 
 import os
+import random
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
@@ -31,6 +34,39 @@ EXTRAS = {"gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "a
 
 class StorageError(RuntimeError):
     """A storage operation failed; the message names the URI, never credentials."""
+
+
+# S3 error codes that mean "try again later" (besides any HTTP 5xx)
+TRANSIENT_CODES = {"Throttling", "ThrottlingException", "ThrottledException", "SlowDown", "RequestLimitExceeded",
+                   "TooManyRequestsException", "RequestTimeout", "RequestTimeoutException", "InternalError",
+                   "ServiceUnavailable", "503", "500"}
+
+
+def backoff_s(retry: int, base: float, cap: float, rng: random.Random | None = None) -> float:
+    """Wait before retry number `retry` (1, 2, ...): `base * 2**(retry - 1)`, capped at `cap`,
+    times a random 50-100 % (jitter: clients retrying after a common outage spread out)."""
+    if base <= 0:
+        return 0.0
+    return min(cap, base * 2 ** (retry - 1)) * (0.5 + 0.5 * (rng or random).random())
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a storage error may go away by itself: connection refused/reset/closed, timeouts,
+    HTTP 5xx, throttling. Missing objects, denied access and bad requests are not."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):  # builtins: fsspec backends, sockets
+        return True
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+    except ImportError:  # pragma: no cover - boto3 is a dependency
+        return False
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
+        return True
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return status >= 500 or status == 429 or str(err.get("Code")) in TRANSIENT_CODES
+    return isinstance(exc, BotoCoreError) and "Timeout" in type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -102,6 +138,38 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class file_lock:  # noqa: N801 - used as a context manager, like open()
+    """An exclusive `flock` on `path` (created if missing): processes on one machine (the Ray
+    workers of a node) take turns; the lock goes with the process if it dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> file_lock:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def file_md5(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def is_remote(uri: str) -> bool:
@@ -215,6 +283,39 @@ class Storage:
         self.options = options or StorageOptions()
         self._s3 = None
         self._arrow_s3 = None
+        self.retries = 0  # transient failures retried so far (this object)
+        self.retry_wait_s = 0.0  # seconds spent waiting before those retries
+        self._sleep = time.sleep
+
+    def _retrying(self, call: Callable[[], object], fail: Callable[[Exception], StorageError]):
+        """`call()`, retried after a transient failure (`transient`) up to `options.retries`
+        times with exponential backoff and jitter; any other failure, or the last one, becomes
+        `fail(exc)` (a StorageError naming the URI)."""
+        opts = self.options
+        attempt = 0
+        while True:
+            try:
+                return call()
+            except StorageError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - converted to a credential-free message
+                if attempt < opts.retries and transient(exc):
+                    attempt += 1
+                    wait = backoff_s(attempt, opts.retry_backoff_s, opts.retry_backoff_max_s)
+                    self.retries += 1
+                    self.retry_wait_s += wait
+                    self._sleep(wait)
+                    continue
+                error = fail(exc)
+                if attempt:
+                    error = StorageError(f"{error} (after {attempt} retries)")
+                raise error from None
+
+    def _s3_call(self, loc: Location, action: str, call: Callable[[], object]):
+        return self._retrying(call, lambda exc: self._fail(loc, action, exc))
+
+    def _fs_call(self, loc: Location, action: str, call: Callable[[], object]):
+        return self._retrying(call, lambda exc: self._fs_fail(loc, action, exc))
 
     # ---- S3 plumbing -------------------------------------------------------------------------
 
@@ -227,7 +328,12 @@ class Storage:
     @property
     def s3(self):
         if self._s3 is None:
-            self._s3 = self._session().client("s3", endpoint_url=self.options.endpoint_url)
+            from botocore.config import Config
+
+            # botocore's own retries are quick (standard mode, 3 attempts); `_retrying` waits
+            # longer, across outages
+            self._s3 = self._session().client("s3", endpoint_url=self.options.endpoint_url,
+                                              config=Config(retries={"mode": "standard", "max_attempts": 3}))
         return self._s3
 
     def _fail(self, loc: Location, action: str, exc: Exception) -> StorageError:
@@ -275,21 +381,19 @@ class Storage:
             return Path(loc.path).is_file()
         if loc.scheme not in OWN_SCHEMES:
             fs, path = self._fs(loc)
-            try:
-                return fs.isfile(path)
-            except Exception as exc:  # noqa: BLE001
-                raise self._fs_fail(loc, "check", exc) from None
+            return self._fs_call(loc, "check", lambda: fs.isfile(path))
         from botocore.exceptions import ClientError
 
-        try:
-            self.s3.head_object(Bucket=loc.bucket, Key=loc.path)
-            return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise self._fail(loc, "check", exc) from None
-        except Exception as exc:  # noqa: BLE001 - converted to a credential-free message
-            raise self._fail(loc, "check", exc) from None
+        def head() -> bool:
+            try:
+                self.s3.head_object(Bucket=loc.bucket, Key=loc.path)
+                return True
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return False
+                raise
+
+        return self._s3_call(loc, "check", head)
 
     def read_bytes(self, uri: str) -> bytes:
         loc = parse(uri)
@@ -300,14 +404,9 @@ class Storage:
                 raise StorageError(f"cannot read {loc.uri}: {exc.strerror}") from None
         if loc.scheme not in OWN_SCHEMES:
             fs, path = self._fs(loc)
-            try:
-                return fs.cat_file(path)
-            except Exception as exc:  # noqa: BLE001
-                raise self._fs_fail(loc, "read", exc) from None
-        try:
-            return self.s3.get_object(Bucket=loc.bucket, Key=loc.path)["Body"].read()
-        except Exception as exc:  # noqa: BLE001
-            raise self._fail(loc, "read", exc) from None
+            return self._fs_call(loc, "read", lambda: fs.cat_file(path))
+        return self._s3_call(loc, "read",
+                             lambda: self.s3.get_object(Bucket=loc.bucket, Key=loc.path)["Body"].read())
 
     def read_range(self, uri: str, start: int, stop: int) -> bytes:
         """Bytes `[start, stop)` of an object (an S3 ranged GET; a seek locally)."""
@@ -323,15 +422,9 @@ class Storage:
                 raise StorageError(f"cannot read {loc.uri}: {exc.strerror}") from None
         if loc.scheme not in OWN_SCHEMES:
             fs, path = self._fs(loc)
-            try:
-                return fs.cat_file(path, start=start, end=stop)
-            except Exception as exc:  # noqa: BLE001
-                raise self._fs_fail(loc, "read", exc) from None
-        try:
-            obj = self.s3.get_object(Bucket=loc.bucket, Key=loc.path, Range=f"bytes={start}-{stop - 1}")
-            return obj["Body"].read()
-        except Exception as exc:  # noqa: BLE001
-            raise self._fail(loc, "read", exc) from None
+            return self._fs_call(loc, "read", lambda: fs.cat_file(path, start=start, end=stop))
+        return self._s3_call(loc, "read", lambda: self.s3.get_object(
+            Bucket=loc.bucket, Key=loc.path, Range=f"bytes={start}-{stop - 1}")["Body"].read())
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         """Write atomically: a temporary file renamed into place, or one object PUT."""
@@ -341,15 +434,9 @@ class Storage:
             return
         if loc.scheme not in OWN_SCHEMES:
             fs, path = self._fs(loc)
-            try:
-                fs.pipe_file(path, data)
-            except Exception as exc:  # noqa: BLE001
-                raise self._fs_fail(loc, "write", exc) from None
+            self._fs_call(loc, "write", lambda: fs.pipe_file(path, data))
             return
-        try:
-            self.s3.put_object(Bucket=loc.bucket, Key=loc.path, Body=data)
-        except Exception as exc:  # noqa: BLE001
-            raise self._fail(loc, "write", exc) from None
+        self._s3_call(loc, "write", lambda: self.s3.put_object(Bucket=loc.bucket, Key=loc.path, Body=data))
 
     def delete(self, uri: str) -> None:
         loc = parse(uri)
@@ -358,16 +445,14 @@ class Storage:
             return
         if loc.scheme not in OWN_SCHEMES:
             fs, path = self._fs(loc)
-            try:
+
+            def remove() -> None:
                 if fs.isfile(path):
                     fs.rm_file(path)
-            except Exception as exc:  # noqa: BLE001
-                raise self._fs_fail(loc, "delete", exc) from None
+
+            self._fs_call(loc, "delete", remove)
             return
-        try:
-            self.s3.delete_object(Bucket=loc.bucket, Key=loc.path)
-        except Exception as exc:  # noqa: BLE001
-            raise self._fail(loc, "delete", exc) from None
+        self._s3_call(loc, "delete", lambda: self.s3.delete_object(Bucket=loc.bucket, Key=loc.path))
 
     def list(self, prefix: str) -> list[str]:
         """URIs of all objects under the "directory" `prefix` (or the object itself), sorted.
@@ -385,27 +470,34 @@ class Storage:
                           if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
         if loc.scheme not in OWN_SCHEMES:
             return [u for u, _ in self._fs_list(loc)]
-        out = []
-        try:
+        return [u for u, _ in self._s3_list(loc)]
+
+    def _s3_list(self, loc: Location) -> list[tuple[str, int]]:
+        """(URI, size) of every S3 object under `loc` (or `loc` itself), sorted; the whole
+        listing is retried after a transient failure."""
+        base = loc.path.rstrip("/")
+
+        def listing() -> list[tuple[str, int]]:
+            out = []
             pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=loc.path)
-            base = loc.path.rstrip("/")
             for page in pages:
-                out.extend(f"s3://{loc.bucket}/{obj['Key']}" for obj in page.get("Contents", [])
+                out.extend((f"s3://{loc.bucket}/{obj['Key']}", int(obj.get("Size", 0)))
+                           for obj in page.get("Contents", [])
                            if not base or obj["Key"] == base or obj["Key"].startswith(base + "/"))
-        except Exception as exc:  # noqa: BLE001
-            raise self._fail(loc, "list", exc) from None
-        return sorted(out)
+            return sorted(out)
+
+        return self._s3_call(loc, "list", listing)
 
     def _fs_list(self, loc: Location) -> list[tuple[str, int]]:
         """(URI, size) of every object under `loc` (or `loc` itself), sorted."""
         fs, path = self._fs(loc)
-        try:
+
+        def find() -> dict:
             if fs.isfile(path):
-                found = {path: fs.info(path)}
-            else:
-                found = fs.find(path.rstrip("/"), detail=True) if fs.isdir(path) else {}
-        except Exception as exc:  # noqa: BLE001
-            raise self._fs_fail(loc, "list", exc) from None
+                return {path: fs.info(path)}
+            return fs.find(path.rstrip("/"), detail=True) if fs.isdir(path) else {}
+
+        found = self._fs_call(loc, "list", find)
         strip = path.rstrip("/")
         out = []
         for name, info in found.items():
@@ -457,47 +549,52 @@ class Storage:
 
         root = Path(cache_root) if cache_root else cache_dir() / "models"
         dest = root / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:24]
-        if loc.scheme not in OWN_SCHEMES:
-            return self._fetch_fs(loc, dest)
-        prefix = loc.path.rstrip("/") + "/"
-        objects = [u for u in self.list(uri) if parse(u).path.startswith(prefix)]
+        prefix_uri = loc.uri.rstrip("/") + "/"
+        if loc.scheme in OWN_SCHEMES:
+            objects = [(u, size) for u, size in self._s3_list(loc) if u.startswith(prefix_uri)]
+        else:
+            objects = [(u, size) for u, size in self._fs_list(loc) if u.startswith(prefix_uri)]
         if not objects:
             raise StorageError(f"nothing to fetch under {uri}")
-        for obj in objects:
-            key = parse(obj).path
-            target = dest / key[len(prefix):]
-            size = self.s3.head_object(Bucket=loc.bucket, Key=key)["ContentLength"]
-            if target.is_file() and target.stat().st_size == size:
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.part")
-            try:
-                self.s3.download_file(loc.bucket, key, str(tmp))
-            except Exception as exc:  # noqa: BLE001
-                raise self._fail(Location("s3", loc.bucket, key), "fetch", exc) from None
-            os.replace(tmp, target)
+        dest.mkdir(parents=True, exist_ok=True)
+        with file_lock(dest.with_name(dest.name + ".lock")):  # the workers of a node share one download
+            for obj, size in objects:
+                target = dest / obj[len(prefix_uri):]
+                if target.is_file() and target.stat().st_size == size:
+                    continue
+                self._fetch_one(parse(obj), target, size)
         return dest
 
-    def _fetch_fs(self, loc: Location, dest: Path) -> Path:
-        """Copy every object under an fsspec `loc` to `dest` (skipping files of the same size)."""
-        prefix = loc.uri.rstrip("/") + "/"
-        objects = [(u, size) for u, size in self._fs_list(loc) if u.startswith(prefix)]
-        if not objects:
-            raise StorageError(f"nothing to fetch under {loc.uri}")
-        fs, _ = self._fs(loc)
-        for uri, size in objects:
-            target = dest / uri[len(prefix):]
-            if target.is_file() and target.stat().st_size == size:
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.part")
-            src = parse(uri)
+    def _fetch_one(self, src: Location, target: Path, size: int) -> None:
+        """Download one object to `target` through a `.part` file unique to this process, check
+        its size against the listing (and, on S3, its MD5 where the ETag is one: single-part
+        uploads), then rename it into place. Retried like every call."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{random.getrandbits(32):08x}.part")
+
+        def fetch() -> None:
             try:
-                fs.get_file(self._fs(src)[1], str(tmp))
-            except Exception as exc:  # noqa: BLE001
-                raise self._fs_fail(src, "fetch", exc) from None
+                if src.scheme == "s3":
+                    self.s3.download_file(src.bucket, src.path, str(tmp))
+                    etag = str(self.s3.head_object(Bucket=src.bucket, Key=src.path).get("ETag", "")).strip('"')
+                else:
+                    fs, path = self._fs(src)
+                    fs.get_file(path, str(tmp))
+                    etag = ""
+                got = tmp.stat().st_size
+                if got != size:
+                    raise ConnectionError(f"{got} bytes received where the listing says {size}")
+                if len(etag) == 32 and "-" not in etag and file_md5(tmp) != etag:
+                    raise ConnectionError("MD5 differs from the object's ETag")
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
             os.replace(tmp, target)
-        return dest
+
+        if src.scheme == "s3":
+            self._s3_call(src, "fetch", fetch)
+        else:
+            self._fs_call(src, "fetch", fetch)
 
     def has_checkpoint(self, ref: str) -> bool:
         """Whether `ref` (a path, URI or Hub model) holds a checkpoint (`config.json`). A Hub model

@@ -114,7 +114,7 @@ class PromptClips:
         cache_key = f"{kind}:{ref}" if kind == "clip" else f"codes:{hash(tuple(ref))}"
         if cache_key not in self._waves:
             if kind == "clip":
-                self._waves[cache_key] = read_clip(io.BytesIO(self.storage.read_bytes(ref)), SAMPLE_RATE)
+                self._waves[cache_key] = read_clip(io.BytesIO(self.storage.read_bytes(ref)), SAMPLE_RATE, name=ref)
             else:
                 self._waves[cache_key] = self.codec.decode([np.asarray(ref)])[0]
         return self._waves[cache_key], kind

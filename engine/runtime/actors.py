@@ -17,9 +17,14 @@ class SynthesisWorker:
 
     def __init__(self, spec_json: str, groups: SpeechGroups | None, worker_id: str,
                  warmup: bool = False) -> None:
+        import torch
+
+        from engine.runtime.numerics import worker_threads
         from engine.runtime.worker import ShardProcessor
 
-        self.processor = ShardProcessor(JobSpec.model_validate_json(spec_json), groups, worker_id)
+        spec = JobSpec.model_validate_json(spec_json)
+        torch.set_num_threads(worker_threads(spec))  # part of the numerics environment: explicit
+        self.processor = ShardProcessor(spec, groups, worker_id)
         if warmup:
             self.processor.warmup()
 

@@ -106,7 +106,7 @@ def expand(spec: JobSpec, storage: Storage, root: str) -> Expansion:
     grid = combinations(aug, spec)
     cap = min(aug.max_variants_per_text or len(grid), len(grid))
     rows: list[ManifestRow] = []
-    passthrough: list[dict | str] = []
+    passthrough: list = []
     for uri in manifest_files(spec, storage):
         for n, raw in enumerate(parse_rows(uri, storage.read_bytes(uri)), 1):
             row = validate(raw, f"{uri}:{n}")
@@ -123,7 +123,8 @@ def expand(spec: JobSpec, storage: Storage, root: str) -> Expansion:
     variants = [variant_row(r, c) for r in rows for c in pick(grid, r.id, per_text, aug.sample_seed)]
     variants.sort(key=lambda v: rank(aug.sample_seed, v["id"]))
     lines = [json.dumps(v, sort_keys=True) for v in variants]
-    lines += [json.dumps(r, sort_keys=True) if isinstance(r, dict) else str(r) for r in passthrough]
+    lines += [json.dumps(r, sort_keys=True) if isinstance(r, dict) else str(r) if isinstance(r, str)
+              else f"[{r.error}] {r.text}" for r in passthrough]  # a BadLine stays an error row
     uri = join(root, "_augment", "variants.jsonl")
     storage.write_bytes(uri, ("\n".join(lines) + "\n").encode())
     return Expansion(uri=uri, texts=len(rows), grid=len(grid), variants=len(variants),

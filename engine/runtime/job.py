@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 
@@ -44,13 +45,20 @@ def preflight(spec: JobSpec, storage: Storage) -> None:
         raise ValueError(f"output.uri: cannot write under {spec.output.uri} ({exc})") from None
 
 
-def check_resume(spec: JobSpec, plan: Plan, storage: Storage, layout: Layout) -> set[str]:
-    """Record the job in the output, or verify a rerun is the same job; returns the committed
-    shard ids.
+def check_resume(spec: JobSpec, plan: Plan, storage: Storage, layout: Layout,
+                 allow_numerics_change: bool = False) -> tuple[set[str], list[str]]:
+    """Record the job in the output, or verify a rerun is the same job under the same numerics
+    environment; returns the committed shard ids and the numerics differences allowed.
 
     Raises:
-        ValueError: the output holds a different job.
+        ValueError: the output holds a different job, or was written under another numerics
+            environment (device type, torch version, threads per worker) and that was not
+            allowed.
     """
+    from engine.runtime import numerics
+
+    now = numerics.expected(spec)
+    changes: list[str] = []
     if storage.exists(layout.job):
         earlier = json.loads(storage.read_bytes(layout.job))
         if earlier.get("fingerprint") != plan.fingerprint:
@@ -58,32 +66,67 @@ def check_resume(spec: JobSpec, plan: Plan, storage: Storage, layout: Layout) ->
                 f"output.uri {spec.output.uri} holds another job (plan {earlier.get('fingerprint')}, "
                 f"this one {plan.fingerprint}: manifests, models or settings changed); choose a new "
                 "output.uri or delete the old one")
+        changes = numerics.differences(earlier.get("numerics") or {}, now)
+        if changes and not allow_numerics_change:
+            raise ValueError(
+                f"output.uri {spec.output.uri} was written under another numerics environment "
+                f"({'; '.join(changes)}): shards decoded now could differ in their codes from the "
+                "committed ones; resume with the same settings and software, or pass "
+                "--allow-numerics-change (recorded in the summary)")
+        if changes:
+            earlier.setdefault("numerics_changes", []).append({"changes": changes, "now": now})
+            storage.write_bytes(layout.job, json.dumps(earlier, indent=1).encode())
     else:
-        record = {"name": spec.name, "spec": spec.model_dump(mode="json"), **plan.to_dict()}
+        record = {"name": spec.name, "spec": spec.model_dump(mode="json"), **plan.to_dict(), "numerics": now}
         storage.write_bytes(layout.job, json.dumps(record, indent=1).encode())
     ids = {s.id for s in plan.shards}
     committed = {u.rsplit("/", 1)[-1][: -len(".json")] for u in storage.list(layout.commit("x").rsplit("/", 1)[0])}
-    return committed & ids
+    return committed & ids, changes
 
 
-def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True):
-    """PCG groups for the job: a given file, or fetched from the groups cache (built there once)
-    here, on the driver, which ships them to every worker through Ray's object store. So the
-    default cache is this user's (`$PCG_SYNTH_CACHE/groups` or `~/.cache/pcg-synth/groups`),
-    shared by every job; `models.groups_cache` names another (e.g. an s3:// prefix that several
-    drivers share)."""
-    methods = {spec.decoding.method, *(spec.augment.methods or [] if spec.augment else [])}
-    if "pcg" not in methods:
+def needs_groups(spec: JobSpec) -> bool:
+    return "pcg" in {spec.decoding.method, *(spec.augment.methods or [] if spec.augment else [])}
+
+
+def check_groups_file(spec: JobSpec, storage: Storage):
+    """The groups file `models.groups`, verified before any work (before `_job.json` is
+    written): intact, and built for this job's theta and group-size cap from this target's
+    speech-token embeddings (their hash). Every error names the file.
+
+    Raises:
+        ValueError: `models.groups: <uri>: why`.
+    """
+    from engine.groups.source import embeddings_sha256, speech_embeddings_of
+    from engine.groups.store import GroupFileError, from_bytes
+
+    uri = spec.models.groups
+    try:
+        data = storage.read_bytes(uri)
+        embeddings = speech_embeddings_of(storage, spec.models.target)
+        expect = {"embeddings_sha256": embeddings_sha256(embeddings), "theta": spec.decoding.theta,
+                  "max_group_size": spec.decoding.max_group_size}
+        return from_bytes(data, uri, expect)
+    except (GroupFileError, StorageError) as exc:
+        raise ValueError(f"models.groups: {exc}") from None
+
+
+def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given=None):
+    """PCG groups for the job: the checked `models.groups` file (`given`), or fetched from the
+    groups cache (built there once) here, on the driver, which ships them to every worker
+    through Ray's object store (workers never build them). So the default cache is this user's
+    (`$PCG_SYNTH_CACHE/groups` or `~/.cache/pcg-synth/groups`), shared by every job;
+    `models.groups_cache` names another (e.g. an s3:// prefix that several drivers share)."""
+    if not needs_groups(spec):
         return None
-    from engine.groups.store import from_bytes
-
+    if given is not None:
+        return given
     if spec.models.groups:
-        return from_bytes(storage.read_bytes(spec.models.groups))
+        return check_groups_file(spec, storage)
     from engine.groups.cache import default_cache_dir, get_groups
-    from engine.groups.source import load_speech_embeddings
+    from engine.groups.source import speech_embeddings_of
     from engine.runtime.storage_blobs import StorageBlobStore
 
-    embeddings = load_speech_embeddings(storage.local_dir(spec.models.target))
+    embeddings = speech_embeddings_of(storage, spec.models.target)
     store = StorageBlobStore(storage, spec.models.groups_cache or str(default_cache_dir()))
     return get_groups(embeddings, spec.decoding.theta, spec.decoding.max_group_size, store=store,
                       progress=progress)
@@ -109,12 +152,15 @@ class JobRunner:
         progress: show the progress bar and the final table.
         on_commit: extra callback per committed shard (tests use it to inject failures).
         warmup: workers warm up and start together (for throughput measurements).
+        allow_numerics_change: resume an output written under another numerics environment
+            (`runtime/numerics.py`); the difference is recorded in `_job.json` and the summary.
     """
 
     def __init__(self, spec: JobSpec, address: str | None = None, progress: bool = True,
-                 on_commit: Callable[[dict], None] | None = None, warmup: bool = False) -> None:
+                 on_commit: Callable[[dict], None] | None = None, warmup: bool = False,
+                 allow_numerics_change: bool = False) -> None:
         self.spec, self.address, self.progress, self.on_commit = spec, address, progress, on_commit
-        self.warmup = warmup
+        self.warmup, self.allow_numerics_change = warmup, allow_numerics_change
         self.storage = Storage(spec.storage)
         self.layout = Layout(spec.output.uri)
 
@@ -128,6 +174,8 @@ class JobRunner:
         if spec.kind == "sweep":
             raise ValueError("kind: sweep runs many jobs: use engine.runtime.sweep.run_sweep (pcg-synth run does)")
         preflight(spec, storage)
+        # a given groups file is checked before anything is written to the output
+        given_groups = check_groups_file(spec, storage) if needs_groups(spec) and spec.models.groups else None
         expansion = None
         if spec.kind == "augment":
             from engine.config import InputSpec
@@ -137,7 +185,9 @@ class JobRunner:
             plan = make_plan(spec.model_copy(update={"input": InputSpec(manifests=[expansion.uri])}), storage)
         else:
             plan = make_plan(spec, storage)
-        committed = check_resume(spec, plan, storage, layout)
+        for warning in plan.warnings():
+            print(f"{spec.name}: warning: {warning}", file=sys.stderr)
+        committed, numerics_changes = check_resume(spec, plan, storage, layout, self.allow_numerics_change)
         todo = [s for s in plan.shards if s.id not in committed]
         if not todo and (previous := finished_summary(storage, layout, plan)) is not None:
             if self.progress:  # a rerun of a finished job: its figures, not a run of nothing
@@ -150,7 +200,7 @@ class JobRunner:
         report = None
         setup_s = 0.0
         if todo:
-            groups = prepare_groups(spec, storage, self.progress)
+            groups = prepare_groups(spec, storage, self.progress, given_groups)
             init_ray(self.address, log_to_driver=False, configure_logging=False)
             setup_s = time.perf_counter() - started
             done_rows = sum(s.rows for s in plan.shards if s.id in committed)
@@ -164,7 +214,11 @@ class JobRunner:
                 if self.on_commit:
                     self.on_commit(record)
 
-            pool = WorkerPool(spec, ray.put(groups) if groups is not None else None, commit, self.warmup)
+            def notify(text: str) -> None:  # always shown: the job is waiting, not stuck
+                tqdm.write(f"{spec.name}: {text}", file=sys.stderr)
+
+            pool = WorkerPool(spec, ray.put(groups) if groups is not None else None, commit, self.warmup,
+                              notify=notify)
             try:
                 report = pool.run(todo)
             finally:
@@ -175,6 +229,9 @@ class JobRunner:
                             time.perf_counter() - started, setup_s)
         if expansion is not None:
             summary["augment"] = expansion.to_dict()
+        if numerics_changes:
+            summary["numerics_change_allowed"] = numerics_changes
+        summary["warnings"] = plan.warnings()
         storage.write_bytes(layout.summary, json.dumps(summary, indent=1).encode())
         if self.progress:
             print(summary_table(summary))

@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from engine.config import JobSpec
-from engine.io.manifest import FORMATS, jsonl_offsets, manifest_format, parse_rows
+from engine.io.manifest import FORMATS, jsonl_offsets, manifest_format, parse_rows, unknown_fields
 from engine.io.storage import Storage, join
 
 PLAN_VERSION = 1
@@ -50,10 +50,17 @@ class Plan:
     rows: int
     manifests: list[str]
     fingerprint: str
+    unknown_fields: dict[str, dict[str, int]] = field(default_factory=dict)  # manifest -> field -> rows
 
     def to_dict(self) -> dict:
         return {"plan_version": PLAN_VERSION, "fingerprint": self.fingerprint, "rows": self.rows,
-                "manifests": self.manifests, "shards": [asdict(s) for s in self.shards]}
+                "manifests": self.manifests, "unknown_fields": self.unknown_fields,
+                "shards": [asdict(s) for s in self.shards]}
+
+    def warnings(self) -> list[str]:
+        """What the job should say about its manifests: fields it ignores, per file."""
+        return [f"{uri}: fields this pcg-synth ignores: " + ", ".join(f"{k!r} ({n} rows)" for k, n in found.items())
+                for uri, found in self.unknown_fields.items()]
 
 
 def manifest_files(spec: JobSpec, storage: Storage) -> list[str]:
@@ -88,6 +95,7 @@ def make_plan(spec: JobSpec, storage: Storage) -> Plan:
     shards: list[Shard] = []
     first_seen: dict[str, str] = {}
     files = manifest_files(spec, storage)
+    ignored: dict[str, dict[str, int]] = {}
     total = 0
     per = spec.resources.rows_per_shard
     for uri in files:
@@ -95,6 +103,8 @@ def make_plan(spec: JobSpec, storage: Storage) -> Plan:
         digest.update(uri.encode())
         digest.update(hashlib.sha256(data).digest())
         rows = parse_rows(uri, data)
+        if extra := unknown_fields(rows):
+            ignored[uri] = extra
         offsets = jsonl_offsets(data) if manifest_format(uri) == "jsonl" else None
         dups: dict[int, str] = {}
         for n, row in enumerate(rows):
@@ -114,7 +124,7 @@ def make_plan(spec: JobSpec, storage: Storage) -> Plan:
         total += len(rows)
     if total == 0:
         raise ValueError("the manifests hold no rows")
-    return Plan(shards, total, files, digest.hexdigest()[:32])
+    return Plan(shards, total, files, digest.hexdigest()[:32], ignored)
 
 
 class Layout:

@@ -4,12 +4,18 @@ Each worker holds up to `resources.window` shards at once (it decodes their rows
 and commits each when its last row is done, in any order), and no more than its fair share of
 the shards left; a shard goes to whichever worker has room. A worker enters service only after
 it answered `info()` (its models are loaded), so a replacement that the cluster cannot place
-never receives a shard. When a worker dies, every shard it held is requeued (each up to
-`max_retries` times) and a replacement is started if the live nodes have room for it.
+never receives a shard. When a worker dies (while decoding or while loading its models), every
+shard it held is requeued (each up to `max_retries` times, after a per-shard exponential backoff
+with jitter while the other shards go on) and a replacement is started as soon as the live nodes
+have room for it. When no worker is left and no live node can host one (the only worker node
+was lost), the pool asks the autoscaler for capacity and waits up to
+`resources.capacity_wait_s` for nodes to join; committed shards are kept meanwhile.
 """
 
 from __future__ import annotations
 
+import random
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,10 +25,23 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from engine.config import JobSpec
+from engine.io.storage import backoff_s
 from engine.runtime.actors import SynthesisWorker, cluster_capacity, worker_options
 from engine.runtime.plan import Shard
 
 START_TIMEOUT_S = 900.0  # loading an 8B target from object storage takes minutes
+POLL_S = 5.0  # longest wait for an event before the pool looks at the cluster again
+
+
+def request_capacity(bundles: list[dict]) -> bool:
+    """Ask the autoscaler for room for `bundles` (harmless without one); False if Ray refused."""
+    try:
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=bundles)
+        return True
+    except Exception:  # noqa: BLE001 - a cluster without an autoscaler, an old Ray: just wait
+        return False
 
 
 class JobFailed(RuntimeError):
@@ -35,6 +54,7 @@ class PoolReport:
     failed: dict[str, str] = field(default_factory=dict)  # shard id -> last error
     retries: int = 0
     replaced: int = 0
+    capacity_waits: list[dict] = field(default_factory=list)  # {"waited_s", "outcome"} per wait
     first_dispatch: float | None = None  # time.monotonic() of the first shard handed out
     last_commit: float | None = None
 
@@ -58,8 +78,9 @@ class WorkerPool:
     """
 
     def __init__(self, spec: JobSpec, groups_ref, on_commit: Callable[[dict], None],
-                 warmup: bool = False) -> None:
+                 warmup: bool = False, notify: Callable[[str], None] | None = None) -> None:
         self.spec, self.groups_ref, self.on_commit = spec, groups_ref, on_commit
+        self.notify = notify or (lambda text: print(text, file=sys.stderr, flush=True))
         self.warmup = warmup
         self.spec_json = spec.model_dump_json()
         self.free: deque[int] = deque()  # one entry per shard a worker can take now
@@ -70,6 +91,10 @@ class WorkerPool:
         self.next_id = 0
         self.pending: deque[Shard] = deque()
         self.attempts: dict[str, int] = {}
+        self.delayed: list[tuple[float, Shard]] = []  # (monotonic time it may run again, shard)
+        self.waiting_since: float | None = None  # no worker and no room: waiting for capacity
+        self.rng = random.Random()
+        self.target = spec.resources.workers
         self.report = PoolReport()
 
     def start_worker(self) -> None:
@@ -88,21 +113,78 @@ class WorkerPool:
     def live(self) -> int:
         return len(self.actors)
 
+    def work_left(self) -> bool:
+        return bool(self.pending or self.delayed)
+
     def replace(self) -> bool:
-        """Start a replacement if work remains and the live nodes have room."""
-        if self.pending and self.live() < min(self.spec.resources.workers, cluster_capacity(self.spec)):
+        """Start a replacement if work remains, fewer than the job's workers are live or
+        starting, and the live nodes have room for one more."""
+        if self.work_left() and self.live() < min(self.target, cluster_capacity(self.spec)):
             self.start_worker()
             self.report.replaced += 1
             return True
         return False
 
+    def top_up(self) -> None:
+        """Replace every worker missing from `resources.workers` that the live nodes can hold
+        now (nodes may have joined since a worker died)."""
+        while self.live() < self.target and self.replace():
+            pass
+
+    def wait_for_capacity(self) -> bool:
+        """No worker is live or starting and none can be placed: ask the autoscaler for the
+        job's workers and wait for nodes. False once `capacity_wait_s` is spent."""
+        res = self.spec.resources
+        now = time.monotonic()
+        if self.waiting_since is None:
+            self.waiting_since = now
+            bundle = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})}
+            asked = request_capacity([bundle] * self.target)
+            need = ", ".join(f"{v:g} {k}" for k, v in bundle.items())
+            left = len(self.pending) + len(self.delayed)
+            self.notify(f"no live node can host a worker ({need} each): "
+                        + ("asked the autoscaler for capacity; " if asked else "")
+                        + f"waiting up to {res.capacity_wait_s:g} s (resources.capacity_wait_s) for nodes "
+                        f"to join. {len(self.report.committed)} shards committed in this run are kept; "
+                        f"{left} left.")
+        waited = now - self.waiting_since
+        if waited > res.capacity_wait_s:
+            self.report.capacity_waits.append({"waited_s": round(waited, 1), "outcome": "timed out"})
+            return False
+        return True
+
+    def capacity_found(self) -> None:
+        if self.waiting_since is not None:
+            waited = time.monotonic() - self.waiting_since
+            self.report.capacity_waits.append({"waited_s": round(waited, 1), "outcome": "nodes joined"})
+            self.notify(f"capacity found after {waited:.0f} s: starting workers again")
+            self.waiting_since = None
+            request_capacity([])  # withdraw the request: the autoscaler may scale down again
+
+    def release_due(self) -> float:
+        """Move shards whose backoff is over to the queue; seconds until the next is due."""
+        now = time.monotonic()
+        due = [item for item in self.delayed if item[0] <= now]
+        for item in sorted(due, key=lambda x: x[1].id, reverse=True):
+            self.delayed.remove(item)
+            self.pending.appendleft(item[1])
+        return min((t - now for t, _ in self.delayed), default=POLL_S)
+
+    def retry_later(self, shard: Shard) -> None:
+        res = self.spec.resources
+        delay = backoff_s(self.attempts[shard.id], res.retry_backoff_s, res.retry_backoff_max_s, self.rng)
+        self.delayed.append((time.monotonic() + delay, shard))
+        self.report.retries += 1
+
     def run(self, shards: list[Shard]) -> PoolReport:
         self.pending = deque(shards)
-        for _ in range(min(self.spec.resources.workers, len(self.pending))):
+        self.target = min(self.spec.resources.workers, len(self.pending))  # workers the job runs on
+        for _ in range(self.target):
             self.start_worker()
         try:
             barrier = self.warmup
-            while self.pending or self.inflight:
+            while self.work_left() or self.inflight:
+                next_due = self.release_due()
                 barrier = barrier and bool(self.starting)
                 over_share = []
                 while self.free and self.pending and not barrier:
@@ -117,11 +199,27 @@ class WorkerPool:
                     ref = self.actors[slot].process.remote(shard, self.attempts[shard.id])
                     self.inflight[ref] = (slot, shard)
                 self.free.extend(over_share)
-                if not self.inflight and not self.starting and not self.free and not self.replace():
+                if self.live() < self.target and self.work_left():
+                    self.top_up()
+                if self.live():
+                    self.capacity_found()
+                elif self.work_left() and not self.wait_for_capacity():
+                    waited = self.report.capacity_waits[-1]["waited_s"]
+                    for _, shard in self.delayed:
+                        self.pending.append(shard)
                     for shard in self.pending:
-                        self.report.failed[shard.id] = "no worker could be started on the cluster"
+                        self.report.failed[shard.id] = (
+                            f"no worker could be started on the cluster (waited {waited:g} s for "
+                            "capacity, resources.capacity_wait_s)")
+                    self.pending.clear()
+                    self.delayed.clear()
                     break
-                done, _ = ray.wait(list(self.inflight) + list(self.starting), num_returns=1, timeout=5.0)
+                waitables = list(self.inflight) + list(self.starting)
+                timeout = max(0.05, min(POLL_S, next_due))
+                if not waitables:
+                    time.sleep(min(timeout, 1.0))
+                    continue
+                done, _ = ray.wait(waitables, num_returns=1, timeout=timeout)
                 if not done:
                     self.check_start_timeouts()
                     continue
@@ -133,6 +231,8 @@ class WorkerPool:
         finally:
             for slot in list(self.actors):
                 self.retire(slot)
+            if self.waiting_since is not None:
+                request_capacity([])
         return self.report
 
     def holding(self, slot: int) -> int:
@@ -151,7 +251,8 @@ class WorkerPool:
             self.actors.pop(slot, None)
             if exc.actor_init_failed:
                 raise JobFailed(f"worker w{slot} failed to start: {first_line(exc)}") from None
-            return  # died while starting (node lost): the next failure path replaces it
+            self.replace()  # died while loading (process killed, node lost): replaced like any other
+            return
         self.free.extend([slot] * self.window)
 
     def on_finished(self, ref) -> None:
@@ -166,8 +267,7 @@ class WorkerPool:
             else:
                 self.free.append(slot)  # the worker lives; only this shard failed
             if self.attempts[shard.id] <= self.spec.resources.max_retries:
-                self.pending.appendleft(shard)
-                self.report.retries += 1
+                self.retry_later(shard)
             else:
                 self.report.failed[shard.id] = first_line(exc)
             if died:
@@ -180,8 +280,9 @@ class WorkerPool:
 
     def check_start_timeouts(self) -> None:
         now = time.monotonic()
+        limit = START_TIMEOUT_S + self.spec.resources.capacity_wait_s  # placement, then loading
         for ref, (slot, since) in list(self.starting.items()):
-            if now - since > START_TIMEOUT_S:
+            if now - since > limit:
                 self.starting.pop(ref)
                 self.retire(slot)
 

@@ -108,6 +108,28 @@ def gamma_decisions(records: list[dict]) -> list[dict]:
     return list(seen.values())
 
 
+def storage_retries(records: list[dict]) -> int:
+    """Storage calls this run's workers retried after transient failures (each record carries
+    its worker's running count)."""
+    last: dict[str, int] = {}
+    for r in records:
+        last[r["worker"]] = max(last.get(r["worker"], 0), r.get("storage_retries", 0))
+    return sum(last.values())
+
+
+def numerics_environments(records: list[dict]) -> list[dict]:
+    """The distinct numerics environments the committed shards were decoded in, with their
+    shard counts (more than one: codes are only reproducible per environment)."""
+    seen: dict[str, dict] = {}
+    for r in records:
+        env = r.get("numerics")
+        if env is None:
+            continue
+        key = repr(sorted(env.items()))
+        seen.setdefault(key, {**env, "shards": 0})["shards"] += 1
+    return list(seen.values())
+
+
 def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: list[dict], report,
               committed_before: int, wall_s: float, setup_s: float = 0.0) -> dict:
     """Totals over every committed shard; throughput and workers of this run only.
@@ -142,7 +164,8 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "shards": {"total": len(plan.shards), "committed": len(all_records),
                    "committed_before": committed_before, "run_now": len(run_records),
                    "retries": report.retries if report else 0,
-                   "workers_replaced": report.replaced if report else 0, "failed": len(failed)},
+                   "workers_replaced": report.replaced if report else 0, "failed": len(failed),
+                   "capacity_waits": list(report.capacity_waits) if report else []},
         "failed_shards": failed,
         "wall_s": round(wall_s, 3),
         "setup_s": round(setup_s, 3),
@@ -153,6 +176,8 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "utilisation": utilisation(run_records, synth_s, min(spec.resources.workers, len(run_records)),
                                    spec.resources.window),
         "gamma_auto": gamma_decisions(run_records),
+        "numerics": numerics_environments(all_records),
+        "storage_retries": storage_retries(run_records),
         "steady": steady(run_records, report),
     }
 
@@ -184,6 +209,16 @@ def summary_table(s: dict) -> str:
         ("throughput", f"{s['throughput']['tokens_per_s']} tok/s, {s['throughput']['audio_s_per_s']} "
                        f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"),
     ]
+    for text in s.get("warnings", []):
+        rows.append(("warning", text))
+    for w in sh.get("capacity_waits", []):
+        rows.append(("capacity", f"waited {w['waited_s']} s for nodes: {w['outcome']}"))
+    if s.get("numerics_change_allowed"):
+        rows.append(("numerics", "resumed under another environment (allowed): "
+                                 + "; ".join(s["numerics_change_allowed"])))
+    if len(s.get("numerics", [])) > 1:
+        rows.append(("numerics", f"{len(s['numerics'])} environments across the committed shards: codes "
+                                 "are reproducible per environment only"))
     for d in s.get("gamma_auto", []):
         rows.append((f"gamma auto {d['worker']}", d["reason"]))
     for name, w in sorted(s["workers"].items()):

@@ -81,6 +81,7 @@ class ShardProcessor:
         self.prompt_cache = PromptCache()
         self._read_whole = lru_cache(maxsize=2)(self._parse_file)
         self._codec_stream = None
+        self._numerics: dict | None = None
         self._prepare_lock = threading.Lock()  # shards arrive on several threads; prepare one at a time
         self.stream = ShardStream(self.synth.session(spec.resources.batch_size), self.start_rows,
                                   self.finalise, io_queue=io_queue)
@@ -98,9 +99,13 @@ class ShardProcessor:
 
         gpus = ray.get_gpu_ids() if ray.is_initialized() else []
         node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        if self._numerics is None:
+            from engine.runtime.numerics import actual
+
+            self._numerics = actual(self.device, self.synth.target.model.dtype)
         return {"worker": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "node": node, "gpu_ids": [str(g) for g in gpus], "device": self.device,
-                "torch_threads": torch.get_num_threads()}
+                "torch_threads": torch.get_num_threads(), "numerics": self._numerics}
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -135,7 +140,7 @@ class ShardProcessor:
         if row.prompt_codes is not None:
             return load_voice_prompt(row.prompt_text or "", codes=row.prompt_codes, id=row.prompt_id)
         clip = relative_to(shard.manifest, row.prompt_audio)
-        wave = read_clip(io.BytesIO(self.storage.read_bytes(clip)))
+        wave = read_clip(io.BytesIO(self.storage.read_bytes(clip)), name=clip)
         codes = self.prompt_cache.encode(self.codec, wave)
         return load_voice_prompt(row.prompt_text or "", codes=codes, id=row.prompt_id)
 
@@ -233,6 +238,7 @@ class ShardProcessor:
             **{k: round(v, 4) if isinstance(v, float) else v for k, v in pipeline.items()},
             "gamma_choices": [c.to_dict() for c in self.stream.session.gamma_choices],
             "data": self.layout.data(shard), **self.info(),
+            "storage_retries": self.storage.retries,  # this worker's, so far (transient failures ridden out)
         }
         self.storage.write_bytes(self.layout.commit(shard), json.dumps(record, indent=1).encode())
         return record

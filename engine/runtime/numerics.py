@@ -1,0 +1,70 @@
+"""The numerics environment: what, besides the job's settings, decides a shard's codes bit for bit.
+
+The same seeds give the same draws everywhere, but the logits they are drawn from are only
+bit-identical under the same arithmetic: the same device type (and model), dtype, torch version
+and CPU threads per worker (a reduction split over 2 threads rounds differently from one over 1).
+The driver predicts the environment its workers will have (`expected`), records it in
+`_job.json` and refuses a resume under another one unless told to allow it; each worker records
+the environment it really had (`actual`, with the device model) in every commit record.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from engine.config import JobSpec
+
+COMPARED = ("device", "torch", "threads", "compile")  # what the driver can know before any work
+
+
+def worker_threads(spec: JobSpec) -> int:
+    """Torch threads of every worker: its reserved CPUs (at least 1), set explicitly."""
+    return max(1, int(spec.resources.cpus_per_worker))
+
+
+def torch_version() -> str:
+    try:
+        return version("torch")
+    except PackageNotFoundError:  # pragma: no cover - torch is a dependency
+        return "unknown"
+
+
+def expected(spec: JobSpec) -> dict:
+    """The environment the job's workers will decode in, as far as the driver can tell."""
+    res = spec.resources
+    device = res.device if res.device != "auto" else ("cuda" if res.gpus_per_worker > 0 else "cpu")
+    return {"device": device.split(":")[0], "dtype": spec.models.dtype, "torch": torch_version(),
+            "threads": worker_threads(spec), "compile": None}
+
+
+def differences(before: dict, now: dict) -> list[str]:
+    """`key before -> now` for every compared key that changed (keys `before` lacks are skipped:
+    outputs written before this check existed)."""
+    return [f"{k} {before[k]!r} -> {now.get(k)!r}" for k in COMPARED if k in before and before[k] != now.get(k)]
+
+
+def device_name(device: str) -> str:
+    """The GPU's model, or the CPU's (from /proc/cpuinfo), for the records."""
+    import platform
+
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def actual(device: str, dtype) -> dict:
+    """The environment this process decodes in (a worker's, for its commit records)."""
+    import torch
+
+    return {"device": device.split(":")[0], "device_name": device_name(device),
+            "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "compile": None}

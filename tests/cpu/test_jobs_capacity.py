@@ -1,0 +1,142 @@
+"""Waiting for capacity (ray.cluster_utils.Cluster on loopback, logical GPUs): the only worker
+node is lost mid-job and a node joins seconds later; the job waits for it instead of failing,
+a replacement killed while loading its models is replaced again, and the output is every row
+once with the codes of an uninterrupted run (float64)."""
+
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import signal
+import threading
+import time
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from engine.runtime.job import JobRunner
+from engine.runtime.pool import JobFailed, WorkerPool, backoff_s
+
+from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
+
+ROWS = 8
+RETURN_AFTER_S = 6.0  # the old pool failed every shard left as soon as the node was gone
+
+
+@pytest.fixture
+def cluster():
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def spec_for(kit_dir, tmp_path, out: str, **resources):
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(ROWS))
+    return job_spec(kit_dir, [str(manifest)], str(tmp_path / out), models={"dtype": "float64"},
+                    resources={"workers": 1, "gpus_per_worker": 1, "cpus_per_worker": 1, "rows_per_shard": 2,
+                               "device": "cpu", "retry_backoff_s": 0.2, **resources})
+
+
+def children_of(pid: int, marker: bytes) -> list[int]:
+    """Processes whose parent is `pid` and whose command line (Ray's process title) has `marker`."""
+    found = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            ppid = int(open(stat).read().rsplit(")", 1)[1].split()[1])
+            cmd = open(stat[:-4] + "cmdline", "rb").read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and marker in cmd:
+            found.append(int(stat.split("/")[2]))
+    return found
+
+
+def raylet_pid(node) -> int:
+    return node.all_processes["raylet"][0].process.pid
+
+
+def test_backoff_doubles_with_jitter_up_to_the_cap():
+    import random
+
+    rng = random.Random(0)
+    waits = [backoff_s(n, 1.0, 5.0, rng) for n in range(1, 7)]
+    for n, w in enumerate(waits, 1):
+        assert 0.5 * min(5.0, 2 ** (n - 1)) <= w <= min(5.0, 2 ** (n - 1))
+    assert max(waits) <= 5.0 and backoff_s(3, 0.0, 5.0) == 0.0
+
+
+def test_the_only_worker_node_lost_and_back_the_job_waits_and_completes_identically(
+        cluster, kit_dir, tmp_path, monkeypatch):
+    first = cluster.add_node(num_cpus=1, num_gpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    events: dict = {}
+
+    def kill_the_replacement_while_it_loads(node):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pids = children_of(raylet_pid(node), b"SynthesisWorker.__init__")
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                events["killed_loading"] = pids[0]
+                return
+            time.sleep(0.02)
+
+    waiting = WorkerPool.wait_for_capacity
+
+    def wait_then_bring_a_node_back(pool):  # the pool's waiting loop, on the driver's thread
+        if "returned" not in events and time.monotonic() - events["lost"] >= RETURN_AFTER_S:
+            node = cluster.add_node(num_cpus=1, num_gpus=1)  # Ray's node start needs the main thread
+            events["returned"] = time.monotonic()
+            threading.Thread(target=kill_the_replacement_while_it_loads, args=(node,), daemon=True).start()
+        return waiting(pool)
+
+    monkeypatch.setattr(WorkerPool, "wait_for_capacity", wait_then_bring_a_node_back)
+
+    def lose_the_node_once(record):
+        if "lost" not in events:
+            cluster.remove_node(first)  # the only node with a GPU: no worker fits anywhere now
+            events["lost"] = time.monotonic()
+
+    spec = spec_for(kit_dir, tmp_path, "out", capacity_wait_s=60)
+    summary = JobRunner(spec, progress=False, on_commit=lose_the_node_once).run()
+    assert "lost" in events and "returned" in events and "killed_loading" in events
+    shards = summary["shards"]
+    assert shards["committed"] == shards["total"] == ROWS // 2 and shards["failed"] == 0
+    assert shards["workers_replaced"] >= 2  # after the node loss, and after the death while loading
+    assert any(w["outcome"] == "nodes joined" and w["waited_s"] >= RETURN_AFTER_S - 1
+               for w in shards["capacity_waits"])
+    out = read_output(spec)
+    assert collections.Counter(r["id"] for r in out) == collections.Counter(f"u{i:03d}" for i in range(ROWS))
+    assert all(audio_ok(r) for r in out)
+    fresh = spec_for(kit_dir, tmp_path, "fresh")
+    JobRunner(fresh, progress=False).run()
+    assert comparable(out) == comparable(read_output(fresh))
+
+
+def test_no_node_returns_the_job_fails_after_capacity_wait_keeping_committed_shards(cluster, kit_dir, tmp_path):
+    first = cluster.add_node(num_cpus=1, num_gpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    lost = []
+
+    def lose_the_node_once(record):
+        if not lost:
+            cluster.remove_node(first)
+            lost.append(time.monotonic())
+
+    spec = spec_for(kit_dir, tmp_path, "out", capacity_wait_s=3, shard_window=1)  # one shard held
+    with pytest.raises(JobFailed, match="capacity"):
+        JobRunner(spec, progress=False, on_commit=lose_the_node_once).run()
+    import json
+
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["shards"]["committed"] == 1 < summary["shards"]["total"]
+    assert summary["shards"]["capacity_waits"][-1]["outcome"] == "timed out"
+    assert "capacity_wait_s" in next(iter(summary["failed_shards"].values()))
+    assert len(read_output(spec)) == 2  # the committed shard's rows

@@ -1,0 +1,55 @@
+"""Manifest rows that cannot be read: invalid UTF-8 becomes an error row naming its line (the
+rest proceeds), fields of no meaning here are counted for a warning, and an unreadable voice
+clip's error names the clip's URI."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from engine.codec.audio import read_clip
+from engine.codec.base import CodecError
+from engine.io.manifest import ManifestRow, RowError, parse_rows, unknown_fields, validated
+from engine.io.storage import Storage
+from engine.runtime.plan import make_plan
+
+from jobhelpers import job_spec
+
+
+def test_invalid_utf8_in_a_jsonl_row_is_an_error_row_naming_its_line():
+    data = (b'{"id": "a", "text": "fine"}\n'
+            b'{"id": "b", "text": "bad \xff\xfe bytes"}\n'
+            b'{"id": "c", "text": "also fine"}\n')
+    rows = validated(parse_rows("s3://b/m.jsonl", data), "s3://b/m.jsonl", 0)
+    assert [type(r) for r in rows] == [ManifestRow, RowError, ManifestRow]
+    assert rows[1].source == "s3://b/m.jsonl:2" and "not valid UTF-8" in rows[1].error
+    assert "0xff" in rows[1].error
+
+
+def test_invalid_utf8_in_a_csv_row_is_an_error_row():
+    data = b"id,text\na,fine\nb,bad \xff here\nc,ok\n"
+    rows = validated(parse_rows("m.csv", data), "m.csv", 0)
+    assert [type(r) for r in rows] == [ManifestRow, RowError, ManifestRow]
+    assert rows[1].source == "m.csv:2" and "not valid UTF-8 (field 'text')" in rows[1].error
+
+
+def test_unknown_fields_are_counted_and_the_plan_warns(tmp_path):
+    rows = [{"id": "a", "text": "x", "speaker": "s1"}, {"id": "b", "text": "y", "speaker": "s2", "lang": "en"},
+            {"id": "c", "text": "z"}]
+    assert unknown_fields(rows) == {"lang": 1, "speaker": 2}
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = job_spec(tmp_path, [str(manifest)], str(tmp_path / "out"))
+    plan = make_plan(spec, Storage())
+    assert plan.unknown_fields == {str(manifest): {"lang": 1, "speaker": 2}}
+    assert plan.warnings() == [f"{manifest}: fields this pcg-synth ignores: 'lang' (1 rows), 'speaker' (2 rows)"]
+    assert plan.to_dict()["unknown_fields"] == plan.unknown_fields
+
+
+def test_an_unreadable_clip_read_from_storage_is_named_by_its_uri():
+    with pytest.raises(CodecError) as info:
+        read_clip(io.BytesIO(b"not audio at all"), name="s3://bucket/voices/clip.wav")
+    message = str(info.value)
+    assert "s3://bucket/voices/clip.wav" in message and "BytesIO" not in message
