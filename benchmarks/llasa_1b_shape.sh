@@ -20,13 +20,13 @@ PCG=${PCG:-.venv/bin/pcg-synth}
 PY=${PY:-.venv/bin/python}
 DEVICE=${DEVICE:-cpu}
 if [ "$DEVICE" = cpu ]; then  # 2 cores: short samples, a few hundred steps on cached target logits
-  DTYPE=${DTYPE:-bfloat16}; SEEDS=${SEEDS:-4}; MAX_NEW=${MAX_NEW:-128}; STEPS=${STEPS:-300}
-  BATCH=${BATCH:-8}; LR=${LR:-2e-4}; BATCHES=${BATCHES:-1,2,4,8}; REPS=${REPS:-2}
-  CACHE=--cache-target; GEN_BATCH=32
+  DTYPE=${DTYPE:-bfloat16}; SEEDS=${SEEDS:-4}; MAX_NEW=${MAX_NEW:-128}; STEPS=${STEPS:-120}
+  BATCH=${BATCH:-8}; LR=${LR:-1e-4}; BATCHES=${BATCHES:-1,2,4,8}; REPS=${REPS:-1}; ITEMS=${ITEMS:-1}
+  CACHE=--cache-target; GEN_BATCH=32; CKPT=40
 else
   DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-16}; MAX_NEW=${MAX_NEW:-256}; STEPS=${STEPS:-1500}
   BATCH=${BATCH:-16}; LR=${LR:-1e-3}; BATCHES=${BATCHES:-1,2,4,8,16,32,64}; REPS=${REPS:-3}
-  CACHE=; GEN_BATCH=64
+  CACHE=; GEN_BATCH=64; CKPT=500
 fi
 LAYERS=${LAYERS:-0,1,15}
 GAMMAS=${GAMMAS:-2,3,4,auto}
@@ -77,7 +77,7 @@ stage "draft: layers $LAYERS, $STEPS distillation steps"
 "$PCG" draft init --target "$TARGET" --layers "$LAYERS" --out "$WORK/draft-init" --force --quiet
 "$PCG" draft train --data "$SAMPLES" --draft "$WORK/draft-init" --target "$TARGET" \
     --out "$WORK/draft-kd" --steps "$STEPS" --batch-size "$BATCH" --lr "$LR" \
-    --eval-every $(( STEPS < 50 ? STEPS : 50 )) --checkpoint-every 100 --device "$DEVICE" \
+    --eval-every $(( STEPS < 50 ? STEPS : 50 )) --checkpoint-every "$CKPT" --device "$DEVICE" \
     --dtype "$DTYPE" $CACHE --quiet
 
 # 4. acceptance before/after on held-out texts (per draft position), then the speed benchmark

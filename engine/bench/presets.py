@@ -6,7 +6,7 @@
   tied head), built in memory on the device; the draft is 3 of its 16 layers. Its middle
   layers write to the residual stream at `LLASA_1B_MIDDLE_SCALE` of the outer layers' size
   (see `middle_scale`): how far a layer-subset draft starts from the target is a parameter of a
-  synthetic target, set there and documented in docs/llasa-1b-shape.md.
+  synthetic target, set there and explained in the README (Benchmarks, llasa-1b-shape on a CPU).
 - any checkpoint directories (`--target`/`--draft`), e.g. real Llasa copies.
 """
 
@@ -93,8 +93,9 @@ def kit_description(root: Path) -> dict:
 
 
 def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.device,
-                       dtype: torch.dtype, label: str) -> LoadedModel:
-    """A `LoadedModel` from in-memory HF-named tensors (what `load_model` does from disk)."""
+                       dtype: torch.dtype, label: str, prepack: bool | None = None) -> LoadedModel:
+    """A `LoadedModel` from in-memory HF-named tensors (what `load_model` does from disk;
+    `prepack` as in `ready_for_decoding`)."""
     layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
     inv_freq, scaling = rope_tables(config)
     with torch.device("meta"):
@@ -107,14 +108,15 @@ def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.dev
         for name, value in tensors.items():
             params[name].copy_(value)
         model.head.copy_(tensors["model.embed_tokens.weight"][layout.output_token_ids()])  # tied
-    ready_for_decoding(model)
+    ready_for_decoding(model, prepack)
     return LoadedModel(path=Path(label), model=model, tokenizer=tokenizer, layout=layout, config=config)
 
 
 def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLASA_1B_SPEC,
                    draft_layers: tuple[int, ...] = LLASA_1B_DRAFT_LAYERS,
                    vocab_size: int = LLASA_VOCAB, save_to: Path | None = None,
-                   middle: float = LLASA_1B_MIDDLE_SCALE) -> tuple[LoadedModel, LoadedModel]:
+                   middle: float = LLASA_1B_MIDDLE_SCALE, prepack: bool | None = None,
+                   ) -> tuple[LoadedModel, LoadedModel]:
     """(target, draft) with Llasa-1B's shape and random weights (deterministic from spec.seed).
 
     Args:
@@ -124,6 +126,7 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
         vocab_size: rows of the embedding table (Llasa's 193,800; the head keeps 65,537).
         save_to: also write `target/` and `draft/` checkpoints there (for draft distillation).
         middle: scale of the middle layers' residual writes (`middle_scale`).
+        prepack: as in `ready_for_decoding` (None: where supported).
     """
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_tokenizer(Path(tmp) / "tok", spec.text_vocab_size)
@@ -138,9 +141,9 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
         if save_to is not None:
             save_checkpoint(Path(save_to) / "target", t_cfg, tensors, Path(tmp) / "tok")
             save_checkpoint(Path(save_to) / "draft", d_cfg, draft_tensors, Path(tmp) / "tok")
-        target = model_from_tensors(t_cfg, tensors, tokenizer, device, dtype, "llasa-1b-shape/target")
+        target = model_from_tensors(t_cfg, tensors, tokenizer, device, dtype, "llasa-1b-shape/target", prepack)
         draft = model_from_tensors(d_cfg, draft_tensors, tokenizer, device, dtype,
-                                   f"llasa-1b-shape/draft(layers {','.join(map(str, draft_layers))})")
+                                   f"llasa-1b-shape/draft(layers {','.join(map(str, draft_layers))})", prepack)
     return target, draft
 
 
