@@ -62,7 +62,6 @@ def test_cost_model_and_its_readings_are_consistent(bench_doc):
         times = cost["steps"]["3"]
         assert min(times.values()) > 0
         host_ar = entry["runs"]["ar"]["host_s_per_round"]["median"]
-        assert times["draft_phase_s"] > times["draft_step_s"]  # a phase is gamma forwards
         break_even = (times["draft_phase_s"] + times["verify_s"]) / times["ar_s"]
         bound = cost["bound"]
         bandwidth = doc["machine"]["copy_bandwidth_GBps"] * 1e9
