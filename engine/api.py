@@ -57,11 +57,12 @@ class Synthesizer:
 
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
-             dtype: str = "auto", **kwargs) -> Synthesizer:
-        """Load target (and draft) from local Hugging Face directories."""
+             dtype: str = "auto", compile: str = "none", **kwargs) -> Synthesizer:
+        """Load target (and draft) from local Hugging Face directories; `compile` as in
+        `LlamaLM.compile_step` (both models)."""
         device = resolve_device(device)
-        tgt = load_model(target, device=device, dtype=dtype)
-        drf = load_model(draft, device=device, dtype=dtype) if draft is not None else None
+        tgt = load_model(target, device=device, dtype=dtype, compile=compile)
+        drf = load_model(draft, device=device, dtype=dtype, compile=compile) if draft is not None else None
         return cls(tgt, drf, **kwargs)
 
     @property

@@ -96,3 +96,11 @@ def settings_from_args(args: argparse.Namespace, model: type[BaseModel], **overr
     """
     given = {name: getattr(args, name) for name in model.model_fields if getattr(args, name, None) is not None}
     return model(**{**given, **overrides})
+
+
+def add_compile_arg(group) -> None:
+    """`--compile`, from the job spec's `models.compile` (choices, default, help)."""
+    from engine.config import COMPILE_MODES, ModelsSpec
+
+    field = ModelsSpec.model_fields["compile"]
+    group.add_argument("--compile", default=field.default, choices=COMPILE_MODES, help=field.description)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -132,6 +132,10 @@ class StorageOptions(BaseModel):
     retry_backoff_max_s: float = Field(20.0, gt=0, description="Cap of one storage retry's wait.")
 
 
+CompileMode = Literal["none", "inductor", "cudagraphs"]
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
+
+
 class ModelsSpec(BaseModel):
     """Which checkpoints to load: local directories, Hugging Face Hub models (`org/name`,
     `org/name@revision`, `hf://org/name`) or object-store URIs (s3://, gs://, az://, ...)."""
@@ -154,6 +158,10 @@ class ModelsSpec(BaseModel):
         "Precision of target and draft: auto (bfloat16 on GPU and on CPUs with native bfloat16 "
         "instructions, AVX512-BF16 or AMX; float32 on other CPUs), float32, bfloat16, float16. "
         "The codec's auto stays float32 on CPU."))
+    compile: CompileMode = Field("none", description=(
+        "The decode step of target and draft through torch.compile: none (eager; on CPU with "
+        "prepacked weights, measured faster there), inductor, or cudagraphs (CUDA only: inductor "
+        "plus CUDA graph replay). Compiling costs tens of seconds per worker at the start."))
 
 
 class InputSpec(BaseModel):

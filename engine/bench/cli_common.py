@@ -9,6 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from engine.cli_options import add_compile_arg
+
 
 def csv_of(kind):
     def parse(text: str):
@@ -50,13 +52,14 @@ def add_model_args(p: argparse.ArgumentParser, presets: bool) -> None:
     if presets:
         g.add_argument("--preset", choices=["tiny", "llasa-1b-shape"],
                        help="tiny: the tiny kit (CPU); llasa-1b-shape: Llasa-1B dimensions, random "
-                            "weights, 3-layer draft, built in memory (GPU)")
+                            "weights, 3-layer draft, built in memory (a GPU, or a CPU in bfloat16)")
     g.add_argument("--kit", help="a tiny kit directory" + (" (default for --preset tiny: ./kit when it is one, "
                                                          "else built into the cache)" if presets else ""))
     g.add_argument("--target", help="target checkpoint: a directory, Hub model id or URI")
     g.add_argument("--draft", help="draft checkpoint: a directory, Hub model id or URI (overrides a preset's draft)")
     g.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    add_compile_arg(g)
 
 
 def add_quality_args(p: argparse.ArgumentParser) -> None:

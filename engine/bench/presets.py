@@ -149,8 +149,9 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
 
 def load_synthesizer(preset: str | None, target: str | None = None, draft: str | None = None,
                      kit: str | None = None, device: str = "auto", dtype: str = "auto",
-                     save_preset: str | None = None) -> tuple[Synthesizer, dict]:
-    """A Synthesizer for a preset or checkpoint directories, and a description of the models.
+                     save_preset: str | None = None, compile: str = "none") -> tuple[Synthesizer, dict]:
+    """A Synthesizer for a preset or checkpoint directories, and a description of the models
+    (`compile`: both models' decode step, as in `LlamaLM.compile_step`).
 
     `draft` overrides a preset's draft: this is where a distilled draft (`pcg-synth draft`)
     for the `llasa-1b-shape` target goes, after `--save-preset DIR` wrote that target to disk
@@ -158,19 +159,20 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    pack = None if compile == "none" else False  # inductor packs weights itself
     if preset == "tiny" or (preset is None and kit is not None):
         root = tiny_kit(kit)
-        tgt = load_model(root / "target", dev, dt)
-        drf = load_model(draft or root / "draft", dev, dt, tokenizer=tgt.tokenizer)
+        tgt = load_model(root / "target", dev, dt, prepack=pack)
+        drf = load_model(draft or root / "draft", dev, dt, tokenizer=tgt.tokenizer, prepack=pack)
         desc = {"preset": "tiny", "target": str(root / "target"), "draft": str(draft or root / "draft"),
                 **kit_description(root)}
     elif preset == "llasa-1b-shape":
-        tgt, drf = llasa_1b_shape(dev, dt, save_to=Path(save_preset) if save_preset else None)
+        tgt, drf = llasa_1b_shape(dev, dt, save_to=Path(save_preset) if save_preset else None, prepack=pack)
         # The target is deterministic (seed 0), so a draft distilled against the saved copy
         # (`--save-preset DIR`, then `pcg-synth draft init --target DIR/target --layers 0,1,15`
         # and `pcg-synth draft train`) fits this target.
         if draft is not None:
-            drf = load_model(draft, dev, dt, tokenizer=tgt.tokenizer)
+            drf = load_model(draft, dev, dt, tokenizer=tgt.tokenizer, prepack=pack)
         desc = {"preset": preset, "target": str(tgt.path), "draft": str(draft or drf.path),
                 "weights": f"random (kit recipe), seed 0, middle layers x{LLASA_1B_MIDDLE_SCALE} "
                            f"(preset v{PRESET_VERSION})",
@@ -178,13 +180,16 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
     elif preset is None:
         if target is None:
             raise ValueError("give --preset tiny|llasa-1b-shape, --kit DIR, or --target DIR --draft DIR")
-        tgt = load_model(target, dev, dt)
-        drf = load_model(draft, dev, dt) if draft else None
+        tgt = load_model(target, dev, dt, prepack=pack)
+        drf = load_model(draft, dev, dt, prepack=pack) if draft else None
         desc = {"preset": None, "target": str(target), "draft": str(draft) if draft else None}
     else:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     desc.update(dtype=str(dt).removeprefix("torch."), device=str(dev),
                 target_params=tgt.model.num_parameters(),
                 draft_params=drf.model.num_parameters() if drf else None,
-                prepacked=tgt.model.prepacked)
+                prepacked=tgt.model.prepacked, compile=compile)
+    for model in (tgt, drf):
+        if model is not None:
+            model.model.compile_step(compile)
     return Synthesizer(tgt, drf, batch_size=1), desc

@@ -8,6 +8,7 @@ safetensors load directly; `tests/cpu/test_llama_parity.py` pins the logits agai
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -15,9 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.config import COMPILE_MODES
 from engine.models.kv_cache import KVCache
 
 LogitsAt = Literal["all", "last", "none", "hidden"]
+COMPILED_MAX_WIDTH = 16  # tokens per row up to which a compiled model runs its graph (not prefills)
+KV_BUCKET = 64  # a compiled step reads keys up to a multiple of this (bounded graph count)
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,8 @@ class LlamaLM(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.rope_scaling = rope_scaling
         self.packed_head: PackedLinear | None = None
+        self._compiled = None
+        self.compile_mode = "none"
 
     def prepack(self) -> None:
         """Store every projection and the head in oneDNN's blocked layout (see `PackedLinear`);
@@ -242,9 +248,11 @@ class LlamaLM(nn.Module):
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         s = self.shape
-        return KVCache(
-            s.num_layers, batch, s.num_kv_heads, max_len, s.head_dim, self.dtype, self.device
-        )
+        cache = KVCache(s.num_layers, batch, s.num_kv_heads, max_len, s.head_dim, self.dtype, self.device)
+        if self.compile_mode == "cudagraphs":  # replayed graphs write into these very buffers
+            torch._dynamo.mark_static_address(cache.k)
+            torch._dynamo.mark_static_address(cache.v)
+        return cache
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin `[b, T, D]` for `positions` `[b, T]`, computed as transformers does."""
@@ -253,7 +261,36 @@ class LlamaLM(nn.Module):
         cos, sin = emb.cos() * self.rope_scaling, emb.sin() * self.rope_scaling
         return cos.to(self.dtype), sin.to(self.dtype)
 
-    @torch.inference_mode()
+    def compile_step(self, mode: str) -> None:
+        """Run decode-shaped forwards (at most `COMPILED_MAX_WIDTH` tokens per row) through
+        `torch.compile`; prefills stay eager. `mode`: `none`, `inductor` (any device; on CPU
+        with inductor's weight freezing, which packs weights itself, so the model must not be
+        prepacked) or `cudagraphs` (CUDA only: inductor plus CUDA graph replay, torch's
+        "reduce-overhead"). Shapes are dynamic and the keys read are rounded up to a multiple of
+        `KV_BUCKET`, so a run compiles a bounded number of graphs (one per batch/width kind and,
+        for CUDA graphs, per bucket). Measured on the 2-core Zen 4 CPU it is slower than the eager
+        prepacked step (benchmarks/results/compile_cpu.json), hence off by default."""
+        if mode not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, not {mode!r}")
+        if mode == "none":
+            self._compiled, self.compile_mode = None, mode
+            return
+        if self.prepacked:
+            raise ValueError("compile a model that is not prepacked (inductor packs its own weights)")
+        if mode == "cudagraphs" and self.device.type != "cuda":
+            raise ValueError(f"compile: cudagraphs needs a CUDA device; this model is on {self.device}")
+        # Graphs per model: batch 1 or more x width 1 or more x logits all or last; two models.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+        compiled = torch.compile(functools.partial(LlamaLM._step, self), dynamic=True,
+                                 mode="reduce-overhead" if mode == "cudagraphs" else None)
+        freeze = self.device.type == "cpu"
+
+        def run(*args):  # graphs compile lazily, at a shape's first call: freezing applies there
+            with torch._inductor.config.patch(freezing=freeze):
+                return compiled(*args)
+        self._compiled = run
+        self.compile_mode = mode
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -278,6 +315,18 @@ class LlamaLM(nn.Module):
             float32 logits `[b, T or 1, V_out]` over the output ids, hidden states
             `[b, T, hidden]`, or None.
         """
+        if self._compiled is not None and tokens.shape[1] <= COMPILED_MAX_WIDTH and logits_at != "hidden":
+            # Keys past a row's position are masked, so reading a few more changes nothing.
+            kv_len = min(cache.max_len, -(-kv_len // KV_BUCKET) * KV_BUCKET)
+            if slots is None:  # one graph kind for both ways of naming the rows
+                slots = torch.arange(tokens.shape[0], device=tokens.device)
+            with torch.no_grad():  # compiled graphs cannot mutate the cache in inference mode
+                return self._compiled(tokens, positions, cache, kv_len, slots, logits_at)
+        with torch.inference_mode():
+            return self._step(tokens, positions, cache, kv_len, slots, logits_at)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
+              slots: torch.Tensor | None, logits_at: LogitsAt) -> torch.Tensor | None:
         key_pos = torch.arange(kv_len, device=tokens.device)
         mask = key_pos[None, None, None, :] <= positions[:, None, :, None]  # [b, 1, T, kv_len]
         cos, sin = self.rope(positions)

@@ -108,14 +108,16 @@ def load_weights(model: LlamaLM, path: Path, device: torch.device) -> None:
         raise ModelLoadError(f"{path}: checkpoint lacks {missing[:4]} ({len(missing)} tensors)")
 
 
-def ready_for_decoding(model: LlamaLM, prepack: bool | None = None) -> LlamaLM:
+def ready_for_decoding(model: LlamaLM, prepack: bool | None = None, compile: str = "none") -> LlamaLM:
     """Inference mode, and weights prepacked for oneDNN where that is supported (`prepack`
-    None: automatically; see `PackedLinear` for why and what it bought)."""
+    None: automatically, unless the step is compiled; see `PackedLinear` for why and what it
+    bought), and the decode step compiled (`LlamaLM.compile_step`) unless `compile` is none."""
     model.eval().requires_grad_(False)
     if prepack is None:
-        prepack = prepack_supported(model.device, model.dtype)
+        prepack = compile == "none" and prepack_supported(model.device, model.dtype)
     if prepack:
         model.prepack()
+    model.compile_step(compile)
     return model
 
 
@@ -134,6 +136,7 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     tokenizer=None,
     prepack: bool | None = None,
+    compile: str = "none",
 ) -> LoadedModel:
     """Load a Llasa-style Llama from a local directory, restricted to speech + end-of-speech.
 
@@ -144,6 +147,7 @@ def load_model(
         dtype: `auto`, `float32`, `bfloat16`, `float16` or `float64`.
         tokenizer: reuse this tokenizer instead of loading the directory's own.
         prepack: store the projections in oneDNN's layout (None: on CPU where supported).
+        compile: `none`, `inductor` or `cudagraphs` (`LlamaLM.compile_step`).
 
     Raises:
         ModelLoadError: missing/incomplete directory, not a Llama model.
@@ -164,7 +168,7 @@ def load_model(
     model.output_token_ids = layout.output_token_ids().to(device)
     model.inv_freq = inv_freq.to(device)
     load_weights(model, path, device)
-    ready_for_decoding(model, prepack)
+    ready_for_decoding(model, prepack, compile)
     return LoadedModel(path=path, model=model, tokenizer=tokenizer, layout=layout, config=config)
 
 

@@ -34,13 +34,16 @@ def expected(spec: JobSpec) -> dict:
     res = spec.resources
     device = res.device if res.device != "auto" else ("cuda" if res.gpus_per_worker > 0 else "cpu")
     return {"device": device.split(":")[0], "dtype": spec.models.dtype, "torch": torch_version(),
-            "threads": worker_threads(spec), "compile": None}
+            "threads": worker_threads(spec), "compile": spec.models.compile}
 
 
 def differences(before: dict, now: dict) -> list[str]:
     """`key before -> now` for every compared key that changed (keys `before` lacks are skipped:
     outputs written before this check existed)."""
-    return [f"{k} {before[k]!r} -> {now.get(k)!r}" for k in COMPARED if k in before and before[k] != now.get(k)]
+    def value(env: dict, key: str):
+        return "none" if key == "compile" and env.get(key) is None else env.get(key)  # None: written before compiling existed
+
+    return [f"{k} {before[k]!r} -> {now.get(k)!r}" for k in COMPARED if k in before and value(before, k) != value(now, k)]
 
 
 def device_name(device: str) -> str:
@@ -61,10 +64,10 @@ def device_name(device: str) -> str:
     return platform.processor() or platform.machine()
 
 
-def actual(device: str, dtype) -> dict:
+def actual(device: str, dtype, compile: str = "none") -> dict:
     """The environment this process decodes in (a worker's, for its commit records)."""
     import torch
 
     return {"device": device.split(":")[0], "device_name": device_name(device),
             "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "compile": None}
+            "threads": torch.get_num_threads(), "compile": compile}

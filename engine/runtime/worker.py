@@ -70,7 +70,8 @@ class ShardProcessor:
         local = self.storage.local_dir
         draft = local(spec.models.draft) if spec.models.draft else None
         self.synth = Synthesizer.load(local(spec.models.target), draft=draft, device=self.device,
-                                      dtype=spec.models.dtype, batch_size=spec.resources.batch_size)
+                                      dtype=spec.models.dtype, compile=spec.models.compile,
+                                      batch_size=spec.resources.batch_size)
         if groups is not None:
             self.synth.set_groups(groups)
         self.codec = Xcodec2Codec.load(local(spec.models.codec), device=self.device)
@@ -102,7 +103,8 @@ class ShardProcessor:
         if self._numerics is None:
             from engine.runtime.numerics import actual
 
-            self._numerics = actual(self.device, self.synth.target.model.dtype)
+            self._numerics = actual(self.device, self.synth.target.model.dtype,
+                                    self.synth.target.model.compile_mode)
         return {"worker": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "node": node, "gpu_ids": [str(g) for g in gpus], "device": self.device,
                 "torch_threads": torch.get_num_threads(), "numerics": self._numerics}

@@ -71,3 +71,14 @@ def test_groups_builder_chooses_faiss_gpu_where_a_faiss_gpu_build_sees_the_gpu()
     ref = build_groups(emb, 0.5, backend="faiss", device="cpu")
     assert gpu.meta["backend"] == "faiss-gpu" and ref.meta["backend"] == "faiss-cpu"
     assert np.array_equal(ref.indptr, gpu.indptr) and np.array_equal(ref.members, gpu.members)
+
+
+def test_cuda_graph_step_gives_the_eager_greedy_tokens(kit_dir):
+    settings = DecodingSettings(method="exact", temperature=0, max_new_tokens=24)
+    eager = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="float32")
+    graphs = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="float32",
+                              compile="cudagraphs")
+    assert graphs.target.model.compile_mode == "cudagraphs"
+    ref, _ = eager.synthesize(TEXTS, settings, batch_size=2)
+    out, _ = graphs.synthesize(TEXTS, settings, batch_size=2)
+    assert [r.codes for r in out] == [r.codes for r in ref] and all(r.codes for r in out)
