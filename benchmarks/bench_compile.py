@@ -4,11 +4,12 @@ One target with Llasa-1B's shape (random weights, the preset's recipe) is timed 
 shapes decoding uses (batch 1 and 8; 1 token per row as `ar` and a draft step, 4 as a gamma-3
 verify; 128 cached positions) three ways: eager with plain weights, compiled
 (`LlamaLM.compile_step`: inductor; on CPU with weight freezing, which packs the weights itself),
-and eager with prepacked weights (the CPU default), each on a freshly built target. Each compiled shape's first call (the
-compilation) is reported separately.
+and eager with prepacked weights (the CPU default), each on a freshly built target. Each
+compiled shape's first call (the compilation) is reported separately.
 
     python benchmarks/bench_compile.py --out benchmarks/results/compile_cpu.json
-    python benchmarks/bench_compile.py --device cuda --modes inductor,cudagraphs --out benchmarks/results/compile_<gpu>.json
+    python benchmarks/bench_compile.py --device cuda --modes inductor,cudagraphs \
+        --out benchmarks/results/compile_<gpu>.json
 
 Medians of 10 calls after 3 untimed ones. OMP_WAIT_POLICY=PASSIVE unless set.
 """

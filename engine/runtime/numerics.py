@@ -40,10 +40,11 @@ def expected(spec: JobSpec) -> dict:
 def differences(before: dict, now: dict) -> list[str]:
     """`key before -> now` for every compared key that changed (keys `before` lacks are skipped:
     outputs written before this check existed)."""
-    def value(env: dict, key: str):
-        return "none" if key == "compile" and env.get(key) is None else env.get(key)  # None: written before compiling existed
+    def value(env: dict, key: str):  # compile None: written before the setting existed
+        return "none" if key == "compile" and env.get(key) is None else env.get(key)
 
-    return [f"{k} {before[k]!r} -> {now.get(k)!r}" for k in COMPARED if k in before and value(before, k) != value(now, k)]
+    return [f"{k} {before[k]!r} -> {now.get(k)!r}" for k in COMPARED
+            if k in before and value(before, k) != value(now, k)]
 
 
 def device_name(device: str) -> str:
