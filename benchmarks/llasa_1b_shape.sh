@@ -4,7 +4,8 @@
 # acceptance before/after on held-out texts, then `pcg-synth bench` with the distilled draft.
 # Results land in benchmarks/results/ (commit them).
 #
-#   bash benchmarks/llasa_1b_shape.sh               # CPU profile: bfloat16, fits in an hour on 2 cores
+#   bash benchmarks/llasa_1b_shape.sh               # CPU profile: dtype auto (bfloat16 where the CPU
+#                                                   # has native bf16), sized for an hour on 2 cores
 #   DEVICE=cuda bash benchmarks/llasa_1b_shape.sh   # GPU profile: the paper-scale recipe
 #
 # Every step is deterministic (fixed seeds, fixed step counts; no time budget). Rerunning resumes
@@ -20,7 +21,7 @@ PCG=${PCG:-.venv/bin/pcg-synth}
 PY=${PY:-.venv/bin/python}
 DEVICE=${DEVICE:-cpu}
 if [ "$DEVICE" = cpu ]; then  # 2 cores: short samples, a few hundred steps on cached target logits
-  DTYPE=${DTYPE:-bfloat16}; SEEDS=${SEEDS:-4}; MAX_NEW=${MAX_NEW:-128}; STEPS=${STEPS:-120}
+  DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-4}; MAX_NEW=${MAX_NEW:-128}; STEPS=${STEPS:-120}
   BATCH=${BATCH:-8}; LR=${LR:-1e-4}; BATCHES=${BATCHES:-1,2,4,8}; REPS=${REPS:-1}; ITEMS=${ITEMS:-1}
   CACHE=--cache-target; GEN_BATCH=32; CKPT=40
 else
@@ -35,7 +36,11 @@ EVAL_TOKENS=${EVAL_TOKENS:-128}
 EVAL_TEXTS=${EVAL_TEXTS:+--texts-file $EVAL_TEXTS}
 ITEMS=${ITEMS:-2}
 COST_REPS=${COST_REPS:-10}
-SUFFIX=$(echo "$DEVICE" | tr -d ':')$([ "$DTYPE" = bfloat16 ] && echo _bf16 || true)
+if [ "$DTYPE" = auto ]; then  # what `dtype: auto` picks here (bfloat16 only with native bf16 on a CPU)
+  DTYPE=$("$PY" -c "import sys, torch; from engine.models.device import auto_dtype
+print(str(auto_dtype(torch.device(sys.argv[1]))[0]).removeprefix('torch.'))" "$DEVICE")
+fi
+SUFFIX=$(echo "$DEVICE" | tr -d ':')_$(echo "$DTYPE" | sed 's/bfloat16/bf16/; s/float32/fp32/; s/float16/fp16/')
 WORK=${WORK:-work/llasa-1b-shape}
 OUT=${OUT:-benchmarks/results/llasa_1b_shape_$SUFFIX}
 mkdir -p "$WORK" "$(dirname "$OUT")"

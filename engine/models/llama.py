@@ -132,9 +132,19 @@ class PackedLinear(nn.Module):
 
 
 def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """Packed weights need oneDNN, i.e. a CPU build with mkldnn, in bfloat16 or float32."""
-    return (torch.device(device).type == "cpu" and torch.backends.mkldnn.is_available()
-            and dtype in (torch.bfloat16, torch.float32))
+    """Packed weights need oneDNN, i.e. a CPU build with mkldnn, in float32, or in bfloat16 where
+    oneDNN has a bf16 path on this CPU (AVX512-BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU has
+    none, and there a bfloat16 model keeps plain weights)."""
+    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return onednn_bf16()
+    return dtype == torch.float32
+
+
+def onednn_bf16() -> bool:
+    """Whether oneDNN can run bfloat16 matmuls on this CPU (natively or by conversion)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class MLP(nn.Module):
@@ -208,8 +218,9 @@ class LlamaLM(nn.Module):
         the dense `head` stays for readers of its rows. Call after the weights are loaded and
         placed; the packed model is inference-only and stays on its device."""
         if not prepack_supported(self.device, self.dtype):
-            raise ValueError(f"weight prepacking needs a CPU with oneDNN in bfloat16 or float32; "
-                             f"this model is {self.dtype} on {self.device}")
+            raise ValueError(f"weight prepacking needs a CPU with oneDNN in float32, or in bfloat16 "
+                             f"where oneDNN has a bf16 path on the CPU (AVX512-BW/VL/DQ or "
+                             f"AVX-NE-CONVERT); this model is {self.dtype} on {self.device}")
         for layer in self.model.layers:
             for owner, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
                                  (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.models import llama
 from engine.models.llama import PackedLinear, prepack_supported
 from engine.models.loading import load_model
 
@@ -15,6 +16,8 @@ pytestmark = pytest.mark.skipif(not prepack_supported(torch.device("cpu"), torch
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_packed_and_plain_weights_give_the_same_logits(kit_dir, dtype):
+    if not prepack_supported(torch.device("cpu"), getattr(torch, dtype)):
+        pytest.skip(f"oneDNN has no {dtype} path on this CPU (see the test below for that case)")
     plain = load_model(kit_dir / "target", "cpu", dtype, prepack=False).model
     packed = load_model(kit_dir / "target", "cpu", dtype, prepack=True).model
     assert packed.prepacked and not plain.prepacked
@@ -43,3 +46,18 @@ def test_auto_packs_on_cpu_and_refuses_elsewhere(kit_dir):
     assert not fp64.prepacked
     with pytest.raises(ValueError, match="prepacking needs"):
         fp64.prepack()
+
+
+def test_bfloat16_without_a_onednn_bf16_path_keeps_plain_weights(kit_dir, monkeypatch):
+    """An AVX2-only CPU (no AVX512-BW, no AVX-NE-CONVERT): a bfloat16 model loads and decodes
+    with plain weights, and an explicit prepack is refused with the reason, not a oneDNN crash."""
+    monkeypatch.setattr(llama, "onednn_bf16", lambda: False)
+    model = load_model(kit_dir / "target", "cpu", "bfloat16").model
+    assert not model.prepacked and model.dtype == torch.bfloat16
+    tokens = torch.randint(0, model.shape.vocab_size, (1, 5), generator=torch.Generator().manual_seed(0))
+    logits = model(tokens, torch.arange(5)[None], model.new_cache(1, 16), 16)
+    assert torch.isfinite(logits.float()).all()
+    with pytest.raises(ValueError, match="AVX512-BW"):
+        model.prepack()
+    with pytest.raises(ValueError, match="AVX512-BW"):
+        load_model(kit_dir / "target", "cpu", "bfloat16", prepack=True)
