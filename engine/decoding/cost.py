@@ -64,12 +64,32 @@ def forward_timer(model: LlamaLM, batch: int, width: int, context: int, logits_a
     return run
 
 
+def interleaved_medians(fns: dict[str, Callable[[], object]], device: torch.device, reps: int,
+                        warmup: int = 3) -> dict[str, float]:
+    """Median wall seconds of each closure, timed in turns (one call of each per round) after
+    `warmup` untimed rounds: a transient slowdown (page faults at a new shape, another process)
+    then lands on every measurement of that round instead of skewing one of them, so ratios of
+    the medians stay honest."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def step_times(target: LlamaLM, draft: LlamaLM | None, batch: int, gamma: int, context: int,
                reps: int = 10) -> dict[str, float]:
-    """Median seconds of an `ar` step, a verify forward and a draft phase at this batch size."""
-    dev = target.device
-    out = {"ar_s": median_time(forward_timer(target, batch, 1, context, "all"), dev, reps),
-           "verify_s": median_time(forward_timer(target, batch, gamma + 1, context, "all"), dev, reps)}
+    """Median seconds of an `ar` step, a verify forward and a draft phase at this batch size,
+    measured in turns (`interleaved_medians`)."""
+    fns = {"ar_s": forward_timer(target, batch, 1, context, "all"),
+           "verify_s": forward_timer(target, batch, gamma + 1, context, "all")}
     if draft is not None:
         first = forward_timer(draft, batch, 2, context, "last")
         rest = forward_timer(draft, batch, 1, context + 2, "last")
@@ -78,9 +98,9 @@ def step_times(target: LlamaLM, draft: LlamaLM | None, batch: int, gamma: int, c
             first()
             for _ in range(gamma - 1):
                 rest()
-        out["draft_phase_s"] = median_time(phase, dev, reps)
-        out["draft_step_s"] = median_time(rest, dev, reps)
-    return out
+        fns["draft_phase_s"] = phase
+        fns["draft_step_s"] = rest
+    return interleaved_medians(fns, target.device, reps)
 
 
 def predicted_speedup(accepted_length: float, gamma: int, times: dict[str, float],
