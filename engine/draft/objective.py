@@ -111,7 +111,16 @@ def set_trainable(model: SpeechLM, parts: tuple[str, ...] | list[str]) -> list[s
     return names
 
 
-class _ForwardKL(torch.autograd.Function):
+class _FusedLoss(torch.autograd.Function):
+    """A loss over `[N, V_out]` draft logits whose forward saves the gradient it already formed."""
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss, None, None
+
+
+class _ForwardKL(_FusedLoss):
     """KL(target || draft) summed over rows, with its gradient `(p_draft - p_target) / T` formed
     during the forward pass: a handful of in-place passes over `[N, V_out]` instead of
     autograd's chain through two log-softmaxes (the loss dominates a small model's step)."""
@@ -125,11 +134,6 @@ class _ForwardKL(torch.autograd.Function):
         ctx.save_for_backward(draft_logp.exp_().sub_(target_probs).div_(temperature))
         return loss
 
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_loss, None, None
-
 
 def kd_loss_sum(draft_logits: torch.Tensor, target_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Forward KL(target || draft) of the temperature-softened distributions, summed over rows.
@@ -139,6 +143,33 @@ def kd_loss_sum(draft_logits: torch.Tensor, target_logits: torch.Tensor, tempera
         temperature: the sampling temperature (the distributions speculative decoding compares).
     """
     return _ForwardKL.apply(draft_logits, target_logits.detach(), temperature)
+
+
+class _TotalVariation(_FusedLoss):
+    """TV(target, draft) = 1 - sum_x min(p(x), q(x)) summed over rows: one minus the exact-SD
+    acceptance itself. With m = [p < q] (the tokens the draft under-proposes), its gradient in
+    the draft logits is `-p * (m - sum_x p(x) m(x)) / T`, formed during the forward pass."""
+
+    @staticmethod
+    def forward(ctx, draft_logits: torch.Tensor, target_logits: torch.Tensor, temperature: float):
+        target_probs = torch.softmax(target_logits / temperature, dim=-1)
+        draft_probs = torch.softmax(draft_logits.detach() / temperature, dim=-1)
+        under = (draft_probs < target_probs).to(draft_probs.dtype)
+        loss = draft_logits.shape[0] - torch.minimum(draft_probs, target_probs).sum()
+        under_mass = (draft_probs * under).sum(dim=-1, keepdim=True)
+        ctx.save_for_backward(under.sub_(under_mass).mul_(draft_probs).div_(-temperature))
+        return loss
+
+
+def tv_loss_sum(draft_logits: torch.Tensor, target_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Total variation between the temperature-softened distributions, summed over rows: the
+    expected rejection of one exact-SD draft token, optimised directly.
+
+    Args:
+        draft_logits, target_logits: `[N, V_out]` float32.
+        temperature: the sampling temperature.
+    """
+    return _TotalVariation.apply(draft_logits, target_logits.detach(), temperature)
 
 
 def ce_loss_sum(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

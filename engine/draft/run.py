@@ -75,8 +75,8 @@ def resolve_loss(settings: TrainSettings, engine_data: bool) -> str:
             raise ValueError("this dataset was produced by the engine (target samples): distilling it "
                              "needs the target's distributions; give --target DIR, or --loss ce")
         return "kd" if engine_data else "ce"
-    if settings.loss == "kd" and settings.target is None:
-        raise ValueError("--loss kd needs --target DIR (the teacher)")
+    if settings.loss in ("kd", "tv") and settings.target is None:
+        raise ValueError(f"--loss {settings.loss} needs --target DIR (the teacher)")
     return settings.loss
 
 

@@ -23,8 +23,9 @@ class TrainSettings(BaseModel):
     draft: str = Field(description="Initial draft checkpoint (e.g. from `draft init`).")
     out: str = Field(description="Output directory: the trained draft, checkpoints/, train_log.jsonl, training.json.")
     target: str | None = Field(None, description="Target checkpoint: the teacher for kd, and held-out acceptance.")
-    loss: Literal["auto", "kd", "ce"] = Field("auto", description=(
-        "kd: forward KL to the target's softened distribution; ce: cross-entropy on the codes; "
+    loss: Literal["auto", "kd", "tv", "ce"] = Field("auto", description=(
+        "kd: forward KL to the target's softened distribution; tv: total variation to it (one "
+        "minus the exact-SD acceptance, optimised directly); ce: cross-entropy on the codes; "
         "auto: kd for datasets this engine produced, ce for other code datasets."))
     temperature: float | None = Field(None, gt=0, description=(
         "KD / acceptance temperature; default: the temperature the dataset was sampled at, else 0.8."))

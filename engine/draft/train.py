@@ -20,10 +20,11 @@ from tqdm.auto import tqdm
 
 from engine.console import bar_disabled
 from engine.draft.data import Batch, CodeSequence, batch_order, make_batch
-from engine.draft.objective import SpeechLM, acceptance_sum, ce_loss_sum, kd_loss_sum
+from engine.draft.objective import SpeechLM, acceptance_sum, ce_loss_sum, kd_loss_sum, tv_loss_sum
 from engine.models.llasa import LlasaLayout
 
-Loss = Literal["kd", "ce"]
+Loss = Literal["kd", "tv", "ce"]
+TEACHER_LOSSES = {"kd": kd_loss_sum, "tv": tv_loss_sum}  # losses against the target's logits
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,8 @@ class DraftTrainer:
                  train: list[CodeSequence], heldout: list[CodeSequence], device: torch.device,
                  forward: torch.nn.Module | None = None, rank: int = 0, world: int = 1,
                  autocast: bool = False) -> None:
-        if hyper.loss == "kd" and target is None:
-            raise ValueError("knowledge distillation needs the target (--target DIR)")
+        if hyper.loss in TEACHER_LOSSES and target is None:
+            raise ValueError(f"the {hyper.loss} loss distils the target: it needs --target DIR")
         if not train:
             raise ValueError("no training sequences")
         if min(hyper.batch_size, len(train)) < world:
@@ -125,8 +126,9 @@ class DraftTrainer:
         batch = make_batch([self.train_seqs[i] for i in indices], self.layout).to(self.device)
         with self._autocast():
             logits = self.forward(batch.input_ids, batch.rows, batch.cols)
-        if self.hyper.loss == "kd":
-            return kd_loss_sum(logits, self._target_logits(batch, indices), self.hyper.temperature)
+        if self.hyper.loss in TEACHER_LOSSES:
+            return TEACHER_LOSSES[self.hyper.loss](logits, self._target_logits(batch, indices),
+                                                   self.hyper.temperature)
         return ce_loss_sum(logits, batch.labels)
 
     def train_step(self) -> dict:
@@ -179,8 +181,8 @@ class DraftTrainer:
             with self._autocast():
                 logits = self.draft(batch.input_ids, batch.rows, batch.cols)
             target = self._heldout_logits(n, batch) if self.target is not None else None
-            if self.hyper.loss == "kd":
-                sums[0] += kd_loss_sum(logits, target, self.hyper.temperature).item()
+            if self.hyper.loss in TEACHER_LOSSES:
+                sums[0] += TEACHER_LOSSES[self.hyper.loss](logits, target, self.hyper.temperature).item()
             else:
                 sums[0] += ce_loss_sum(logits, batch.labels).item()
             if target is not None:

@@ -23,7 +23,7 @@ from engine.draft.data import (
 )
 from engine.draft.evaluate import HELDOUT_TEXTS
 from engine.draft.init import init_draft, vocabulary_view
-from engine.draft.objective import kd_loss_sum
+from engine.draft.objective import kd_loss_sum, tv_loss_sum
 from engine.draft.run import plan_run, train_draft
 from engine.draft.settings import TrainSettings
 from engine.io.dataset import AudioRow, build_table, write_parquet
@@ -133,6 +133,34 @@ def test_fused_kd_loss_matches_autograd_reference():
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(grad, grad_ref)
     assert kd_loss_sum(target, target, 0.8).abs() < 1e-9  # KL(q || q) = 0
+
+
+def test_fused_tv_loss_is_one_minus_acceptance_with_the_autograd_gradient():
+    gen = torch.Generator().manual_seed(1)
+    draft = torch.randn(6, 50, generator=gen, dtype=torch.float64, requires_grad=True)
+    target = torch.randn(6, 50, generator=gen, dtype=torch.float64)
+    ref = (1 - torch.minimum(torch.softmax(draft / 0.8, -1), torch.softmax(target / 0.8, -1)).sum(-1)).sum()
+    (grad_ref,) = torch.autograd.grad(ref, draft)
+    ours = tv_loss_sum(draft, target, 0.8)
+    (grad,) = torch.autograd.grad(ours, draft)
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(grad, grad_ref)
+    assert tv_loss_sum(target, target, 0.8).abs() < 1e-9  # identical distributions: always accepted
+
+
+def test_tv_distillation_raises_heldout_acceptance(engine_data, init_dir, kit_dir, tmp_path):
+    out = tmp_path / "tv"
+    code = draft_cli(["draft", "train", "--data", str(engine_data), "--draft", str(init_dir),
+                      "--target", str(kit_dir / "target"), "--out", str(out), "--steps", "60",
+                      "--loss", "tv", "--batch-size", "2", "--lr", "2e-3", "--warmup-steps", "10",
+                      "--heldout-fraction", "0.2", "--eval-every", "60", "--checkpoint-every", "0",
+                      "--cache-target", "--seed", "3", "--quiet"])
+    assert code == 0
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert json.loads((out / "training.json").read_text())["loss"] == "tv"
+    assert log[-1]["heldout_acceptance"] > log[0]["heldout_acceptance"]
+    # the tv loss is the held-out rejection rate: 1 - acceptance, to float precision
+    assert abs(log[-1]["heldout_loss"] - (1 - log[-1]["heldout_acceptance"])) < 1e-4
 
 
 def test_distillation_lowers_the_loss_and_raises_heldout_acceptance(engine_data, init_dir, kit_dir, tmp_path):
