@@ -40,16 +40,7 @@ def sync(device: torch.device) -> None:
 
 def median_time(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 3) -> float:
     """Median wall seconds of `fn()` over `reps` calls after `warmup` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return interleaved_medians({"fn": fn}, device, reps, warmup)["fn"]
 
 
 def forward_timer(model: LlamaLM, batch: int, width: int, context: int, logits_at: str):

@@ -102,14 +102,11 @@ def add_train(dsub) -> None:
     p.add_argument("--draft", required=True, help="initial draft (e.g. from `draft init`)")
     p.add_argument("--out", required=True, help="output directory (trained draft, checkpoints, log)")
     p.add_argument("--target", help="target checkpoint (the kd teacher; held-out acceptance)")
-    p.add_argument("--loss", choices=["auto", "kd", "tv", "ce"],
-                   help="kd: forward KL to the target; tv: total variation (1 - exact acceptance); ce: "
-                   "cross-entropy on the codes; auto (default): kd for engine samples, else ce")
     p.add_argument("--temperature", type=float, help="kd temperature (default: the data's, else 0.8)")
     p.add_argument("--trainable", default="layers,norm",
                    help="trained parts among layers,norm,embeddings,head (default layers,norm)")
     add_settings_arguments(p, TrainSettings, include=[
-        "steps", "batch_size", "micro_batch_size", "max_length", "lr", "warmup_steps", "weight_decay",
+        "loss", "steps", "batch_size", "micro_batch_size", "max_length", "lr", "warmup_steps", "weight_decay",
         "grad_clip", "heldout_fraction", "heldout_max", "eval_every", "checkpoint_every",
         "keep_checkpoints", "seed"])
     p.add_argument("--cache-target", action="store_true", default=None,

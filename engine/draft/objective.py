@@ -172,6 +172,10 @@ def tv_loss_sum(draft_logits: torch.Tensor, target_logits: torch.Tensor, tempera
     return _TotalVariation.apply(draft_logits, target_logits.detach(), temperature)
 
 
+# Losses against the target's logits (they need the teacher), by their `--loss` name.
+TEACHER_LOSSES = {"kd": kd_loss_sum, "tv": tv_loss_sum}
+
+
 def ce_loss_sum(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of `[N]` output-space labels, summed over rows."""
     return F.cross_entropy(draft_logits, labels, reduction="sum")

@@ -27,7 +27,7 @@ from engine.draft.data import (
     to_sequences,
 )
 from engine.draft.init import DRAFT_INFO, save_draft, vocabulary_view
-from engine.draft.objective import SpeechLM, set_trainable
+from engine.draft.objective import TEACHER_LOSSES, SpeechLM, set_trainable
 from engine.draft.settings import TrainSettings
 from engine.draft.train import DraftTrainer, Hyper
 from engine.io.storage import Storage
@@ -75,7 +75,7 @@ def resolve_loss(settings: TrainSettings, engine_data: bool) -> str:
             raise ValueError("this dataset was produced by the engine (target samples): distilling it "
                              "needs the target's distributions; give --target DIR, or --loss ce")
         return "kd" if engine_data else "ce"
-    if settings.loss in ("kd", "tv") and settings.target is None:
+    if settings.loss in TEACHER_LOSSES and settings.target is None:
         raise ValueError(f"--loss {settings.loss} needs --target DIR (the teacher)")
     return settings.loss
 

@@ -20,11 +20,10 @@ from tqdm.auto import tqdm
 
 from engine.console import bar_disabled
 from engine.draft.data import Batch, CodeSequence, batch_order, make_batch
-from engine.draft.objective import SpeechLM, acceptance_sum, ce_loss_sum, kd_loss_sum, tv_loss_sum
+from engine.draft.objective import TEACHER_LOSSES, SpeechLM, acceptance_sum, ce_loss_sum
 from engine.models.llasa import LlasaLayout
 
 Loss = Literal["kd", "tv", "ce"]
-TEACHER_LOSSES = {"kd": kd_loss_sum, "tv": tv_loss_sum}  # losses against the target's logits
 
 
 @dataclass(frozen=True)
