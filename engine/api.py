@@ -16,7 +16,8 @@ from tqdm.auto import tqdm
 
 from engine.config import DecodingSettings
 from engine.console import bar_disabled
-from engine.decoding.adaptive import GammaChoice, choose_gamma
+from engine.decoding.adaptive import GammaChoice, decide, measure_steps
+from engine.decoding.cost import ForwardClock
 from engine.decoding.scheduler import DecodeScheduler
 from engine.decoding.speculative import Request, RowResult, SpeculativeDecoder
 from engine.decoding.verify import Rule, make_rule, rule_key
@@ -26,6 +27,8 @@ from engine.models.device import resolve_device
 from engine.models.llasa import DEFAULT_DATE_STRING, LLASA_CONTEXT, LlasaPrompter
 from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
 from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate, item_seed
+
+PILOT_GAMMA, PILOT_TOKENS = 4, 48  # `gamma: auto`'s pilot decode: draft length, tokens per row
 
 
 class Synthesizer:
@@ -51,7 +54,7 @@ class Synthesizer:
         self.batch_size, self.max_context = batch_size, max_context
         self.prompter = LlasaPrompter(target.tokenizer, target.layout, date_string)
         self._groups: dict[tuple, GroupIndex] = {}
-        self._gamma: dict[tuple, GammaChoice] = {}
+        self._gamma: dict[tuple, tuple] = {}  # (structure, batch) -> the pilot's measurements
         self._rules: dict[tuple, Rule] = {}
         self._decoders: dict[tuple, SpeculativeDecoder] = {}
 
@@ -124,27 +127,41 @@ class Synthesizer:
         return self._decoders[key]
 
     def resolve_gamma(self, settings: DecodingSettings, requests: list[Request], batch: int,
-                      ) -> tuple[DecodingSettings, GammaChoice | None]:
+                      stream: bool = False) -> tuple[DecodingSettings, GammaChoice | None]:
         """Settings with a concrete gamma. For `gamma: auto` a pilot (gamma 4, a few short rows)
-        measures acceptance, then `choose_gamma` times the steps at `batch`; the choice is kept
-        per (structural settings, batch). Speculation off means `ar`."""
+        measures acceptance and the host's time per round, and the steps are timed at `batch`
+        (kept per structural settings and batch size); `decide` then weighs them for these
+        rows: their length, and unless `stream` (more rows will follow: a job worker) the drain
+        at the end of `requests`. Speculation off means `ar`."""
         if settings.gamma != "auto" or not settings.speculative:
             return (settings.model_copy(update={"gamma": 3}) if settings.gamma == "auto" else settings), None
         key = (structure(settings), batch)
         if key not in self._gamma:
-            pilot = settings.model_copy(update={"gamma": 4, "max_new_tokens": 48})
-            rule = self.rule(pilot)
-            probe = [Request(key=i, prompt_ids=r.prompt_ids, seed=r.seed, max_new_tokens=48, warp=r.warp,
-                             rule=rule) for i, r in enumerate(requests[: min(8, batch)])]
-            decoder = self.make_decoder(pilot, min(8, batch))  # its own: live decoders stay untouched
-            stats = aggregate([row.stats for _, row in decoder.run(probe)])
-            del decoder
-            acceptance = sum(stats.accepted) / max(sum(stats.reached), 1)
-            context = int(sum(len(r.prompt_ids) for r in probe) / max(len(probe), 1)) + 64
-            self._gamma[key] = choose_gamma(self.target.model, self.draft.model, batch, acceptance, context)
-        choice = self._gamma[key]
+            self._gamma[key] = self._pilot(settings, requests, batch)
+        acceptance, host, steps = self._gamma[key]
+        tokens = sum(r.max_new_tokens for r in requests) / max(len(requests), 1)
+        choice = decide(batch, acceptance, steps, host_s=host, pilot_gamma=PILOT_GAMMA, tokens=tokens,
+                        rows=None if stream else len(requests))
         update = {"gamma": choice.gamma} if choice.gamma else {"method": "ar", "gamma": 1}
         return settings.model_copy(update=update), choice
+
+    def _pilot(self, settings: DecodingSettings, requests: list[Request], batch: int) -> tuple:
+        """(acceptance per draft position, host seconds per round, step times per candidate
+        gamma at `batch`) from a short decode of a few of `requests` at gamma `PILOT_GAMMA`."""
+        pilot = settings.model_copy(update={"gamma": PILOT_GAMMA, "max_new_tokens": PILOT_TOKENS})
+        rule = self.rule(pilot)
+        probe = [Request(key=i, prompt_ids=r.prompt_ids, seed=r.seed, max_new_tokens=PILOT_TOKENS, warp=r.warp,
+                         rule=rule) for i, r in enumerate(requests[: min(8, batch)])]
+        decoder = self.make_decoder(pilot, min(8, batch))  # its own: live decoders stay untouched
+        with ForwardClock(self.target.model, self.draft.model) as clock:
+            start = time.perf_counter()
+            stats = aggregate([row.stats for _, row in decoder.run(probe)])
+            wall = time.perf_counter() - start
+        host = max(wall - clock.prefill_s - clock.decode_s, 0.0) / max(decoder.rounds_run, 1)
+        del decoder
+        acceptance = sum(stats.accepted) / max(sum(stats.reached), 1)
+        context = int(sum(len(r.prompt_ids) for r in probe) / max(len(probe), 1)) + 64
+        return acceptance, host, measure_steps(self.target.model, self.draft.model, batch, context)
 
     def prepare(self, index: int, item: SynthesisItem | str, settings: DecodingSettings, key: object = None):
         """(result shell, request or None) for one item decoded with `settings` (the item's own
@@ -169,10 +186,10 @@ class Synthesizer:
                           history_out=list(item.prompt_codes or []), warp=settings.warp)
         return result, request
 
-    def session(self, batch_size: int | None = None) -> DecodeSession:
+    def session(self, batch_size: int | None = None, stream: bool = False) -> DecodeSession:
         """A decode session: rows with their own settings in, finished rows out (see
-        `DecodeSession`)."""
-        return DecodeSession(self, batch_size or self.batch_size)
+        `DecodeSession`; `stream`: rows keep arriving, as in a job worker)."""
+        return DecodeSession(self, batch_size or self.batch_size, stream)
 
     def _start(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None,
                batch_size: int | None) -> _Call:
@@ -288,11 +305,13 @@ class DecodeSession:
     Rows go to the decoder of their structure (`decoder_key`): rows differing only in sampling
     settings, seeds, budgets or acceptance rules share a batch. `submit` may be called while
     the session runs (continuous batching across calls: a job worker feeds it shard after
-    shard); `step` runs one decode round and returns the rows that finished in it.
+    shard); `step` runs one decode round and returns the rows that finished in it. A `stream`
+    session expects more rows after each `submit` (`gamma: auto` then sees no drain at the end
+    of a submission); otherwise one submission holds every row.
     """
 
-    def __init__(self, synth: Synthesizer, batch: int) -> None:
-        self.synth, self.batch = synth, batch
+    def __init__(self, synth: Synthesizer, batch: int, stream: bool = False) -> None:
+        self.synth, self.batch, self.stream = synth, batch, stream
         self.scheduler = DecodeScheduler()
         self.gamma_choices: list[GammaChoice] = []
 
@@ -304,7 +323,7 @@ class DecodeSession:
             by_structure.setdefault(structure(settings), []).append((settings, request))
         for group in by_structure.values():
             first = group[0][0]
-            effective, choice = self.synth.resolve_gamma(first, [r for _, r in group], self.batch)
+            effective, choice = self.synth.resolve_gamma(first, [r for _, r in group], self.batch, self.stream)
             if choice is not None and choice not in self.gamma_choices:
                 self.gamma_choices.append(choice)
             concrete = {"method": effective.method, "gamma": effective.gamma}

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from engine.decoding.cost import break_even_length, predicted_speedup
+from engine.decoding.cost import break_even_length, drain_factor, predicted_speedup
 
 
 def predictions(doc: dict) -> None:
     """Add the cost model's predictions and break-even length to every speculative run:
     forwards only (`predicted_speedup_forwards`), and with the host time per round measured in
-    the runs (`predicted_speedup`), compared with the decode-phase speedup measured (prefill
-    excluded, since the model describes rounds)."""
-    for entry in doc["batches"].values():
+    the runs and the drain of each run's batch at its end (`drain_factor`, from the run's
+    acceptance: every run decodes a known set of rows) (`predicted_speedup`), compared with the
+    decode-phase speedup measured (prefill excluded, since the model describes rounds)."""
+    settings = doc.get("settings", {})
+    tokens = settings.get("max_new_tokens", 0)
+    for batch, entry in doc["batches"].items():
         if "cost" not in entry:
             continue
         host_ar = entry["runs"]["ar"].get("host_s_per_round", {}).get("median", 0.0)
@@ -22,7 +25,11 @@ def predictions(doc: dict) -> None:
             length = run["mean_accepted_length"]["median"]
             host = run.get("host_s_per_round", {}).get("median", 0.0)
             run["predicted_speedup_forwards"] = predicted_speedup(length, gamma, times)
-            run["predicted_speedup"] = predicted_speedup(length, gamma, times, host_ar, host)
+            acceptance = run["acceptance_per_position"]
+            drain = drain_factor(sum(acceptance) / len(acceptance), gamma, tokens, int(batch),
+                                 settings.get("items_per_slot", 1) * int(batch)) if acceptance else 1.0
+            run["drain_factor"] = drain
+            run["predicted_speedup"] = drain * predicted_speedup(length, gamma, times, host_ar, host)
             measured = run.get("decode_speedup_vs_ar", {}).get("median")
             if measured:
                 run["prediction_error"] = run["predicted_speedup"] / measured - 1

@@ -11,6 +11,10 @@ def _x(value: float | None) -> str:
     return f"{value:.2f}x" if value is not None else "-"
 
 
+def _f(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "-"
+
+
 def header(doc: dict) -> list[str]:
     m, s, mc = doc["models"], doc["settings"], doc["machine"]
     where = mc.get("gpu") or f"{mc['cpu']}, {mc['torch_threads']} threads"
@@ -33,8 +37,8 @@ def header(doc: dict) -> list[str]:
 def runs_table(doc: dict) -> list[str]:
     lines = ["| batch | setting | tokens/s | audio s/s | speedup vs ar | decode-phase speedup | "
              "mean accepted length | acceptance by position | thinning trials / token | host ms / round | "
-             "predicted speedup (forwards only) | break-even length |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "predicted speedup (forwards only) | drain | break-even length |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for batch, entry in doc["batches"].items():
         for label, r in entry["runs"].items():
             sp = r["speedup_vs_ar"]
@@ -48,7 +52,11 @@ def runs_table(doc: dict) -> list[str]:
                 f"{sp['median']:.2f}x [{sp['min']:.2f}, {sp['max']:.2f}] | {_x(dec)} | "
                 f"{r['mean_accepted_length']['median']:.2f} | {acc} | {r['thinning_trials_per_token']:.3f} | "
                 f"{_ms(host)} | {_x(r.get('predicted_speedup'))} ({_x(r.get('predicted_speedup_forwards'))}) | "
-                f"{f'{be:.2f}' if be is not None else '-'} |")
+                f"{_f(r.get('drain_factor'))} | {f'{be:.2f}' if be is not None else '-'} |")
+    lines += ["", "Predicted speedup: L x (ar step + its host time) / (draft phase + verify + host time per "
+              "round), times `drain` (the share left after the batch waits for its slowest row, from the "
+              "acceptance; 1: no drain); in brackets the forwards alone. Step times from the cost model "
+              "below, host times and L from the runs."]
     return lines
 
 

@@ -6,17 +6,29 @@ average `L(g) = (1 - a**(g+1)) / (1 - a)` tokens, and costs one draft phase plus
 forward; an `ar` step costs one target forward. Both are timed at the batch size that will run
 (`engine.decoding.cost.step_times`), because that is what decides: at batch 1 a GPU verifies
 g+1 tokens for about the price of one, at a large batch the verify step costs g+1 steps.
+Two costs beyond the forwards count too: the host's work per round (sampling, the rule,
+bookkeeping), measured in the pilot, and, for a call whose rows are all known, the drain at its
+end (`engine.decoding.cost.drain_factor`): a speculative batch waits for its slowest row.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from engine.decoding.cost import predicted_speedup, step_times
+from engine.decoding.cost import drain_factor, predicted_speedup, step_times
 from engine.models.llama import LlamaLM
 
 CANDIDATES = (1, 2, 3, 4, 6, 8)
 MARGIN = 1.05  # speculation must beat `ar` by 5% to be worth its variance
+HOST_OFFSET = 2  # host time per round ~ (gamma + 2): measured on CPUs (Xeon, bf16 1B shape)
+
+
+def host_per_round(host_s: float, pilot_gamma: int, gamma: int) -> float:
+    """Host seconds per round at `gamma`, from `host_s` measured at `pilot_gamma`: it grows
+    about linearly in the draft length with an offset of about two drafts' work (sampling of
+    the bonus token, the sync, bookkeeping). Measured at batch 8: 7.2, 9.7, 12.1, 13.9 ms for
+    gamma 1-4 (benchmarks/results/llasa_1b_shape_cpu_bf16.json)."""
+    return host_s * (gamma + HOST_OFFSET) / (pilot_gamma + HOST_OFFSET)
 
 
 def expected_length(acceptance: float, gamma: int) -> float:
@@ -34,30 +46,42 @@ class GammaChoice:
     acceptance: float
     predicted_speedup: dict[int, float] = field(default_factory=dict)
     step_times: dict[int, dict] = field(default_factory=dict)
+    host_s_per_round: float = 0.0  # measured in the pilot (at its gamma)
+    drain: dict[int, float] = field(default_factory=dict)  # drain_factor per gamma (1: none)
     reason: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def choose_gamma(target: LlamaLM, draft: LlamaLM, batch: int, acceptance: float, context: int,
-                 candidates: tuple[int, ...] = CANDIDATES, reps: int = 5) -> GammaChoice:
-    """The draft length with the best predicted speedup at `batch`, or 0 if none pays.
+def measure_steps(target: LlamaLM, draft: LlamaLM, batch: int, context: int,
+                  candidates: tuple[int, ...] = CANDIDATES, reps: int = 5) -> dict[int, dict[str, float]]:
+    """Step times (`step_times`) per candidate draft length at `batch`: the costly part of a
+    choice, measured once per (settings, batch size) and reused by `decide`."""
+    return {g: step_times(target, draft, batch, g, context, reps) for g in candidates}
+
+
+def decide(batch: int, acceptance: float, steps: dict[int, dict[str, float]], host_s: float = 0.0,
+           pilot_gamma: int = 4, tokens: float = 0.0, rows: int | None = None) -> GammaChoice:
+    """The draft length with the best predicted speedup, or 0 if none beats `ar` by `MARGIN`.
 
     Args:
-        target, draft: the models (their step times are measured here).
         batch: rows decoded together.
         acceptance: mean per-position acceptance from a pilot run.
-        context: typical sequence length (prompt + half the output) for the timing.
-        candidates: draft lengths to consider.
-        reps: timing repetitions per measurement (median).
+        steps: `measure_steps` at this batch size.
+        host_s: host seconds per speculative round measured at `pilot_gamma` (0: forwards only).
+        tokens, rows: tokens per row and the rows to decode, for the drain at the end
+            (`rows=None`: a stream with no known end, no drain).
     """
-    choice = GammaChoice(gamma=0, batch_size=batch, acceptance=round(acceptance, 4))
+    choice = GammaChoice(gamma=0, batch_size=batch, acceptance=round(acceptance, 4),
+                         host_s_per_round=round(host_s, 6))
     best, best_gamma = MARGIN, 0
-    for g in candidates:
-        times = step_times(target, draft, batch, g, context, reps)
-        speedup = predicted_speedup(expected_length(acceptance, g), g, times)
+    for g, times in steps.items():
+        drain = drain_factor(acceptance, g, tokens, batch, rows)
+        speedup = drain * predicted_speedup(expected_length(acceptance, g), g, times,
+                                            host_s=host_per_round(host_s, pilot_gamma, g))
         choice.step_times[g] = {k: round(v, 6) for k, v in times.items()}
+        choice.drain[g] = round(drain, 4)
         choice.predicted_speedup[g] = round(speedup, 4)
         if speedup > best:
             best, best_gamma = speedup, g
@@ -71,3 +95,10 @@ def choose_gamma(target: LlamaLM, draft: LlamaLM, batch: int, acceptance: float,
                          f"{top[1]:.2f}x ar at batch {batch} (acceptance {acceptance:.2f}; needs "
                          f"> {MARGIN:.2f}x)")
     return choice
+
+
+def choose_gamma(target: LlamaLM, draft: LlamaLM, batch: int, acceptance: float, context: int,
+                 candidates: tuple[int, ...] = CANDIDATES, reps: int = 5, **costs) -> GammaChoice:
+    """`decide` on step times measured now (`costs`: decide's host_s, pilot_gamma, tokens,
+    rows); `context` is the typical sequence length (prompt + half the output) to time at."""
+    return decide(batch, acceptance, measure_steps(target, draft, batch, context, candidates, reps), **costs)

@@ -8,6 +8,9 @@ bonus/recovered token included) the model predicts
     speedup = L * t_ar / (t_draft_phase + t_verify),
 
 so speculation pays only when L exceeds the break-even length (t_draft_phase + t_verify) / t_ar.
+A batch that drains (no rows left to refill its slots) ends with its slowest row: every row
+needs a random number of rounds, so its last rounds run with empty slots, while `ar` rows of the
+same length end together. `drain_factor` predicts that loss from the acceptance alone.
 The host's work per round (sampling, the acceptance rule, bookkeeping, the round's sync) is not
 a forward: `ForwardClock` measures it in real decodes as wall time minus forward time, and with
 it the prediction becomes `L * (t_ar + h_ar) / (t_draft_phase + t_verify + h)`.
@@ -16,6 +19,7 @@ On a GPU one decode step must at least stream the weights once: weight bytes / b
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -102,6 +106,40 @@ def predicted_speedup(accepted_length: float, gamma: int, times: dict[str, float
         return None
     return (accepted_length * (times["ar_s"] + host_ar_s)
             / (times["draft_phase_s"] + times["verify_s"] + host_s))
+
+
+def round_tokens(acceptance: float, gamma: int) -> tuple[float, float]:
+    """Mean and variance of the tokens one round emits when each of `gamma` drafts is accepted
+    with probability `acceptance` until the first rejection (the bonus/recovered token counted):
+    k tokens with probability a^(k-1) (1 - a) for k <= gamma, gamma + 1 with a^gamma."""
+    a = min(max(acceptance, 0.0), 1.0)
+    probs = [a ** (k - 1) * (1 - a) for k in range(1, gamma + 1)] + [a ** gamma]
+    mean = sum(k * p for k, p in enumerate(probs, 1))
+    return mean, max(sum(k * k * p for k, p in enumerate(probs, 1)) - mean * mean, 0.0)
+
+
+def expected_max_normal(n: int) -> float:
+    """E[max of n standard normals] (Blom's approximation; 0 for n = 1)."""
+    return 0.0 if n < 2 else statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def drain_factor(acceptance: float, gamma: int, tokens: float, batch: int, rows: int | None) -> float:
+    """The share of a speculative decode's throughput left after its batch drains, against `ar`.
+
+    `rows` rows of `tokens` tokens share `batch` slots, one after another per slot (continuous
+    batching), so a slot decodes rows / slots rows. Its rounds are a sum of independent rounds
+    of `round_tokens`: about normal with mean m = tokens x waves / L and variance
+    tokens x waves x var / L^3; the decode ends with the slowest slot, E[max] ~ m + e_slots sd,
+    where `ar` rows of the same length end together. Returns m / (m + e_slots sd) (1: no drain
+    to model, e.g. a stream of rows with no known end: `rows=None`)."""
+    if rows is None or rows < 2 or batch < 2 or gamma < 1 or tokens <= 0:
+        return 1.0
+    slots = min(rows, batch)
+    length, var = round_tokens(acceptance, gamma)
+    work = tokens * rows / slots  # tokens per slot
+    mean = work / length
+    sd = math.sqrt(work * var / length ** 3)
+    return mean / (mean + expected_max_normal(slots) * sd)
 
 
 class ForwardClock:

@@ -75,3 +75,83 @@ def test_gamma_setting_accepts_auto_and_rejects_nonsense():
     for bad in (0, 33, "fast"):
         with pytest.raises(ValidationError, match="gamma"):
             DecodingSettings(gamma=bad)
+
+
+def test_round_tokens_moments():
+    from engine.decoding.cost import round_tokens
+
+    assert round_tokens(0.5, 1) == pytest.approx((1.5, 0.25))
+    assert round_tokens(0.0, 4) == pytest.approx((1.0, 0.0))
+    assert round_tokens(1.0, 4) == pytest.approx((5.0, 0.0))
+    for a, g in ((0.3, 2), (0.6, 4)):
+        assert round_tokens(a, g)[0] == pytest.approx(expected_length(a, g))
+
+
+def simulated_drain(acceptance: float, gamma: int, tokens: int, batch: int, rows: int, trials: int, gen) -> float:
+    """Monte Carlo of what `drain_factor` models: `rows` rows of `tokens` tokens over `batch`
+    slots (continuous batching); speculative rounds emit 1 + accepted drafts (i.i.d. acceptance)
+    per row, `ar` one token per row. Returns (tokens per round of the speculative batch / L) /
+    (tokens per round of the `ar` batch)."""
+    import torch
+
+    ratios = []
+    for _ in range(trials):
+        left = [tokens] * min(rows, batch)  # tokens still to emit per busy slot
+        queued, rounds, emitted = rows - len(left), 0, 0
+        while left:
+            rounds += 1
+            draws = torch.rand(len(left), gamma, generator=gen) < acceptance
+            got = (1 + draws.int().cumprod(1).sum(1)).tolist()
+            nxt = []
+            for rest, k in zip(left, got):
+                emitted += min(k, rest)
+                if rest > k:
+                    nxt.append(rest - k)
+                elif queued:
+                    queued -= 1
+                    nxt.append(tokens)
+            left = nxt
+        ar_rounds = tokens * rows / min(rows, batch)  # every ar row takes `tokens` rounds
+        ratios.append(emitted / rounds / expected_length(acceptance, gamma) / (rows * tokens / ar_rounds))
+    return sum(ratios) / len(ratios)
+
+
+@pytest.mark.parametrize("acceptance,gamma,batch,rows", [(0.5, 1, 8, 8), (0.55, 3, 8, 8), (0.6, 4, 4, 4),
+                                                          (0.55, 2, 8, 32)])
+def test_drain_factor_matches_a_simulated_batch(acceptance, gamma, batch, rows):
+    """The normal approximation of the slowest slot agrees with a simulation of the batch."""
+    import torch
+
+    from engine.decoding.cost import drain_factor
+
+    model = drain_factor(acceptance, gamma, 64, batch, rows)
+    simulated = simulated_drain(acceptance, gamma, 64, batch, rows, 300, torch.Generator().manual_seed(0))
+    assert model < 1 and simulated < 1
+    assert model == pytest.approx(simulated, abs=0.02), (model, simulated)
+
+
+def test_drain_factor_vanishes_for_streams_and_long_jobs():
+    from engine.decoding.cost import drain_factor
+
+    assert drain_factor(0.5, 3, 64, 8, None) == 1.0  # a stream: no known end
+    assert drain_factor(0.5, 3, 64, 1, 10) == 1.0  # one slot: nothing waits
+    one_wave, many = drain_factor(0.5, 3, 64, 8, 8), drain_factor(0.5, 3, 64, 8, 8000)
+    assert one_wave < 0.95 < many < 1.0
+    assert drain_factor(0.5, 3, 64, 32, 32) < drain_factor(0.5, 3, 64, 2, 2)  # more slots, slower max
+
+
+def test_decide_weighs_host_time_and_the_drain():
+    """A draft that pays on forwards alone (1.09x) stops paying once the host's work per round
+    or the wait for the slowest row at the end of a single batch is counted."""
+    from engine.decoding.adaptive import decide, host_per_round
+
+    steps = {1: {"ar_s": 0.100, "verify_s": 0.110, "draft_phase_s": 0.028, "draft_step_s": 0.028}}
+    forwards = decide(8, 0.5, steps)  # L = 1.5: 1.5 x 100 / 138
+    assert forwards.gamma == 1 and forwards.predicted_speedup[1] == pytest.approx(1.087, abs=1e-3)
+    with_host = decide(8, 0.5, steps, host_s=0.014, pilot_gamma=4)
+    assert host_per_round(0.014, 4, 1) == pytest.approx(0.007)
+    assert with_host.gamma == 0 and with_host.reason.startswith("speculation off")
+    drained = decide(8, 0.5, steps, tokens=64, rows=8)
+    assert drained.gamma == 0 and drained.drain[1] < 1
+    streamed = decide(8, 0.5, steps, tokens=64, rows=None)
+    assert streamed.gamma == 1 and streamed.drain[1] == 1.0

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.cli import main as run_cli
+from engine.decoding.cost import drain_factor
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -57,7 +58,7 @@ def test_bench_writes_a_result_for_every_batch_and_setting(bench_doc):
 
 def test_cost_model_and_its_readings_are_consistent(bench_doc):
     _, doc = bench_doc
-    for entry in doc["batches"].values():
+    for batch, entry in doc["batches"].items():
         cost = entry["cost"]
         times = cost["steps"]["3"]
         assert min(times.values()) > 0
@@ -73,8 +74,12 @@ def test_cost_model_and_its_readings_are_consistent(bench_doc):
             length, host = run["mean_accepted_length"]["median"], run["host_s_per_round"]["median"]
             assert run["break_even_length"] == pytest.approx(break_even)
             assert run["predicted_speedup_forwards"] == pytest.approx(length / break_even)
+            acc = run["acceptance_per_position"]
+            drain = drain_factor(sum(acc) / len(acc), 3, doc["settings"]["max_new_tokens"], int(batch),
+                                 doc["settings"]["items_per_slot"] * int(batch))
+            assert run["drain_factor"] == pytest.approx(drain) and drain <= 1 and (int(batch) > 1 or drain == 1)
             assert run["predicted_speedup"] == pytest.approx(
-                length * (times["ar_s"] + host_ar) / (times["draft_phase_s"] + times["verify_s"] + host))
+                drain * length * (times["ar_s"] + host_ar) / (times["draft_phase_s"] + times["verify_s"] + host))
             assert run["prediction_error"] == pytest.approx(
                 run["predicted_speedup"] / run["decode_speedup_vs_ar"]["median"] - 1)
     readings = doc["readings"]
