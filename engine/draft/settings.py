@@ -53,7 +53,8 @@ class TrainSettings(BaseModel):
     cache_target: bool = Field(False, description=(
         "Keep the target's logits of every training sequence after first use (tokens x 65,537 x "
         "2 bytes in bfloat16 runs, 4 in float32): the target runs once per sequence; for datasets "
-        "trained for several epochs."))
+        "trained for several epochs (a run of at most one epoch keeps nothing: no sequence comes "
+        "back)."))
     storage: StorageOptions = Field(default_factory=StorageOptions, description=(
         "S3 endpoint/region/profile for s3:// data and models."))
 

@@ -96,6 +96,7 @@ class DraftTrainer:
         self.step = 0
         self._target_cache: dict[int, torch.Tensor] = {}
         self._heldout_cache: dict[int, torch.Tensor] = {}
+        self.cache_train = hyper.cache_target  # `run` keeps it only for runs longer than an epoch
 
     def _autocast(self):
         if not self.autocast:
@@ -109,7 +110,7 @@ class DraftTrainer:
     @torch.no_grad()
     def _target_logits(self, batch: Batch, indices: list[int] | None = None) -> torch.Tensor:
         """`[N, V_out]` target logits; from the cache for training sequences when enabled."""
-        if indices is None or not self.hyper.cache_target:
+        if indices is None or not self.cache_train:
             return self.target(batch.input_ids, batch.rows, batch.cols)
         missing = [i for i in indices if i not in self._target_cache]
         if missing:
@@ -129,6 +130,11 @@ class DraftTrainer:
             return TEACHER_LOSSES[self.hyper.loss](logits, self._target_logits(batch, indices),
                                                    self.hyper.temperature)
         return ce_loss_sum(logits, batch.labels)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps until every training sequence has been used once (`batch_order`)."""
+        return len(self.train_seqs) // min(self.hyper.batch_size, len(self.train_seqs))
 
     def train_step(self) -> dict:
         """One optimizer step; returns `{step, loss, tokens, lr}` (loss per trained token,
@@ -212,7 +218,10 @@ class DraftTrainer:
             on_checkpoint: Callable[[DraftTrainer, dict], None] | None = None,
             progress: bool = False) -> dict:
         """Train until `steps` (counting steps already done), evaluating and checkpointing
-        every so often and at the end; returns the last logged record."""
+        every so often and at the end; returns the last logged record. With `cache_target` the
+        training sequences' target logits are kept only if the run reaches a second epoch: within
+        one epoch no sequence comes back, so a cache would only hold memory."""
+        self.cache_train = self.hyper.cache_target and steps > self.steps_per_epoch
         record: dict = {"step": self.step}
         if self.step == 0 and self.heldout:
             record = {"step": 0, **self.evaluate()}

@@ -256,3 +256,24 @@ def test_errors_are_clear(engine_data, init_dir, kit_dir, tmp_path):
         train_draft(settings(tmp_path, init_dir, kit_dir, tmp_path / "y"))
     with pytest.raises(ValueError, match="ties its head"):
         train_draft(settings(engine_data, init_dir, kit_dir, tmp_path / "z", trainable=["layers", "head"], steps=1))
+
+
+def test_cache_target_keeps_logits_only_for_runs_longer_than_an_epoch(engine_data, init_dir, kit_dir, tmp_path):
+    """Within one epoch no sequence comes back, so `--cache-target` keeps nothing (a 1B-shape
+    run of 992 sequences would otherwise hold 16 GB); past it the cache serves the same logits
+    the target computes."""
+    from engine.draft.run import build_trainer
+
+    s = settings(engine_data, init_dir, kit_dir, tmp_path / "c", steps=2, eval_every=0, heldout_fraction=0.0,
+                 cache_target=True)
+    one = build_trainer(plan_run(s), torch.device("cpu"))
+    epoch = one.steps_per_epoch
+    assert epoch == len(one.train_seqs) // 2 >= 2
+    one.run(epoch)
+    assert not one.cache_train and one._target_cache == {}
+    two = build_trainer(plan_run(s), torch.device("cpu"))
+    two.run(epoch + 1)
+    assert two.cache_train and len(two._target_cache) == 2 * epoch
+    i = next(iter(two._target_cache))
+    seq = make_batch([two.train_seqs[i]], two.layout)
+    torch.testing.assert_close(two._target_cache[i].float(), two.target(seq.input_ids, seq.rows, seq.cols))
