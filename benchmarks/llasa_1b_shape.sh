@@ -20,9 +20,9 @@ cd "$(dirname "$0")/.."
 PCG=${PCG:-.venv/bin/pcg-synth}
 PY=${PY:-.venv/bin/python}
 DEVICE=${DEVICE:-cpu}
-if [ "$DEVICE" = cpu ]; then  # 2 cores: short samples, one epoch on cached target logits (a 2nd overfits)
-  DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-16}; MAX_NEW=${MAX_NEW:-128}; STEPS=${STEPS:-60}
-  BATCH=${BATCH:-8}; LR=${LR:-3e-5}; BATCHES=${BATCHES:-1,2,4,8}; REPS=${REPS:-1}; ITEMS=${ITEMS:-1}
+if [ "$DEVICE" = cpu ]; then  # 2 cores: short samples, one epoch (a 2nd overfits: more samples help, more steps do not)
+  DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-32}; MAX_NEW=${MAX_NEW:-128}; STEPS=${STEPS:-120}
+  BATCH=${BATCH:-8}; LR=${LR:-3e-5}; BATCHES=${BATCHES:-1,2,4,8}; REPS=${REPS:-2}; ITEMS=${ITEMS:-1}
   CACHE=--cache-target; GEN_BATCH=32; CKPT=40
 else
   DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-16}; MAX_NEW=${MAX_NEW:-256}; STEPS=${STEPS:-1500}

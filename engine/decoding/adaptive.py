@@ -27,7 +27,7 @@ def host_per_round(host_s: float, pilot_gamma: int, gamma: int) -> float:
     """Host seconds per round at `gamma`, from `host_s` measured at `pilot_gamma`: it grows
     about linearly in the draft length with an offset of about two drafts' work (sampling of
     the bonus token, the sync, bookkeeping). Measured at batch 8: 7.2, 9.7, 12.1, 13.9 ms for
-    gamma 1-4 (benchmarks/results/llasa_1b_shape_cpu_bf16.json)."""
+    gamma 1-4 (benchmarks/results/llasa_1b_shape_cpu_bf16_xeon_s16.json)."""
     return host_s * (gamma + HOST_OFFSET) / (pilot_gamma + HOST_OFFSET)
 
 
