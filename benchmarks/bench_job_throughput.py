@@ -127,7 +127,7 @@ def utilisation(rounds: list[int], batch: int) -> float:
 
 def order_bounds(rounds: list[int], batch: int, orders: int = 1000) -> dict:
     """What the admission order can do for a workload of rows with these decode rounds: the
-    order given (checked against the measured utilisation), longest first (an order that knows
+    order given (the decoder's queue order: it reproduces the measured utilisation), longest first (an order that knows
     every row's length in advance), and random orders (one that cannot predict lengths:
     median and 5-95 % range over `orders` shuffles, seeded)."""
     import random
@@ -148,6 +148,7 @@ def order_bounds(rounds: list[int], batch: int, orders: int = 1000) -> dict:
 
 def run_alone(synth, spec, rows: list[dict]) -> dict:
     """The same rows through a decode session at the job's batch size: decoding alone."""
+    from engine.api import structure
     from engine.config import DecodingSettings
     from engine.records import SynthesisItem
 
@@ -171,7 +172,10 @@ def run_alone(synth, spec, rows: list[dict]) -> dict:
             rounds[request.key] = row.stats.rounds
     seconds = time.perf_counter() - start
     s = session.scheduler
-    per_row = [rounds[r.key] for _, r in pairs]  # in submission order
+    queued: dict[tuple, list[int]] = {}  # the decoder's queue order: `submit` groups rows by structure
+    for settings, r in pairs:
+        queued.setdefault(structure(settings), []).append(rounds[r.key])
+    per_row = [x for group in queued.values() for x in group]
     return {"rows": len(pairs), "generated_tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / seconds, 2), "slot_utilisation": round(s.slot_rounds / s.slots, 4),
             "decoders": len(s.used), "rounds_per_row": per_row,
