@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from engine.decoding.cost import drain_factor, predicted_speedup, step_times
+from engine.decoding.cost import drain_factor, predicted_speedup, round_tokens, step_times
 from engine.models.llama import LlamaLM
 
 CANDIDATES = (1, 2, 3, 4, 6, 8)
@@ -32,9 +32,9 @@ def host_per_round(host_s: float, pilot_gamma: int, gamma: int) -> float:
 
 
 def expected_length(acceptance: float, gamma: int) -> float:
-    """Tokens per round with `gamma` drafts and per-position acceptance `acceptance`."""
-    a = min(max(acceptance, 0.0), 0.999999)
-    return (1 - a ** (gamma + 1)) / (1 - a)
+    """Tokens per round with `gamma` drafts and per-position acceptance `acceptance`:
+    (1 - a^(g+1)) / (1 - a), the mean of `round_tokens`."""
+    return round_tokens(acceptance, gamma)[0]
 
 
 @dataclass

@@ -201,7 +201,7 @@ def train_draft(settings: TrainSettings, progress: bool = True) -> dict:
     print(plan.describe())
     out.mkdir(parents=True, exist_ok=True)
     trainer = build_trainer(plan, resolve_device(settings.device))
-    if settings.cache_target and settings.steps <= trainer.steps_per_epoch:
+    if settings.cache_target and not trainer.caches_for(settings.steps):
         print(f"cache-target: {settings.steps} steps stay within one epoch ({trainer.steps_per_epoch} steps): "
               "no sequence comes back, so no target logits are kept")
     if latest is not None:

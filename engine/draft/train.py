@@ -136,6 +136,11 @@ class DraftTrainer:
         """Optimizer steps until every training sequence has been used once (`batch_order`)."""
         return len(self.train_seqs) // min(self.hyper.batch_size, len(self.train_seqs))
 
+    def caches_for(self, steps: int) -> bool:
+        """Whether a run to `steps` keeps training sequences' target logits: with `cache_target`,
+        only past one epoch (within one no sequence comes back, so a cache only holds memory)."""
+        return self.hyper.cache_target and steps > self.steps_per_epoch
+
     def train_step(self) -> dict:
         """One optimizer step; returns `{step, loss, tokens, lr}` (loss per trained token,
         over all workers)."""
@@ -218,10 +223,9 @@ class DraftTrainer:
             on_checkpoint: Callable[[DraftTrainer, dict], None] | None = None,
             progress: bool = False) -> dict:
         """Train until `steps` (counting steps already done), evaluating and checkpointing
-        every so often and at the end; returns the last logged record. With `cache_target` the
-        training sequences' target logits are kept only if the run reaches a second epoch: within
-        one epoch no sequence comes back, so a cache would only hold memory."""
-        self.cache_train = self.hyper.cache_target and steps > self.steps_per_epoch
+        every so often and at the end; returns the last logged record. Target logits are cached
+        as `caches_for(steps)` says."""
+        self.cache_train = self.caches_for(steps)
         record: dict = {"step": self.step}
         if self.step == 0 and self.heldout:
             record = {"step": 0, **self.evaluate()}
