@@ -11,7 +11,7 @@
 # Every step is deterministic (fixed seeds, fixed step counts; no time budget). Rerunning resumes
 # the distillation from its last checkpoint. Overrides (environment): WORK (scratch dir), DEVICE,
 # DTYPE, SEEDS (target samples per training text), MAX_NEW (tokens per sample), STEPS, BATCH, LR,
-# LAYERS, BATCHES, GAMMAS, THETAS, REPS, ITEMS (bench items per batch slot), COST_REPS, EVAL_TOKENS,
+# LAYERS, DRAFT_WEIGHTS (the bench's draft: int8 on CPU, native on GPU), BATCHES, GAMMAS, THETAS, REPS, ITEMS (bench items per batch slot), COST_REPS, EVAL_TOKENS,
 # EVAL_TEXTS (a texts file; default: the built-in held-out texts), BENCH=0 (stop before the bench), OUT (result-file stem), TARGET (an existing
 # target directory instead of the preset: e.g. a tiny kit's target/, which is how the tests run
 # this chain in seconds).
@@ -24,10 +24,12 @@ if [ "$DEVICE" = cpu ]; then  # 2 cores: short samples, one epoch (a 2nd overfit
   DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-32}; MAX_NEW=${MAX_NEW:-128}; STEPS=${STEPS:-120}
   BATCH=${BATCH:-8}; LR=${LR:-3e-5}; BATCHES=${BATCHES:-1,2,4,8}; REPS=${REPS:-2}; ITEMS=${ITEMS:-1}
   CACHE=--cache-target; GEN_BATCH=32; CKPT=40
+  DRAFT_WEIGHTS=${DRAFT_WEIGHTS:-int8}  # the bench's draft: int8 halves its step's bytes (README)
 else
   DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-16}; MAX_NEW=${MAX_NEW:-256}; STEPS=${STEPS:-1500}
   BATCH=${BATCH:-16}; LR=${LR:-1e-3}; BATCHES=${BATCHES:-1,2,4,8,16,32,64}; REPS=${REPS:-3}
   CACHE=; GEN_BATCH=64; CKPT=500
+  DRAFT_WEIGHTS=${DRAFT_WEIGHTS:-native}  # int8 draft weights are a CPU (oneDNN) path
 fi
 LAYERS=${LAYERS:-0,1,15}
 GAMMAS=${GAMMAS:-2,3,4,auto}
@@ -99,6 +101,7 @@ else
   MODELS=(--target "$TARGET")
 fi
 "$PCG" bench "${MODELS[@]}" --draft "$WORK/draft-kd" --device "$DEVICE" --dtype "$DTYPE" \
+    --draft-weights "$DRAFT_WEIGHTS" \
     --methods ar,exact,pcg --batch-sizes "$BATCHES" --gammas "$GAMMAS" --thetas "$THETAS" \
     --reps "$REPS" --items-per-slot "$ITEMS" --cost-reps "$COST_REPS" --out "${OUT}.json" --quiet
 stage "done: ${OUT}*"

@@ -60,12 +60,14 @@ class Synthesizer:
 
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
-             dtype: str = "auto", compile: str = "none", **kwargs) -> Synthesizer:
+             dtype: str = "auto", compile: str = "none", draft_weights: str = "native",
+             **kwargs) -> Synthesizer:
         """Load target (and draft) from local Hugging Face directories; `compile` as in
-        `LlamaLM.compile_step` (both models)."""
+        `LlamaLM.compile_step` (both models), `draft_weights` as `load_model`'s `weights`."""
         device = resolve_device(device)
         tgt = load_model(target, device=device, dtype=dtype, compile=compile)
-        drf = load_model(draft, device=device, dtype=dtype, compile=compile) if draft is not None else None
+        drf = (load_model(draft, device=device, dtype=dtype, compile=compile, weights=draft_weights)
+               if draft is not None else None)
         return cls(tgt, drf, **kwargs)
 
     @property

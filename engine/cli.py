@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.cli_options import add_compile_arg, add_settings_arguments, settings_from_args
+from engine.cli_options import add_compile_arg, add_draft_weights_arg, add_settings_arguments, settings_from_args
 from engine.config import METHODS, DecodingSettings, decoding_default
 
 
@@ -157,7 +157,8 @@ def cmd_generate(args) -> int:
     if draft is None and any(s.speculative for s in all_settings):
         raise UsageError(f"method {method!r} needs a draft: give --draft DIR (or use --method ar)")
     synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
-                             compile=args.compile, batch_size=args.batch_size)
+                             compile=args.compile, draft_weights=args.draft_weights,
+                             batch_size=args.batch_size)
     resolve_clips(items, clips, codec_dir, args.device)
     runs = []
     for settings in all_settings:
@@ -206,6 +207,7 @@ def add_generate(sub) -> None:
     src.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     src.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     add_compile_arg(src)
+    add_draft_weights_arg(src)
     src.add_argument("--batch-size", type=int, default=8)
     inp = p.add_argument_group("input")
     inp.add_argument("--text", action="append", help="a text to speak (repeatable)")

@@ -104,3 +104,11 @@ def add_compile_arg(group) -> None:
 
     field = ModelsSpec.model_fields["compile"]
     group.add_argument("--compile", default=field.default, choices=COMPILE_MODES, help=field.description)
+
+
+def add_draft_weights_arg(group) -> None:
+    """`--draft-weights`, from the job spec's `models.draft_weights` (choices, default, help)."""
+    from engine.config import DRAFT_WEIGHTS, ModelsSpec
+
+    field = ModelsSpec.model_fields["draft_weights"]
+    group.add_argument("--draft-weights", default=field.default, choices=DRAFT_WEIGHTS, help=field.description)

@@ -134,6 +134,8 @@ class StorageOptions(BaseModel):
 
 CompileMode = Literal["none", "inductor", "cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
+DraftWeights = Literal["native", "int8"]
+DRAFT_WEIGHTS: tuple[str, ...] = get_args(DraftWeights)
 
 
 class ModelsSpec(BaseModel):
@@ -162,6 +164,17 @@ class ModelsSpec(BaseModel):
         "The decode step of target and draft through torch.compile: none (eager; on CPU with "
         "prepacked weights, measured faster there), inductor, or cudagraphs (CUDA only: inductor "
         "plus CUDA graph replay). Compiling costs tens of seconds per worker at the start."))
+    draft_weights: DraftWeights = Field("native", description=(
+        "How the draft stores its projections and head: native (in dtype) or int8 (CPU only, "
+        "oneDNN: about half the bytes a draft step reads; acceptance may move a little, the "
+        "target's distribution does not, since every rule corrects with the draft's "
+        "probabilities as computed). Needs compile none."))
+
+    @model_validator(mode="after")
+    def _int8_is_eager(self) -> ModelsSpec:
+        if self.draft_weights == "int8" and self.compile != "none":
+            raise ValueError("models.draft_weights int8 runs eagerly: set models.compile to none")
+        return self
 
 
 class InputSpec(BaseModel):

@@ -43,7 +43,7 @@ def cmd_bench(args) -> int:
                       context=args.context)
     cfg.check()  # before loading any model
     synth, models = load_synthesizer(args.preset, args.target, args.draft, args.kit, args.device,
-                                     args.dtype, args.save_preset, args.compile)
+                                     args.dtype, args.save_preset, args.compile, args.draft_weights)
     doc = run_bench(synth, cfg, models, command_line(args), progress=not args.quiet)
     stem = out_stem(args.out or default_out(args))
 

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from engine.cli_options import add_compile_arg
+from engine.cli_options import add_compile_arg, add_draft_weights_arg
 
 
 def csv_of(kind):
@@ -60,6 +60,7 @@ def add_model_args(p: argparse.ArgumentParser, presets: bool) -> None:
     g.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     add_compile_arg(g)
+    add_draft_weights_arg(g)
 
 
 def add_quality_args(p: argparse.ArgumentParser) -> None:

@@ -40,7 +40,7 @@ def cmd_paper_table(args) -> int:
         manifest = str(write_demo_manifest(out / "demo-manifest"))
     preset = "tiny" if (args.kit or (args.target is None)) else None
     synth, models = load_synthesizer(preset, args.target, args.draft, args.kit, args.device, args.dtype,
-                                     compile=args.compile)
+                                     compile=args.compile, draft_weights=args.draft_weights)
     codec_dir = args.codec or (str(tiny_kit(args.kit) / "codec") if preset == "tiny" else None)
     if codec_dir is None:
         raise ValueError("give --codec DIR (an X-codec2 checkpoint) to turn codes into audio")

@@ -93,9 +93,10 @@ def kit_description(root: Path) -> dict:
 
 
 def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.device,
-                       dtype: torch.dtype, label: str, prepack: bool | None = None) -> LoadedModel:
+                       dtype: torch.dtype, label: str, prepack: bool | None = None,
+                       weights: str = "native") -> LoadedModel:
     """A `LoadedModel` from in-memory HF-named tensors (what `load_model` does from disk;
-    `prepack` as in `ready_for_decoding`)."""
+    `prepack` and `weights` as in `ready_for_decoding`)."""
     layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
     inv_freq, scaling = rope_tables(config)
     with torch.device("meta"):
@@ -108,7 +109,7 @@ def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.dev
         for name, value in tensors.items():
             params[name].copy_(value)
         model.head.copy_(tensors["model.embed_tokens.weight"][layout.output_token_ids()])  # tied
-    ready_for_decoding(model, prepack)
+    ready_for_decoding(model, prepack, weights=weights)
     return LoadedModel(path=Path(label), model=model, tokenizer=tokenizer, layout=layout, config=config)
 
 
@@ -116,7 +117,7 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
                    draft_layers: tuple[int, ...] = LLASA_1B_DRAFT_LAYERS,
                    vocab_size: int = LLASA_VOCAB, save_to: Path | None = None,
                    middle: float = LLASA_1B_MIDDLE_SCALE, prepack: bool | None = None,
-                   ) -> tuple[LoadedModel, LoadedModel]:
+                   draft_weights: str = "native") -> tuple[LoadedModel, LoadedModel]:
     """(target, draft) with Llasa-1B's shape and random weights (deterministic from spec.seed).
 
     Args:
@@ -127,6 +128,7 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
         save_to: also write `target/` and `draft/` checkpoints there (for draft distillation).
         middle: scale of the middle layers' residual writes (`middle_scale`).
         prepack: as in `ready_for_decoding` (None: where supported).
+        draft_weights: the draft's `weights` in `ready_for_decoding`.
     """
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_tokenizer(Path(tmp) / "tok", spec.text_vocab_size)
@@ -143,15 +145,18 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
             save_checkpoint(Path(save_to) / "draft", d_cfg, draft_tensors, Path(tmp) / "tok")
         target = model_from_tensors(t_cfg, tensors, tokenizer, device, dtype, "llasa-1b-shape/target", prepack)
         draft = model_from_tensors(d_cfg, draft_tensors, tokenizer, device, dtype,
-                                   f"llasa-1b-shape/draft(layers {','.join(map(str, draft_layers))})", prepack)
+                                   f"llasa-1b-shape/draft(layers {','.join(map(str, draft_layers))})", prepack,
+                                   draft_weights)
     return target, draft
 
 
 def load_synthesizer(preset: str | None, target: str | None = None, draft: str | None = None,
                      kit: str | None = None, device: str = "auto", dtype: str = "auto",
-                     save_preset: str | None = None, compile: str = "none") -> tuple[Synthesizer, dict]:
+                     save_preset: str | None = None, compile: str = "none",
+                     draft_weights: str = "native") -> tuple[Synthesizer, dict]:
     """A Synthesizer for a preset or checkpoint directories, and a description of the models
-    (`compile`: both models' decode step, as in `LlamaLM.compile_step`).
+    (`compile`: both models' decode step, as in `LlamaLM.compile_step`; `draft_weights` as
+    `load_model`'s `weights`).
 
     `draft` overrides a preset's draft: this is where a distilled draft (`pcg-synth draft`)
     for the `llasa-1b-shape` target goes, after `--save-preset DIR` wrote that target to disk
@@ -159,20 +164,24 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    if draft_weights != "native" and compile != "none":
+        raise ValueError(f"draft weights {draft_weights} run eagerly: use compile none with them")
     pack = None if compile == "none" else False  # inductor packs weights itself
+    dw = {"weights": draft_weights}
     if preset == "tiny" or (preset is None and kit is not None):
         root = tiny_kit(kit)
         tgt = load_model(root / "target", dev, dt, prepack=pack)
-        drf = load_model(draft or root / "draft", dev, dt, tokenizer=tgt.tokenizer, prepack=pack)
+        drf = load_model(draft or root / "draft", dev, dt, tokenizer=tgt.tokenizer, prepack=pack, **dw)
         desc = {"preset": "tiny", "target": str(root / "target"), "draft": str(draft or root / "draft"),
                 **kit_description(root)}
     elif preset == "llasa-1b-shape":
-        tgt, drf = llasa_1b_shape(dev, dt, save_to=Path(save_preset) if save_preset else None, prepack=pack)
+        tgt, drf = llasa_1b_shape(dev, dt, save_to=Path(save_preset) if save_preset else None, prepack=pack,
+                                  draft_weights=draft_weights)
         # The target is deterministic (seed 0), so a draft distilled against the saved copy
         # (`--save-preset DIR`, then `pcg-synth draft init --target DIR/target --layers 0,1,15`
         # and `pcg-synth draft train`) fits this target.
         if draft is not None:
-            drf = load_model(draft, dev, dt, tokenizer=tgt.tokenizer, prepack=pack)
+            drf = load_model(draft, dev, dt, tokenizer=tgt.tokenizer, prepack=pack, **dw)
         desc = {"preset": preset, "target": str(tgt.path), "draft": str(draft or drf.path),
                 "weights": f"random (kit recipe), seed 0, middle layers x{LLASA_1B_MIDDLE_SCALE} "
                            f"(preset v{PRESET_VERSION})",
@@ -181,14 +190,14 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
         if target is None:
             raise ValueError("give --preset tiny|llasa-1b-shape, --kit DIR, or --target DIR --draft DIR")
         tgt = load_model(target, dev, dt, prepack=pack)
-        drf = load_model(draft, dev, dt, prepack=pack) if draft else None
+        drf = load_model(draft, dev, dt, prepack=pack, **dw) if draft else None
         desc = {"preset": None, "target": str(target), "draft": str(draft) if draft else None}
     else:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     desc.update(dtype=str(dt).removeprefix("torch."), device=str(dev),
                 target_params=tgt.model.num_parameters(),
                 draft_params=drf.model.num_parameters() if drf else None,
-                prepacked=tgt.model.prepacked, compile=compile)
+                prepacked=tgt.model.prepacked, compile=compile, draft_weights=draft_weights)
     for model in (tgt, drf):
         if model is not None:
             model.model.compile_step(compile)

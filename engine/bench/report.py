@@ -24,7 +24,8 @@ def header(doc: dict) -> list[str]:
         f"- machine: {where} ({mc['device']}), torch {mc['torch']}, {mc['date']}, "
         f"1-min load average at start {mc.get('load_average_1m', '-')}",
         f"- models: target {m['target']} ({m['target_params'] / 1e6:.1f} M params), draft {m['draft']} "
-        f"({(m['draft_params'] or 0) / 1e6:.1f} M), {m['dtype']}",
+        f"({(m['draft_params'] or 0) / 1e6:.1f} M), {m['dtype']}"
+        + (f"; draft weights {m['draft_weights']}" if m.get("draft_weights", "native") != "native" else ""),
         f"- settings: gamma {', '.join(map(str, s['gammas']))}; theta {', '.join(map(str, s['thetas']))}; "
         f"temperature {s['temperature']}; beta {s['beta']}; topk {s['topk']}; up to {s['max_new_tokens']} "
         f"tokens per item; {s['items_per_run']} items per run; {s['reps']} repetitions, methods "

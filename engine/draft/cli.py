@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from engine.cli_options import add_settings_arguments, settings_from_args
+from engine.cli_options import add_draft_weights_arg, add_settings_arguments, settings_from_args
 from engine.config import DecodingSettings
 from engine.draft.evaluate import DEFAULT_METHODS
 
@@ -64,7 +64,7 @@ def cmd_eval(args) -> int:
                              gamma=base.gamma, theta=base.theta, temperature=base.temperature,
                              max_new_tokens=base.max_new_tokens, seed=base.seed,
                              batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-                             progress=not args.quiet)
+                             draft_weights=args.draft_weights, progress=not args.quiet)
     print(format_eval(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +142,7 @@ def add_eval(dsub) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
+    add_draft_weights_arg(p)
     p.add_argument("--out", help="also write the figures to FILE.json")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)

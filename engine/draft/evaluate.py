@@ -67,12 +67,12 @@ def evaluate_drafts(target: str | Path, drafts: Sequence[str | Path], texts: Seq
                     temperature: float = decoding_default("temperature"), max_new_tokens: int = 128,
                     seed: int = decoding_default("seed"),
                     batch_size: int = 8, device: str = "auto", dtype: str = "auto",
-                    progress: bool = False) -> dict:
+                    draft_weights: str = "native", progress: bool = False) -> dict:
     """Decode `texts` with each draft and method against `target`.
 
     Returns:
         `{"settings": {...}, "drafts": {draft path: {method: figures}}}` (figures as in
-        `summarize`).
+        `summarize`). `draft_weights` as in `load_model`'s `weights`.
 
     Raises:
         ValueError: a draft's vocabulary differs from the target's, or a bad setting.
@@ -92,11 +92,13 @@ def evaluate_drafts(target: str | Path, drafts: Sequence[str | Path], texts: Seq
     out: dict = {"settings": {"methods": list(methods), "gamma": gamma, "theta": theta,
                               "temperature": temperature, "max_new_tokens": max_new_tokens,
                               "seed": seed, "texts": len(texts), "batch_size": batch_size,
-                              "device": device, "dtype": str(tgt.model.dtype).replace("torch.", "")},
+                              "device": device, "dtype": str(tgt.model.dtype).replace("torch.", ""),
+                              "draft_weights": draft_weights},
                  "drafts": {}}
     bar = tqdm(total=len(drafts) * len(methods), desc="draft eval", unit="run", disable=bar_disabled(progress))
     for draft in drafts:
-        drf = load_model(draft, device=device, dtype=dtype, tokenizer=vocabulary_view(draft).tokenizer)
+        drf = load_model(draft, device=device, dtype=dtype, tokenizer=vocabulary_view(draft).tokenizer,
+                         weights=draft_weights)
         synth = Synthesizer(tgt, drf, batch_size=batch_size)
         figures = {}
         for method, s in settings.items():

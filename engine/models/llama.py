@@ -18,6 +18,7 @@ from torch import nn
 
 from engine.config import COMPILE_MODES
 from engine.models.kv_cache import KVCache
+from engine.models.quant import Int8Linear, int8_supported
 
 LogitsAt = Literal["all", "last", "none", "hidden"]
 COMPILED_MAX_WIDTH = 16  # tokens per row up to which a compiled model runs its graph (not prefills)
@@ -123,9 +124,8 @@ class PackedLinear(nn.Module):
         self.register_buffer("weight", packed, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
 
-    @classmethod
-    def of(cls, linear: nn.Linear) -> PackedLinear:
-        return cls(linear.weight, linear.bias)
+    def weight_bytes(self) -> int:
+        return self.out_features * self.in_features * self.weight.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
@@ -221,13 +221,25 @@ class LlamaLM(nn.Module):
             raise ValueError(f"weight prepacking needs a CPU with oneDNN in float32, or in bfloat16 "
                              f"where oneDNN has a bf16 path on the CPU (AVX512-BW/VL/DQ or "
                              f"AVX-NE-CONVERT); this model is {self.dtype} on {self.device}")
+        self._replace_projections(PackedLinear)
+
+    def quantize_int8(self) -> None:
+        """Store every projection and the head in int8 (`Int8Linear`): about half the bytes
+        a CPU decode step reads, for a draft; inference-only, on CPU."""
+        if not int8_supported(self.device):
+            raise ValueError(f"int8 weights run on CPU through oneDNN; this model is on {self.device}")
+        self._replace_projections(Int8Linear)
+
+    def _replace_projections(self, kind: type[nn.Module]) -> None:
+        if self.packed_head is not None:
+            raise ValueError(f"this model's weights are already stored as {type(self.packed_head).__name__}")
         for layer in self.model.layers:
             for owner, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
                                  (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
                 for name in names:
-                    if isinstance(getattr(owner, name), nn.Linear):
-                        setattr(owner, name, PackedLinear.of(getattr(owner, name)))
-        self.packed_head = PackedLinear(self.head)
+                    linear = getattr(owner, name)
+                    setattr(owner, name, kind(linear.weight, linear.bias))
+        self.packed_head = kind(self.head)
 
     @property
     def prepacked(self) -> bool:
@@ -236,14 +248,16 @@ class LlamaLM(nn.Module):
     def num_parameters(self) -> int:
         """Weights of the model as loaded (packed projections included), the dense head too."""
         dense = sum(p.numel() for p in self.parameters())
-        return dense + sum(m.weight.numel() for m in self.model.modules() if isinstance(m, PackedLinear))
+        return dense + sum(m.out_features * m.in_features for m in self.model.modules()
+                           if isinstance(m, (PackedLinear, Int8Linear)))
 
     def step_weight_bytes(self) -> int:
         """Bytes of weights one decode step reads: everything but the embedding table (only
         the fed tokens' rows are gathered); the sliced head counts once."""
-        dense = [p for name, p in self.named_parameters() if name != "model.embed_tokens.weight"]
-        packed = [m.weight for m in self.model.modules() if isinstance(m, PackedLinear)]
-        return sum(t.numel() * t.element_size() for t in dense + packed)
+        dense = [p for name, p in self.named_parameters()
+                 if name != "model.embed_tokens.weight" and (name != "head" or self.packed_head is None)]
+        stored = [m for m in self.modules() if isinstance(m, (PackedLinear, Int8Linear))]
+        return sum(t.numel() * t.element_size() for t in dense) + sum(m.weight_bytes() for m in stored)
 
     @property
     def vocab_out(self) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.config import DRAFT_WEIGHTS
 from engine.io.storage import model_dir
 from engine.models.device import resolve_dtype
 from engine.models.llama import LlamaLM, LlamaShape, prepack_supported
@@ -108,11 +109,20 @@ def load_weights(model: LlamaLM, path: Path, device: torch.device) -> None:
         raise ModelLoadError(f"{path}: checkpoint lacks {missing[:4]} ({len(missing)} tensors)")
 
 
-def ready_for_decoding(model: LlamaLM, prepack: bool | None = None, compile: str = "none") -> LlamaLM:
+def ready_for_decoding(model: LlamaLM, prepack: bool | None = None, compile: str = "none",
+                       weights: str = "native") -> LlamaLM:
     """Inference mode, and weights prepacked for oneDNN where that is supported (`prepack`
     None: automatically, unless the step is compiled; see `PackedLinear` for why and what it
-    bought), and the decode step compiled (`LlamaLM.compile_step`) unless `compile` is none."""
+    bought), and the decode step compiled (`LlamaLM.compile_step`) unless `compile` is none.
+    `weights` `int8` stores projections and head in int8 instead (`Int8Linear`, CPU, eager)."""
     model.eval().requires_grad_(False)
+    if weights not in DRAFT_WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(DRAFT_WEIGHTS)}, not {weights!r}")
+    if weights == "int8":
+        if compile != "none":
+            raise ValueError("int8 weights run eagerly: use compile none with them")
+        model.quantize_int8()
+        return model
     if prepack is None:
         prepack = compile == "none" and prepack_supported(model.device, model.dtype)
     if prepack:
@@ -137,6 +147,7 @@ def load_model(
     tokenizer=None,
     prepack: bool | None = None,
     compile: str = "none",
+    weights: str = "native",
 ) -> LoadedModel:
     """Load a Llasa-style Llama from a local directory, restricted to speech + end-of-speech.
 
@@ -148,6 +159,7 @@ def load_model(
         tokenizer: reuse this tokenizer instead of loading the directory's own.
         prepack: store the projections in oneDNN's layout (None: on CPU where supported).
         compile: `none`, `inductor` or `cudagraphs` (`LlamaLM.compile_step`).
+        weights: `native` (the dtype's weights) or `int8` (`Int8Linear`; a draft on CPU).
 
     Raises:
         ModelLoadError: missing/incomplete directory, not a Llama model.
@@ -168,7 +180,7 @@ def load_model(
     model.output_token_ids = layout.output_token_ids().to(device)
     model.inv_freq = inv_freq.to(device)
     load_weights(model, path, device)
-    ready_for_decoding(model, prepack, compile)
+    ready_for_decoding(model, prepack, compile, weights)
     return LoadedModel(path=path, model=model, tokenizer=tokenizer, layout=layout, config=config)
 
 

@@ -71,6 +71,7 @@ class ShardProcessor:
         draft = local(spec.models.draft) if spec.models.draft else None
         self.synth = Synthesizer.load(local(spec.models.target), draft=draft, device=self.device,
                                       dtype=spec.models.dtype, compile=spec.models.compile,
+                                      draft_weights=spec.models.draft_weights,
                                       batch_size=spec.resources.batch_size)
         if groups is not None:
             self.synth.set_groups(groups)

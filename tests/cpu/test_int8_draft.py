@@ -1,0 +1,103 @@
+"""int8 draft weights (`Int8Linear`, `models.draft_weights: int8`): close to the float product,
+rows independent of their batch, half the bytes a step reads, and decoding that keeps every
+guarantee (greedy equals the target's greedy; a row decodes as it would alone)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import DecodingSettings, SynthesisItem, Synthesizer
+from engine.cli import main
+from engine.config import ModelsSpec
+from engine.models.loading import load_model
+from engine.models.quant import Int8Linear, int8_supported
+
+pytestmark = pytest.mark.skipif(not int8_supported("cpu"), reason="this torch build has no oneDNN int8 matmul")
+
+TEXTS = ["Hi.", "The quick brown fox jumps over the lazy dog.", "Call Stella.",
+         "Numbers like one, two, three.", "Hong Kong and Paris."]
+
+
+def test_int8_linear_is_close_to_the_float_product_and_rows_are_independent():
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(96, 64, generator=gen) * 0.05, torch.randn(96, generator=gen)
+    x = torch.randn(6, 64, generator=gen)
+    x[1, 3] = 40.0  # an outlier feature, as Llama hidden states have
+    x[4] = 0.7  # a constant row: zero range
+    layer = Int8Linear(weight, bias)
+    y, ref = layer(x), F.linear(x, weight, bias)
+    assert y.shape == ref.shape and y.dtype == x.dtype
+    assert ((y - ref).norm(dim=1) / ref.norm(dim=1)).max() < 0.02
+    assert torch.allclose(y[4], ref[4], atol=1e-2)  # zero range: no division by zero, W 1 exact
+    for i in range(len(x)):  # a row's result does not depend on the rows beside it
+        assert torch.equal(layer(x[i:i + 1]), y[i:i + 1])
+        assert torch.equal(layer(x[[i, (i + 2) % 6, (i + 1) % 6]])[0], y[i])
+    assert layer(x.view(2, 3, 64)).shape == (2, 3, 96)
+    assert layer.weight_bytes() == 96 * 64 + 96 * 4
+    with pytest.raises(ValueError, match="CPU"):
+        Int8Linear(torch.empty(4, 4, device="meta"))
+
+
+def test_int8_draft_reads_a_quarter_of_float32_and_stays_close(kit_dir):
+    native = load_model(kit_dir / "draft", "cpu", "float32").model
+    int8 = load_model(kit_dir / "draft", "cpu", "float32", weights="int8").model
+    assert sum(isinstance(m, Int8Linear) for m in int8.modules()) == 7 * native.shape.num_layers + 1
+    assert int8.num_parameters() == native.num_parameters()
+    ratio = int8.step_weight_bytes() / native.step_weight_bytes()
+    assert 0.25 <= ratio < 0.27, ratio  # int8 instead of float32, plus scales and norms
+    tokens = torch.randint(0, native.shape.vocab_size, (3, 9), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(9).expand(3, -1)
+    p = native(tokens, pos, native.new_cache(3, 16), 16).softmax(-1)
+    q = int8(tokens, pos, int8.new_cache(3, 16), 16).softmax(-1)
+    tv = 0.5 * (p - q).abs().sum(-1)
+    assert tv.max() < 0.1, tv.max()
+    with pytest.raises(ValueError, match="already stored"):
+        int8.quantize_int8()
+    with pytest.raises(ValueError, match="eagerly"):
+        load_model(kit_dir / "draft", "cpu", "float32", weights="int8", compile="inductor")
+    with pytest.raises(ValueError, match="weights must be one of"):
+        load_model(kit_dir / "draft", "cpu", "float32", weights="int4")
+
+
+@pytest.fixture(scope="module")
+def synth_int8(kit_dir, kit_groups):
+    """float64 models (so batched and single-row forwards agree exactly), int8 draft."""
+    s = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="float64",
+                         draft_weights="int8", batch_size=4)
+    s.set_groups(kit_groups)
+    return s
+
+
+def codes(results) -> list:
+    return [r.codes for r in results]
+
+
+def test_greedy_speculation_with_an_int8_draft_equals_the_greedy_target(synth_int8):
+    reference, _ = synth_int8.synthesize(TEXTS, DecodingSettings(method="ar", temperature=0, max_new_tokens=24))
+    results, summary = synth_int8.synthesize(
+        TEXTS, DecodingSettings(method="exact", temperature=0, gamma=3, max_new_tokens=24), batch_size=3)
+    assert codes(results) == codes(reference)
+    assert summary.to_dict()["mean_accepted_length"] > 1.0  # the int8 draft's proposals are accepted
+
+
+def test_rows_decode_with_an_int8_draft_as_they_would_alone(synth_int8, kit_groups):
+    settings = DecodingSettings(method="pcg", theta=kit_groups.theta, max_new_tokens=20, seed=3)
+    items = [SynthesisItem(text=t, id=f"row{i}") for i, t in enumerate(TEXTS)]  # seeds follow ids
+    alone = [synth_int8.synthesize([item], settings, batch_size=1)[0][0].codes for item in items]
+    together, _ = synth_int8.synthesize(items[::-1], settings, batch_size=4)
+    assert codes(together) == alone[::-1]
+    assert len(set(map(tuple, alone))) == len(items)
+
+
+def test_draft_weights_setting_is_checked_and_reaches_generate(kit_dir, tmp_path):
+    with pytest.raises(ValueError, match="eagerly"):
+        ModelsSpec(target="t", draft="d", codec="c", draft_weights="int8", compile="inductor")
+    with pytest.raises(ValueError):
+        ModelsSpec(target="t", draft="d", codec="c", draft_weights="int4")
+    out = tmp_path / "codes.json"
+    assert main(["generate", "--kit", str(kit_dir), "--text", "Hello there.", "--method", "pcg",
+                 "--draft-weights", "int8", "--max-new-tokens", "16", "--device", "cpu",
+                 "--out", str(out), "--quiet"]) == 0
+    assert out.is_file()
