@@ -252,6 +252,6 @@ def speculation_outlook(target: LlamaLM, draft: LlamaLM, gamma: int, context: in
     if share > 0.5:
         lines.append(f"The draft reads {share:.0%} of the target's weights per step. Speculation pays when it "
                      "costs a small fraction of the target (the paper's: 3 of 16 layers), as on the "
-                     "llasa-1b-shape target on 2-core CPUs with native bf16: pcg 1.23x-1.43x `ar` at batch 1 "
+                     "llasa-1b-shape target on 2-core CPUs with native bf16: pcg 1.4x `ar` at batch 1 "
                      "(README, 'Benchmarks').")
     return "\n".join(lines)

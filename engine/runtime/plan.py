@@ -83,7 +83,10 @@ def manifest_files(spec: JobSpec, storage: Storage) -> list[str]:
 
 def settings_fingerprint(spec: JobSpec) -> dict:
     """What, besides the manifests, determines the output rows."""
-    return {"decoding": spec.decoding.model_dump(), "models": spec.models.model_dump(),
+    models = spec.models.model_dump()
+    if models["draft_weights"] == "native":  # the default: outputs written before it existed match
+        del models["draft_weights"]
+    return {"decoding": spec.decoding.model_dump(), "models": models,
             "output": {"audio_format": spec.output.audio_format, "prompt_audio": spec.output.prompt_audio},
             "rows_per_shard": spec.resources.rows_per_shard, "batch_size": spec.resources.batch_size}
 

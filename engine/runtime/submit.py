@@ -13,6 +13,7 @@ from engine.config import JobSpec
 from engine.io.storage import is_remote
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+MODEL_LOCATIONS = ("target", "draft", "codec", "groups", "groups_cache")  # models.* naming places
 
 
 def client(address: str):
@@ -24,7 +25,7 @@ def client(address: str):
 def local_paths(spec: JobSpec) -> list[str]:
     """Spec fields that point at this machine's disk (the cluster may not have them)."""
     fields = {f"models.{k}": v for k, v in spec.models.model_dump().items()
-              if k != "dtype" and isinstance(v, str)}
+              if k in MODEL_LOCATIONS and isinstance(v, str)}
     fields.update({f"input.manifests[{i}]": m for i, m in enumerate(spec.input.manifests)})
     fields["output.uri"] = spec.output.uri
     return [f"{name}={value}" for name, value in fields.items() if not is_remote(value)]

@@ -4,6 +4,7 @@ guarantee (greedy equals the target's greedy; a row decodes as it would alone)."
 
 from __future__ import annotations
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,10 @@ from engine.cli import main
 from engine.config import ModelsSpec
 from engine.models.loading import load_model
 from engine.models.quant import Int8Linear, int8_supported
+from engine.runtime.plan import make_plan, settings_fingerprint
+from engine.runtime.worker import ShardProcessor
+
+from jobhelpers import job_spec, texts, write_manifest
 
 pytestmark = pytest.mark.skipif(not int8_supported("cpu"), reason="this torch build has no oneDNN int8 matmul")
 
@@ -101,3 +106,25 @@ def test_draft_weights_setting_is_checked_and_reaches_generate(kit_dir, tmp_path
                  "--draft-weights", "int8", "--max-new-tokens", "16", "--device", "cpu",
                  "--out", str(out), "--quiet"]) == 0
     assert out.is_file()
+
+
+def test_a_job_worker_with_an_int8_draft_gives_the_apis_codes(kit_dir, kit_groups, synth_int8, tmp_path):
+    rows = texts(6)
+    manifest = write_manifest(tmp_path / "m.jsonl", rows)
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
+                    models={"dtype": "float64", "draft_weights": "int8"},
+                    decoding={"method": "pcg", "theta": kit_groups.theta, "max_new_tokens": 16, "seed": 3},
+                    resources={"workers": 1, "batch_size": 4, "rows_per_shard": 3})
+    native = spec.model_copy(update={"models": spec.models.model_copy(update={"draft_weights": "native"})})
+    assert settings_fingerprint(spec)["models"]["draft_weights"] == "int8"
+    assert "draft_weights" not in settings_fingerprint(native)["models"]  # older outputs' plans unchanged
+    processor = ShardProcessor(spec, kit_groups)
+    try:
+        assert any(isinstance(m, Int8Linear) for m in processor.synth.draft.model.modules())
+        records = [processor.submit(s).result(timeout=600) for s in make_plan(spec, processor.storage).shards]
+    finally:
+        processor.close()
+    out = {row["id"]: row["codes"] for r in records for row in pq.read_table(r["data"]).to_pylist()}
+    items = [SynthesisItem(text=r["text"], id=r["id"]) for r in rows]
+    results, _ = synth_int8.synthesize(items, spec.decoding, batch_size=2)
+    assert {r.id: r.codes for r in results} == out

@@ -68,6 +68,7 @@ def test_submit_runs_the_job_on_the_cluster_and_status_reports_it(ray_head, kit_
     out = capsys.readouterr()
     job_id = out.out.split()[1]
     assert "must exist on every cluster node" in out.err  # local paths are flagged
+    assert "models.target=" in out.err and "models.compile" not in out.err  # settings are not paths
     assert main(["status", job_id, "--address", ray_head, "--wait"]) == 0
     printed = capsys.readouterr().out
     assert f"{job_id}: SUCCEEDED" in printed and "4 ok, 0 failed" in printed  # the job's own table
