@@ -3,10 +3,10 @@
 A draft only proposes; every acceptance rule corrects with the draft's probabilities as computed,
 so a coarser draft changes acceptance, never the target's distribution. On a CPU the decode step
 is bound by the bytes of weights it reads, and int8 weights halve them. Measured on the lab's
-2-core Xeon (AMX) at the llasa-1b-shape draft's projections (3 layers + 65,537-row head, weights
-rotated so that none stays cached): bfloat16 prepacked 29.6 ms, this layer 17.7 ms at one row
-and 20.3 ms at eight; ATen's weight-only `_weight_int8pack_mm` 22.5 ms at one row and 61 ms at
-eight (it is compute-bound).
+2-core Xeon (AMX) at the llasa-1b-shape draft's projections (3 layers + the 65,537-row head, each
+a distinct tensor; benchmarks/results/int8_draft_cpu.json): bfloat16 prepacked 31.5 ms, this
+layer 21.9 ms for one row and 29.9 ms for eight; ATen's weight-only `_weight_int8pack_mm` 23.9 ms
+for one row and 53 ms for eight (it is compute-bound).
 
 Rows stay independent: each row of the input is mapped onto [-1, 1] by its own midpoint and
 half-range before it is quantised to uint8 with a fixed scale, so a row's proposals do not
@@ -48,7 +48,6 @@ class Int8Linear(nn.Module):
         # The kernel is asked for the bare integer sums (unit scales): how oneDNN rescales them
         # differs in the last bit between its kernels for 1-2 rows and for more, so the scales
         # are applied here, elementwise, to keep a row's result independent of its batch.
-        self.register_buffer("w_scale", scale, persistent=False)
         self.register_buffer("col_scale", scale / INT8_LEVELS, persistent=False)
         self.register_buffer("unit", torch.ones(len(scale)), persistent=False)
         self.register_buffer("w_zero", torch.zeros(len(scale), dtype=torch.long), persistent=False)
@@ -57,7 +56,7 @@ class Int8Linear(nn.Module):
 
     def weight_bytes(self) -> int:
         """Bytes one product reads: the int8 weight and its scales."""
-        return self.out_features * self.in_features + self.w_scale.numel() * 4
+        return self.out_features * self.in_features + self.col_scale.numel() * 4
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
