@@ -27,7 +27,7 @@ from engine.kit.tokenizer import build_tokenizer
 from engine.models.device import resolve_device, resolve_dtype
 from engine.models.llama import LlamaLM, LlamaShape
 from engine.models.llasa import LlasaLayout
-from engine.models.loading import LoadedModel, load_model, ready_for_decoding, rope_tables
+from engine.models.loading import LoadedModel, check_weights, load_model, ready_for_decoding, rope_tables
 
 PRESETS = ("tiny", "llasa-1b-shape")
 LLASA_VOCAB = 193_800
@@ -164,8 +164,7 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    if draft_weights != "native" and compile != "none":
-        raise ValueError(f"draft weights {draft_weights} run eagerly: use compile none with them")
+    check_weights(draft_weights, compile)  # before the target loads
     pack = None if compile == "none" else False  # inductor packs weights itself
     dw = {"weights": draft_weights}
     if preset == "tiny" or (preset is None and kit is not None):

@@ -18,7 +18,7 @@ from torch import nn
 
 from engine.config import COMPILE_MODES
 from engine.models.kv_cache import KVCache
-from engine.models.quant import Int8Linear, int8_supported
+from engine.models.quant import Int8Linear
 
 LogitsAt = Literal["all", "last", "none", "hidden"]
 COMPILED_MAX_WIDTH = 16  # tokens per row up to which a compiled model runs its graph (not prefills)
@@ -225,9 +225,8 @@ class LlamaLM(nn.Module):
 
     def quantize_int8(self) -> None:
         """Store every projection and the head in int8 (`Int8Linear`): about half the bytes
-        a CPU decode step reads, for a draft; inference-only, on CPU."""
-        if not int8_supported(self.device):
-            raise ValueError(f"int8 weights run on CPU through oneDNN; this model is on {self.device}")
+        a CPU decode step reads, for a draft; inference-only, on CPU (`Int8Linear` refuses other
+        devices before anything is replaced)."""
         self._replace_projections(Int8Linear)
 
     def _replace_projections(self, kind: type[nn.Module]) -> None:

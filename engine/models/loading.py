@@ -109,6 +109,14 @@ def load_weights(model: LlamaLM, path: Path, device: torch.device) -> None:
         raise ModelLoadError(f"{path}: checkpoint lacks {missing[:4]} ({len(missing)} tensors)")
 
 
+def check_weights(weights: str, compile: str) -> None:
+    """A known weight format, and int8 only with an eager step (call before loading anything)."""
+    if weights not in DRAFT_WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(DRAFT_WEIGHTS)}, not {weights!r}")
+    if weights == "int8" and compile != "none":
+        raise ValueError("int8 weights run eagerly: use compile none with them")
+
+
 def ready_for_decoding(model: LlamaLM, prepack: bool | None = None, compile: str = "none",
                        weights: str = "native") -> LlamaLM:
     """Inference mode, and weights prepacked for oneDNN where that is supported (`prepack`
@@ -116,11 +124,8 @@ def ready_for_decoding(model: LlamaLM, prepack: bool | None = None, compile: str
     bought), and the decode step compiled (`LlamaLM.compile_step`) unless `compile` is none.
     `weights` `int8` stores projections and head in int8 instead (`Int8Linear`, CPU, eager)."""
     model.eval().requires_grad_(False)
-    if weights not in DRAFT_WEIGHTS:
-        raise ValueError(f"weights must be one of {', '.join(DRAFT_WEIGHTS)}, not {weights!r}")
+    check_weights(weights, compile)
     if weights == "int8":
-        if compile != "none":
-            raise ValueError("int8 weights run eagerly: use compile none with them")
         model.quantize_int8()
         return model
     if prepack is None:

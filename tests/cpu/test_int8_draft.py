@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import DecodingSettings, SynthesisItem, Synthesizer
+from engine.bench.presets import load_synthesizer
 from engine.cli import main
 from engine.config import ModelsSpec
 from engine.models.loading import load_model
@@ -101,6 +102,8 @@ def test_draft_weights_setting_is_checked_and_reaches_generate(kit_dir, tmp_path
         ModelsSpec(target="t", draft="d", codec="c", draft_weights="int8", compile="inductor")
     with pytest.raises(ValueError):
         ModelsSpec(target="t", draft="d", codec="c", draft_weights="int4")
+    with pytest.raises(ValueError, match="eagerly"):  # refused before any model loads
+        load_synthesizer("tiny", kit=str(kit_dir), device="cpu", compile="inductor", draft_weights="int8")
     out = tmp_path / "codes.json"
     assert main(["generate", "--kit", str(kit_dir), "--text", "Hello there.", "--method", "pcg",
                  "--draft-weights", "int8", "--max-new-tokens", "16", "--device", "cpu",
