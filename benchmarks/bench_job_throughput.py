@@ -1,17 +1,24 @@
 """How full a job keeps its batch, and how close its throughput comes to decoding alone.
 
-Two workloads on the tiny kit, each run two ways side by side, in one run of this script:
+Three workloads on the tiny kit, each run several ways side by side, in one run of this script:
   * `temps48`: 48 rows (the quickstart texts, cycled) carrying 4 per-row temperatures, decoded
     as in jobs/quickstart.yaml (pcg, gamma 3, theta 0.4, max_new_tokens 200); job: one worker,
     batch_size 8, rows_per_shard 6;
   * `augment`: the rows jobs/augment.yaml expands to (voices x seeds x temperatures x methods
     pcg/exact), as that spec says but with one worker;
+  * `lengths48`: temps48's texts, each row's `max_new_tokens` its text's estimated speech
+    (`engine/decoding/admission.py`) at temperature 1.2, where the kit's rows mostly run to their
+    budget: lengths that follow the text, as a real model's do (the kit's end-of-speech is a
+    random per-step event, so in the other two workloads a row's length has nothing to do with
+    its text);
   * the job: `pcg-synth run` on a local Ray cluster (models loaded and warmed up before the clock
     starts; `steady.tokens_per_s` runs from the first shard handed out to the last committed,
     codec, audio, Parquet and commit included);
   * decoding alone, the baseline: what `pcg-synth generate` runs, a `Synthesizer` decode session
     over the same rows with the same per-row settings at the same batch size, in this process,
     no Ray, no audio.
+Each of them runs with both admission orders (`resources.admission`: `longest_first`, the
+default, and `arrival`); ratios compare a job with decoding alone in the same order.
 Both get the same CPU threads (`--threads`: torch threads here, `cpus_per_worker` there).
 With `--before DIR` (the engine before the streaming worker: `mkdir /tmp/before14 && git archive
 22b6ad8 | tar -x -C /tmp/before14`) the job also runs with that code, in a subprocess, for the
@@ -56,8 +63,19 @@ def temps48_rows() -> list[dict]:
     return rows
 
 
-def specs(kit: Path, work: Path, threads: int):
-    """(name, JobSpec) of the two workloads, writing under `work`."""
+def lengths48_rows() -> list[dict]:
+    from engine.decoding.admission import expected_tokens
+
+    rows = []
+    for r in temps48_rows():
+        r = {**r, "id": r["id"].replace("t48", "l48"), "temperature": 1.2}
+        rows.append({**r, "max_new_tokens": expected_tokens(r["text"], 10**6)})
+    return rows
+
+
+def specs(kit: Path, work: Path, threads: int, before: bool = False):
+    """(name, JobSpec) of the workloads, writing under `work` (`before`: the two the code before
+    the streaming worker ran)."""
     from engine.config import InputSpec, JobSpec
 
     quick = JobSpec.load(ROOT / "jobs/quickstart.yaml")
@@ -76,7 +94,14 @@ def specs(kit: Path, work: Path, threads: int):
                                                 "codec": models.codec, "groups_cache": models.groups_cache}),
         "output": aug.output.model_copy(update={"uri": str(work / "out-augment")}),
         "resources": aug.resources.model_copy(update={"workers": 1, "cpus_per_worker": threads})})
-    return [("temps48", temps), ("augment", aug)]
+    if before:
+        return [("temps48", temps), ("augment", aug)]
+    manifest = work / "lengths48.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in lengths48_rows()))
+    lengths = temps.model_copy(update={
+        "name": "lengths48", "input": InputSpec(manifests=[str(manifest)]),
+        "output": quick.output.model_copy(update={"uri": str(work / "out-lengths48")})})
+    return [("temps48", temps), ("augment", aug), ("lengths48", lengths)]
 
 
 def job_rows(spec, work: Path) -> list[dict]:
@@ -92,14 +117,18 @@ def job_rows(spec, work: Path) -> list[dict]:
     return [json.loads(x) for x in Path(uri).read_text().splitlines() if x.strip()]
 
 
-def run_job(spec, rep: int) -> dict:
-    """One job run into a fresh output; the figures that matter."""
+def run_job(spec, rep: int, admission: str | None = None) -> dict:
+    """One job run into a fresh output; the figures that matter (`admission`: None for code
+    that has no such setting)."""
     import ray
 
     from engine.runtime.job import JobRunner
 
-    out = spec.output.model_copy(update={"uri": f"{spec.output.uri}-r{rep}"})
-    spec = spec.model_copy(update={"output": out})
+    out = spec.output.model_copy(update={"uri": f"{spec.output.uri}-r{rep}-{admission or 'before'}"})
+    update = {"output": out}
+    if admission is not None:
+        update["resources"] = spec.resources.model_copy(update={"admission": admission})
+    spec = spec.model_copy(update=update)
     start = time.perf_counter()
     summary = JobRunner(spec, address="local", progress=False, warmup=True).run()
     ray.shutdown()
@@ -125,11 +154,12 @@ def utilisation(rounds: list[int], batch: int) -> float:
     return sum(rounds) / (max(free_at) * batch)
 
 
-def order_bounds(rounds: list[int], batch: int, orders: int = 1000) -> dict:
-    """What the admission order can do for a workload of rows with these decode rounds: the
-    order given (the decoder's queue order: it reproduces the measured utilisation), longest first (an order that knows
-    every row's length in advance), and random orders (one that cannot predict lengths:
-    median and 5-95 % range over `orders` shuffles, seeded)."""
+def order_bounds(rounds: list[int], estimates: list[int], batch: int, orders: int = 1000) -> dict:
+    """What the admission order can do for a workload of rows with these decode rounds (in
+    arrival order, the decoder's queue order: it reproduces the measured utilisation): longest
+    first by the estimate (`resources.admission: longest_first`), longest first by the rounds
+    themselves (an order that knows every row's length in advance), and random orders (ones
+    that cannot predict lengths: median and 5-95 % range over `orders` shuffles, seeded)."""
     import random
 
     gen = random.Random(0)
@@ -139,32 +169,35 @@ def order_bounds(rounds: list[int], batch: int, orders: int = 1000) -> dict:
         gen.shuffle(order)
         shuffled.append(utilisation(order, batch))
     shuffled.sort()
+    by_estimate = [r for _, _, r in sorted(zip([-e for e in estimates], range(len(rounds)), rounds))]
     return {"as_submitted": round(utilisation(rounds, batch), 4),
+            "by_estimate": round(utilisation(by_estimate, batch), 4),
             "longest_first": round(utilisation(sorted(rounds, reverse=True), batch), 4),
             "random_median": round(shuffled[len(shuffled) // 2], 4),
             "random_p05": round(shuffled[len(shuffled) // 20], 4),
             "random_p95": round(shuffled[-len(shuffled) // 20], 4)}
 
 
-def run_alone(synth, spec, rows: list[dict]) -> dict:
+def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
     """The same rows through a decode session at the job's batch size: decoding alone."""
     from engine.api import structure
     from engine.config import DecodingSettings
     from engine.records import SynthesisItem
 
     batch = spec.resources.batch_size
-    session = synth.session(batch)
+    session = synth.session(batch, admission=admission)
     pairs = []
     for i, r in enumerate(rows):
         if not r.get("text", "").strip():
             continue
-        over = {k: r[k] for k in ("method", "temperature", "top_p", "top_k", "repetition_penalty") if k in r}
+        over = {k: r[k] for k in ("method", "temperature", "top_p", "top_k", "repetition_penalty",
+                                  "max_new_tokens") if k in r}
         settings = DecodingSettings(**{**spec.decoding.model_dump(), **over})
         item = SynthesisItem(text=r["text"], id=r["id"], seed=r.get("seed"), prompt_text=r.get("prompt_text"),
                              prompt_codes=r.get("prompt_codes"))
         _, request = synth.prepare(i, item, settings)
-        pairs.append((settings, request))
-    session.submit(pairs)
+        pairs.append((settings, request, request.priority))
+    session.submit([(settings, request) for settings, request, _ in pairs])
     tokens, start, rounds = 0, time.perf_counter(), {}
     while not session.idle:
         for request, row in session.step():
@@ -172,14 +205,16 @@ def run_alone(synth, spec, rows: list[dict]) -> dict:
             rounds[request.key] = row.stats.rounds
     seconds = time.perf_counter() - start
     s = session.scheduler
-    queued: dict[tuple, list[int]] = {}  # the decoder's queue order: `submit` groups rows by structure
-    for settings, r in pairs:
-        queued.setdefault(structure(settings), []).append(rounds[r.key])
+    queued: dict[tuple, list[tuple[int, int]]] = {}  # arrival order: `submit` groups rows by structure
+    for settings, r, estimate in pairs:
+        queued.setdefault(structure(settings), []).append((rounds[r.key], estimate))
     per_row = [x for group in queued.values() for x in group]
-    return {"rows": len(pairs), "generated_tokens": tokens, "seconds": round(seconds, 3),
+    one = len(s.used) == 1
+    return {"admission": admission, "rows": len(pairs), "generated_tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / seconds, 2), "slot_utilisation": round(s.slot_rounds / s.slots, 4),
-            "decoders": len(s.used), "rounds_per_row": per_row,
-            "order_bounds": order_bounds(per_row, batch) if len(s.used) == 1 else None}
+            "decoders": len(s.used), "rounds_per_row": [r for r, _ in per_row],
+            "estimated_tokens": [e for _, e in per_row],
+            "order_bounds": order_bounds(*map(list, zip(*per_row)), batch) if one else None}
 
 
 def run_before(before: Path, kit: Path, work: Path, threads: int, rep: int) -> dict:
@@ -199,7 +234,7 @@ def job_only(args) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     doc = {"engine": str(Path(engine.__file__).parent)}
-    for name, spec in specs(Path(args.kit), work, args.threads):
+    for name, spec in specs(Path(args.kit), work, args.threads, before=True):
         doc[name] = run_job(spec, args.rep)
     Path(args.json).write_text(json.dumps(doc))
 
@@ -224,30 +259,34 @@ def markdown(doc: dict) -> str:
              f"threads for decoding, torch {m['torch']}, {m['date']}; load average (1 min) "
              f"{doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end "
              "(other work shares these cores: compare figures within this file only).", "",
-             "| workload | run | slot utilisation | steady tokens/s | vs decoding alone | io wait s | overlap "
-             "| decoders |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| workload | admission | run | slot utilisation | steady tokens/s | vs decoding alone | io wait s "
+             "| overlap | decoders |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, w in doc["workloads"].items():
-        a = w["summary"]
-        lines.append(f"| {name} | decoding alone (`generate`) | {a['alone_slot_utilisation']} | "
-                     f"{a['alone_tokens_per_s']} | 1 | - | - | {a['alone_decoders']} |")
-        if "before_tokens_per_s" in a:
-            lines.append(f"| {name} | job, before (22b6ad8) | {a['before_slot_utilisation']} | "
-                         f"{a['before_tokens_per_s']} | {a['before_ratio']} | - | - | - |")
-        lines.append(f"| {name} | job, streaming | {a['job_slot_utilisation']} | {a['job_tokens_per_s']} | "
-                     f"{a['job_ratio']} | {a['job_io_wait_s']} | {a['job_overlap']} | {a['job_decoders']} |")
+        summary = w["summary"]
+        if "before" in summary:
+            b = summary["before"]
+            lines.append(f"| {name} | arrival | job, before (22b6ad8) | {b['slot_utilisation']} | "
+                         f"{b['tokens_per_s']} | {b['ratio']} | - | - | - |")
+        for a in ("arrival", "longest_first"):
+            x = summary[a]
+            lines.append(f"| {name} | {a} | decoding alone (`generate`) | {x['alone_slot_utilisation']} | "
+                         f"{x['alone_tokens_per_s']} | 1 | - | - | {x['alone_decoders']} |")
+            lines.append(f"| {name} | {a} | job, streaming | {x['job_slot_utilisation']} | {x['job_tokens_per_s']} | "
+                         f"{x['job_ratio']} | {x['job_io_wait_s']} | {x['job_overlap']} | {x['job_decoders']} |")
     lines += ["", "What the order rows are admitted in can do (decoding alone, one decoder; simulated on the "
-              "rounds each row took in the first repetition, the order as submitted reproducing the "
+              "rounds each row took in the first repetition's arrival-order run, whose order reproduces the "
               "measured utilisation):", "",
-              "| workload | as submitted | longest first (lengths known in advance) | random orders: median "
-              "[5 %, 95 %] |", "|---|---|---|---|"]
+              "| workload | arrival | longest first by the estimate (`longest_first`) | longest first by the "
+              "rounds (lengths known in advance) | random orders: median [5 %, 95 %] |", "|---|---|---|---|---|"]
     for name, w in doc["workloads"].items():
-        b = w["runs"]["alone"][0].get("order_bounds")
+        b = w["runs"]["alone_arrival"][0].get("order_bounds")
         if b:
-            lines.append(f"| {name} | {b['as_submitted']} | {b['longest_first']} | {b['random_median']} "
-                         f"[{b['random_p05']}, {b['random_p95']}] |")
-    lines += ["", "Medians over repetitions; each repetition runs decoding alone and the job(s) back to back. "
-              "Workloads: " + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
+            lines.append(f"| {name} | {b['as_submitted']} | {b['by_estimate']} | {b['longest_first']} | "
+                         f"{b['random_median']} [{b['random_p05']}, {b['random_p95']}] |")
+    lines += ["", "Medians over repetitions; each repetition runs decoding alone and the jobs back to back, "
+              "in both admission orders (the order alternates between repetitions). Workloads: "
+              + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
               "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)" + (
                   "; the before code: `git archive 22b6ad8 | tar -x -C DIR`." if doc.get("before") else ".")]
     return "\n".join(lines) + "\n"
@@ -270,6 +309,7 @@ def main() -> None:
     import torch
 
     from engine.api import Synthesizer
+    from engine.config import ADMISSIONS
     from engine.kit import build_kit
 
     from machine import describe, write_result
@@ -288,13 +328,17 @@ def main() -> None:
         synth = Synthesizer.load(kit / "target", draft=kit / "draft", device="cpu", dtype="float32")
         synth.synthesize(["Warm-up sentence number one.", "And two."],
                          workloads[0][1].decoding.model_copy(update={"max_new_tokens": 16}))
-        runs = {name: {"alone": [], "job": [], "before": []} for name, _ in workloads}
+        runs = {name: {f"{run}_{a}": [] for run in ("alone", "job") for a in ADMISSIONS} | {"before": []}
+                for name, _ in workloads}
         for rep in range(args.reps):
             for name, spec in workloads:
-                runs[name]["alone"].append(run_alone(synth, spec, rows[name]))
-                print(name, "alone", runs[name]["alone"][-1], flush=True)
-                runs[name]["job"].append(run_job(spec, rep))
-                print(name, "job", runs[name]["job"][-1], flush=True)
+                order = ADMISSIONS if rep % 2 == 0 else ADMISSIONS[::-1]
+                for a in order:
+                    runs[name][f"alone_{a}"].append(run_alone(synth, spec, rows[name], a))
+                    print(name, "alone", a, runs[name][f"alone_{a}"][-1], flush=True)
+                for a in order:
+                    runs[name][f"job_{a}"].append(run_job(spec, rep, a))
+                    print(name, "job", a, runs[name][f"job_{a}"][-1], flush=True)
             if args.before:
                 before = run_before(Path(args.before), kit, work, args.threads, rep)
                 for name, _ in workloads:
@@ -303,7 +347,11 @@ def main() -> None:
     descriptions = {"temps48": "48 quickstart texts x 4 per-row temperatures, pcg gamma 3, max_new_tokens 200, "
                                "batch 8, 6 rows per shard, 1 worker",
                     "augment": "jobs/augment.yaml's 40 variants + 1 bad row (pcg and exact rows, 2 temperatures, "
-                               "3 voices), batch 8, 12 rows per shard, 1 worker"}
+                               "3 voices), batch 8, 12 rows per shard, 1 worker",
+                    "lengths48": "temps48's texts at temperature 1.2, each row's max_new_tokens its text's estimated "
+                                 "speech (127-257 tokens): on the kit most rows run to their budget, so lengths "
+                                 "follow the text as a real model's do; pcg gamma 3, batch 8, 6 rows per shard, "
+                                 "1 worker"}
     doc = {"benchmark": "job throughput: slot utilisation and steady tokens/s vs decoding alone (tiny kit, CPU)",
            "how": ".venv/bin/python benchmarks/bench_job_throughput.py " + " ".join(sys.argv[1:]),
            "machine": describe("cpu"), "threads": args.threads, "reps": args.reps,
@@ -311,21 +359,26 @@ def main() -> None:
            "seconds": round(time.perf_counter() - t0, 1), "before": args.before, "workloads": {}}
     for name, _ in workloads:
         r = runs[name]
-        summary = {
-            "alone_tokens_per_s": median([x["tokens_per_s"] for x in r["alone"]]),
-            "alone_slot_utilisation": median([x["slot_utilisation"] for x in r["alone"]]),
-            "alone_decoders": r["alone"][0]["decoders"],
-            "job_tokens_per_s": median([x["steady_tokens_per_s"] for x in r["job"]]),
-            "job_slot_utilisation": median([x["slot_utilisation"] for x in r["job"]]),
-            "job_ratio": median([ratio(j, a) for j, a in zip(r["job"], r["alone"])]),
-            "job_io_wait_s": median([x["io_wait_s"] for x in r["job"]]),
-            "job_overlap": median([x["overlap"] for x in r["job"]]),
-            "job_decoders": r["job"][0]["decoders"],
-        }
-        if r["before"]:
-            summary.update(before_tokens_per_s=median([x["steady_tokens_per_s"] for x in r["before"]]),
-                           before_slot_utilisation=median([x["slot_utilisation"] for x in r["before"]]),
-                           before_ratio=median([ratio(j, a) for j, a in zip(r["before"], r["alone"])]))
+        summary = {}
+        for a in ADMISSIONS:
+            alone, job = r[f"alone_{a}"], r[f"job_{a}"]
+            summary[a] = {
+                "alone_tokens_per_s": median([x["tokens_per_s"] for x in alone]),
+                "alone_slot_utilisation": median([x["slot_utilisation"] for x in alone]),
+                "alone_decoders": alone[0]["decoders"],
+                "job_tokens_per_s": median([x["steady_tokens_per_s"] for x in job]),
+                "job_slot_utilisation": median([x["slot_utilisation"] for x in job]),
+                "job_ratio": median([ratio(j, x) for j, x in zip(job, alone)]),
+                "job_io_wait_s": median([x["io_wait_s"] for x in job]),
+                "job_overlap": median([x["overlap"] for x in job]),
+                "job_decoders": job[0]["decoders"],
+            }
+        if r["before"]:  # against decoding alone in arrival order, as the code before had no other
+            alone = r["alone_arrival"]
+            summary["before"] = {
+                "tokens_per_s": median([x["steady_tokens_per_s"] for x in r["before"]]),
+                "slot_utilisation": median([x["slot_utilisation"] for x in r["before"]]),
+                "ratio": median([ratio(j, x) for j, x in zip(r["before"], alone)])}
         doc["workloads"][name] = {"description": descriptions[name], "summary": summary, "runs": r}
     write_result(doc, f"{args.out}.json")
     Path(f"{args.out}.md").write_text(markdown(doc))

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from engine.config import DecodingSettings
+from engine.config import ADMISSIONS, Admission, DecodingSettings
 from engine.console import bar_disabled
 from engine.decoding.adaptive import GammaChoice, decide, measure_steps
+from engine.decoding.admission import expected_tokens
 from engine.decoding.cost import ForwardClock
 from engine.decoding.scheduler import DecodeScheduler
 from engine.decoding.speculative import Request, RowResult, SpeculativeDecoder
@@ -185,20 +186,23 @@ class Synthesizer:
             return result, None
         request = Request(key=index if key is None else key, prompt_ids=ids, seed=seed,
                           max_new_tokens=settings.max_new_tokens,
-                          history_out=list(item.prompt_codes or []), warp=settings.warp)
+                          history_out=list(item.prompt_codes or []), warp=settings.warp,
+                          priority=expected_tokens(item.text or "", settings.max_new_tokens))
         return result, request
 
-    def session(self, batch_size: int | None = None, stream: bool = False) -> DecodeSession:
+    def session(self, batch_size: int | None = None, stream: bool = False,
+                admission: Admission = "longest_first") -> DecodeSession:
         """A decode session: rows with their own settings in, finished rows out (see
-        `DecodeSession`; `stream`: rows keep arriving, as in a job worker)."""
-        return DecodeSession(self, batch_size or self.batch_size, stream)
+        `DecodeSession`; `stream`: rows keep arriving, as in a job worker; `admission`: which
+        queued row takes a free slot, see `decoding/admission.py`)."""
+        return DecodeSession(self, batch_size or self.batch_size, stream, admission)
 
     def _start(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None,
-               batch_size: int | None) -> _Call:
+               batch_size: int | None, admission: Admission) -> _Call:
         settings = settings or DecodingSettings()
         if settings.speculative and self.draft is None:
             raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
-        call = _Call(settings, self.session(batch_size))
+        call = _Call(settings, self.session(batch_size, admission=admission))
         rows = []
         for i, item in enumerate(items):
             try:
@@ -217,7 +221,8 @@ class Synthesizer:
         return call
 
     def stream(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
-               batch_size: int | None = None) -> Iterator[SynthesisResult]:
+               batch_size: int | None = None, admission: Admission = "longest_first",
+               ) -> Iterator[SynthesisResult]:
         """Decode `items` with `settings`, yielding each result as its row finishes (items that
         could not be decoded first). Every item's result is yielded exactly once; `result.id`
         says which item it is (the item's id, else its index as a string).
@@ -226,14 +231,16 @@ class Synthesizer:
             items: texts or `SynthesisItem`s (with their own sampling settings, if any).
             settings: decoding settings (defaults: `DecodingSettings()`).
             batch_size: override the synthesizer's batch size for this call.
+            admission: which queued item takes a free slot: `longest_first` (longest expected
+                speech first, so the batch drains late) or `arrival` (input order).
         """
-        call = self._start(items, settings, batch_size)
+        call = self._start(items, settings, batch_size, admission)
         for _, result in call:
             yield result
 
     def synthesize(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
                    progress: bool = False, batch_size: int | None = None,
-                   ) -> tuple[list[SynthesisResult], RunSummary]:
+                   admission: Admission = "longest_first") -> tuple[list[SynthesisResult], RunSummary]:
         """Decode `items` with `settings`; results come back in input order.
 
         Args:
@@ -242,11 +249,13 @@ class Synthesizer:
             settings: decoding settings (defaults: `DecodingSettings()`).
             progress: show a progress bar.
             batch_size: override the synthesizer's batch size for this call.
+            admission: which queued item takes a free slot (see `stream`); results come back
+                in input order either way, and are the same.
 
         Returns:
             (one result per item, the run's summary).
         """
-        call = self._start(items, settings, batch_size)
+        call = self._start(items, settings, batch_size, admission)
         settings = call.settings
         start = time.perf_counter()
         bar = tqdm(total=call.ok, desc=f"decode [{settings.method}]", unit="utt",
@@ -309,11 +318,16 @@ class DecodeSession:
     the session runs (continuous batching across calls: a job worker feeds it shard after
     shard); `step` runs one decode round and returns the rows that finished in it. A `stream`
     session expects more rows after each `submit` (`gamma: auto` then sees no drain at the end
-    of a submission); otherwise one submission holds every row.
+    of a submission); otherwise one submission holds every row. `admission` orders the queued
+    rows of each decoder: `longest_first` by the estimate `Synthesizer.prepare` gives every
+    request, `arrival` as submitted.
     """
 
-    def __init__(self, synth: Synthesizer, batch: int, stream: bool = False) -> None:
-        self.synth, self.batch, self.stream = synth, batch, stream
+    def __init__(self, synth: Synthesizer, batch: int, stream: bool = False,
+                 admission: Admission = "longest_first") -> None:
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission {admission!r}: choose one of {', '.join(ADMISSIONS)}")
+        self.synth, self.batch, self.stream, self.admission = synth, batch, stream, admission
         self.scheduler = DecodeScheduler()
         self.gamma_choices: list[GammaChoice] = []
 
@@ -322,6 +336,8 @@ class DecodeSession:
         settings). `gamma: auto` is resolved here, per structure, from these rows."""
         by_structure: dict[tuple, list[tuple[DecodingSettings, Request]]] = {}
         for settings, request in rows:
+            if self.admission == "arrival":
+                request.priority = 0
             by_structure.setdefault(structure(settings), []).append((settings, request))
         for group in by_structure.values():
             first = group[0][0]

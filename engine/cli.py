@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.cli_options import add_compile_arg, add_draft_weights_arg, add_settings_arguments, settings_from_args
-from engine.config import METHODS, DecodingSettings, decoding_default
+from engine.config import ADMISSIONS, METHODS, DecodingSettings, decoding_default
 
 
 class UsageError(Exception):
@@ -162,7 +162,7 @@ def cmd_generate(args) -> int:
     resolve_clips(items, clips, codec_dir, args.device)
     runs = []
     for settings in all_settings:
-        results, summary = synth.synthesize(items, settings, progress=not args.quiet)
+        results, summary = synth.synthesize(items, settings, progress=not args.quiet, admission=args.admission)
         runs.append({"summary": summary.to_dict(),
                      "items": [{**r.to_dict(), "prompt_text": it.prompt_text, "prompt_codes": it.prompt_codes}
                                for r, it in zip(results, items)]})
@@ -209,6 +209,9 @@ def add_generate(sub) -> None:
     add_compile_arg(src)
     add_draft_weights_arg(src)
     src.add_argument("--batch-size", type=int, default=8)
+    src.add_argument("--admission", default="longest_first", choices=ADMISSIONS,
+                     help="which queued text takes a free batch slot: longest_first (longest expected "
+                          "speech first, default) or arrival (input order); outputs are the same")
     inp = p.add_argument_group("input")
     inp.add_argument("--text", action="append", help="a text to speak (repeatable)")
     inp.add_argument("--texts-file", help="one text per line, or .jsonl items {id, text, prompt_text, "

@@ -135,6 +135,8 @@ class StorageOptions(BaseModel):
 CompileMode = Literal["none", "inductor", "cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 DraftWeights = Literal["native", "int8"]
+Admission = Literal["longest_first", "arrival"]  # see engine/decoding/admission.py
+ADMISSIONS: tuple[str, ...] = get_args(Admission)
 DRAFT_WEIGHTS: tuple[str, ...] = get_args(DraftWeights)
 
 
@@ -219,6 +221,11 @@ class ResourcesSpec(BaseModel):
         "rows (ceil(2 * batch_size / rows_per_shard) + 1 shards), so the batch never drains "
         "between shards. 1: one shard at a time (a shard's rows are then always batched "
         "together, the same way in every run)."))
+    admission: Admission = Field("longest_first", description=(
+        "Which queued row takes a free batch slot: longest_first (the longest expected speech, "
+        "estimated from the text and capped by max_new_tokens, so short rows are left for the "
+        "end of the job and the batch drains late) or arrival (manifest order). A row's codes "
+        "do not depend on it, as they do not depend on the rows beside it (see Guarantees)."))
 
     @property
     def window(self) -> int:
@@ -261,7 +268,8 @@ class AugmentSpec(BaseModel):
     max_audio_hours: float | None = Field(None, gt=0, description=(
         "Budget of estimated audio (text length / chars_per_second); variants per text are "
         "reduced evenly until the corpus fits. The summary reports the real hours."))
-    chars_per_second: float = Field(15.0, gt=0, description="Speaking rate used to estimate durations.")
+    chars_per_second: float = Field(15.0, gt=0, description=(
+        "Speaking rate used to estimate durations (a CJK character counts as 3)."))
     sample_seed: int = Field(0, ge=0, description="Seed of the combination sampling and the shuffle.")
 
     @model_validator(mode="after")

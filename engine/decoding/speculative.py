@@ -9,8 +9,8 @@ Invariants per active row (slot), with `L = seq_len`:
                        of identical keys otherwise).
 A round drafts `gamma` tokens, runs the target once over `[last, x_1..x_gamma]`, verifies every
 row at once, and commits `accepted + 1` tokens per row. Rejected slots in the caches are
-overwritten by later rounds. Rows that finish free their slot and queued requests are
-prefilled into it before the next round. One host sync per round (committed counts).
+overwritten by later rounds. Rows that finish free their slot and queued requests (highest
+`priority` first) are prefilled into it before the next round. One host sync per round (committed counts).
 
 Each row brings its own sampling settings (temperature, top-k, top-p, repetition penalty;
 greedy and sampled rows mix), seed, length budget and acceptance rule (rules of the same gamma
@@ -21,7 +21,6 @@ into free slots, runs one round and returns the rows that finished; `run` does b
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -30,6 +29,7 @@ import torch
 
 from engine.config import Warp, decoding_default
 from engine.decoding import rng
+from engine.decoding.admission import AdmissionQueue
 from engine.decoding.sampling import RowWarp, host_flags, penalised_logits, sample_one, warp_penalised
 from engine.decoding.verify import Block, Rule, judge_rows
 from engine.models.llama import LlamaLM
@@ -49,6 +49,8 @@ class Request:
             (the voice prompt's codes).
         warp: the row's sampling settings (temperature 0: greedy).
         rule: the row's acceptance rule (None for a decoder without a draft, `ar`).
+        priority: admission order: a free slot takes the highest-priority queued request,
+            the earliest queued among equals (see `decoding/admission.py`).
     """
 
     key: object
@@ -58,6 +60,7 @@ class Request:
     history_out: list[int] = field(default_factory=list)
     warp: Warp = field(default_factory=lambda: Warp(decoding_default("temperature")))
     rule: Rule | None = None
+    priority: int = 0
 
 
 @dataclass
@@ -122,7 +125,7 @@ class SpeculativeDecoder:
         self.stat_counts = torch.zeros(b, 4, dtype=torch.long, device=dev)  # rounds, emitted, trials, fallbacks
         self.host_len = np.zeros(b, dtype=np.int64)
         self.host_prompt = np.zeros(b, dtype=np.int64)
-        self.queue: deque[Request] = deque()
+        self.queue = AdmissionQueue()
         self.free = list(range(b))
         self.owner: dict[int, Request] = {}
         self.rounds_run = 0  # decode rounds (since the last `run` began)
@@ -362,7 +365,7 @@ class SpeculativeDecoder:
         if self.free and self.queue:
             take = min(len(self.free), len(self.queue))
             slots, self.free = sorted(self.free[:take]), self.free[take:]
-            batch = [self.queue.popleft() for _ in range(take)]
+            batch = self.queue.pop(take)
             self.admit(slots, batch)
             self.owner.update(zip(slots, batch))
         if not self.owner:

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 
 from engine.config import AugmentSpec, JobSpec
+from engine.decoding.admission import speech_seconds
 from engine.io.manifest import ManifestRow, RowError, parse_rows, validate
 from engine.io.storage import Storage, join, relative_to
 from engine.records import item_seed
@@ -116,7 +117,7 @@ def expand(spec: JobSpec, storage: Storage, root: str) -> Expansion:
             if row.prompt_audio:  # the variants file lives elsewhere: make clip paths absolute
                 row = row.model_copy(update={"prompt_audio": relative_to(uri, row.prompt_audio)})
             rows.append(row)
-    seconds = [len(r.text) / aug.chars_per_second for r in rows]
+    seconds = [speech_seconds(r.text, aug.chars_per_second) for r in rows]
     per_text = cap
     if aug.max_audio_hours is not None:
         per_text = fit_budget(seconds, [cap] * len(rows), aug.max_audio_hours * 3600)

@@ -85,8 +85,8 @@ class ShardProcessor:
         self._codec_stream = None
         self._numerics: dict | None = None
         self._prepare_lock = threading.Lock()  # shards arrive on several threads; prepare one at a time
-        self.stream = ShardStream(self.synth.session(spec.resources.batch_size, stream=True), self.start_rows,
-                                  self.finalise, io_queue=io_queue)
+        session = self.synth.session(spec.resources.batch_size, stream=True, admission=spec.resources.admission)
+        self.stream = ShardStream(session, self.start_rows, self.finalise, io_queue=io_queue)
 
     def warmup(self) -> None:
         """Decode and encode a little with the job's settings, so allocation, kernel selection

@@ -1,0 +1,76 @@
+"""Which queued row takes a free slot: the order rows are admitted into a batch.
+
+A batch decodes rows of different lengths; once the last rows of a job are admitted it can only
+drain, and the drain lasts as long as the longest row admitted last. Admitting the longest rows
+first leaves short rows for the end, so the batch stays full until the last few rounds (with
+every row's length known, the kit's job workloads go from ~0.82 slot utilisation to ~0.97; see
+`benchmarks/results/job_throughput_cpu_tiny.md`).
+
+Lengths are not known before decoding; a speech LM's output length follows its text (a row's
+audio lasts as long as its text takes to say), so the estimate is the text's speaking time at
+`CODES_PER_SECOND` codes per second, capped by the row's `max_new_tokens`. The order changes
+which rows share a round, not a row's codes: a row is decoded independently of the rows beside
+it (tested bit for bit in float64; in float32 a batch can move logits in the last bits).
+
+Policies:
+    longest_first  highest estimate first, ties in arrival order (the default)
+    arrival        first queued, first admitted
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import unicodedata
+from collections.abc import Iterable
+
+CODES_PER_SECOND = 50  # X-codec2: 16 kHz audio, one code per 320 samples
+CHARS_PER_SECOND = 15.0  # a typical speaking rate in letters (spaces and punctuation included)
+SYLLABIC_WEIGHT = 3.0  # a CJK character is a syllable: said ~3x slower than a letter
+
+
+def syllabic(ch: str) -> bool:
+    """A character spoken as a whole syllable (CJK ideographs, kana, hangul)."""
+    if ch.isascii():
+        return False
+    name = unicodedata.name(ch, "")
+    return name.startswith(("CJK UNIFIED", "CJK COMPATIBILITY IDEOGRAPH", "HIRAGANA", "KATAKANA",
+                            "HANGUL SYLLABLE"))
+
+
+def speech_seconds(text: str, chars_per_second: float = CHARS_PER_SECOND) -> float:
+    """Estimated speaking time of `text`: characters at `chars_per_second`, a CJK character
+    counting `SYLLABIC_WEIGHT` characters."""
+    weight = sum(SYLLABIC_WEIGHT if syllabic(ch) else 1.0 for ch in text)
+    return weight / chars_per_second
+
+
+def expected_tokens(text: str, max_new_tokens: int) -> int:
+    """Estimated speech codes a row generates: its text's speaking time, at most its budget."""
+    return min(max_new_tokens, round(speech_seconds(text) * CODES_PER_SECOND))
+
+
+class AdmissionQueue:
+    """Queued requests, popped highest `priority` first and in arrival order among equals
+    (all priorities equal: first in, first out)."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[int, int, object]] = []
+        self.counter = itertools.count()
+
+    def extend(self, requests: Iterable) -> None:
+        for r in requests:
+            heapq.heappush(self.heap, (-r.priority, next(self.counter), r))
+
+    def pop(self, n: int) -> list:
+        """The next `n` requests (fewer if fewer are queued)."""
+        return [heapq.heappop(self.heap)[2] for _ in range(min(n, len(self.heap)))]
+
+    def clear(self) -> None:
+        self.heap.clear()
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)

@@ -1,0 +1,91 @@
+"""Admission order: which queued row takes a free slot. Longest expected speech first leaves
+short rows for the end, so the batch drains later; a row's codes never depend on the order."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from pydantic import ValidationError
+
+from engine import DecodingSettings, SynthesisItem, Synthesizer
+from engine.config import ResourcesSpec
+from engine.decoding.admission import AdmissionQueue, expected_tokens, speech_seconds
+
+
+def test_the_queue_pops_the_highest_priority_first_and_equals_in_arrival_order():
+    q = AdmissionQueue()
+    q.extend(SimpleNamespace(priority=p, name=n) for p, n in [(5, "a"), (9, "b"), (5, "c"), (0, "d")])
+    q.extend([SimpleNamespace(priority=9, name="e")])
+    assert len(q) == 5
+    assert [r.name for r in q.pop(2)] == ["b", "e"]
+    assert [r.name for r in q.pop(10)] == ["a", "c", "d"]
+    assert not q
+    q.extend(SimpleNamespace(priority=0, name=n) for n in "xyz")  # all equal: first in, first out
+    assert [r.name for r in q.pop(3)] == ["x", "y", "z"]
+
+
+def test_expected_tokens_follow_the_text_up_to_the_budget():
+    short, long_ = "Hi there.", "It was the best of times, it was the worst of times, it was the age."
+    assert expected_tokens(short, 1000) < expected_tokens(long_, 1000)
+    assert expected_tokens(long_, 1000) == round(len(long_) / 15 * 50)  # 15 letters/s, 50 codes/s
+    assert expected_tokens(long_, 40) == 40  # the row's budget caps it
+    # a CJK character is a syllable: said about as long as three letters
+    assert speech_seconds("你好世界") == pytest.approx(speech_seconds("x" * 12))
+    assert speech_seconds("こんにちは") == pytest.approx(speech_seconds("x" * 15))
+    assert speech_seconds("café") == pytest.approx(speech_seconds("cafe"))
+
+
+def test_an_unknown_admission_order_is_refused(kit_synth):
+    with pytest.raises(ValidationError, match="admission"):
+        ResourcesSpec(admission="shortest_first")
+    with pytest.raises(ValueError, match="longest_first, arrival"):
+        kit_synth.session(4, admission="shortest_first")
+
+
+TEXTS = ["One.", "Two more words.", "A somewhat longer sentence than these.", "Short.",
+         "The longest text of all of them, said slowly and carefully, twice over if needed.", "Mid length text."]
+
+
+@pytest.fixture(scope="module")
+def synth64(kit_dir, kit_groups):
+    s = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="float64",
+                         batch_size=2)
+    s.set_groups(kit_groups)
+    return s
+
+
+def test_longest_first_admits_the_longest_texts_first_and_changes_no_codes(synth64, kit_groups):
+    settings = DecodingSettings(method="pcg", theta=kit_groups.theta, max_new_tokens=300, seed=4)
+    decoder = synth64.decoder(settings, 2)
+    requests = [synth64.prepare(i, t, settings)[1] for i, t in enumerate(TEXTS)]
+    for r in requests:
+        r.rule = synth64.rule(settings)
+    decoder.submit(requests)
+    decoder.advance()  # admits two rows, runs one round
+    assert sorted(r.key for r in decoder.owner.values()) == [2, 4]  # the two longest texts
+    decoder.reset()
+
+    items = [SynthesisItem(text=t, id=f"r{i}") for i, t in enumerate(TEXTS)]
+    runs = {a: synth64.synthesize(items, settings, admission=a)[0] for a in ("arrival", "longest_first")}
+    codes = {a: {r.id: r.codes for r in results} for a, results in runs.items()}
+    assert codes["arrival"] == codes["longest_first"]
+    assert all(codes["arrival"].values())
+
+
+def test_with_lengths_known_longest_first_keeps_the_batch_full_to_the_end(synth64):
+    """Rows that run to their budgets (`ar`: one token a round; with this seed and temperature
+    no row of the kit meets end-of-speech within 40 tokens): four short rows queued before a
+    long one. In arrival order the long row starts last and decodes alone at the end; longest
+    first it starts at once, beside the short rows in turn."""
+    settings = DecodingSettings(method="ar", temperature=1.2, max_new_tokens=40, seed=2)
+    budgets = [4, 4, 4, 4, 40]
+    items = [SynthesisItem(text=TEXTS[4], id=f"r{i}", max_new_tokens=b) for i, b in enumerate(budgets)]
+    runs = {a: synth64.synthesize(items, settings, batch_size=2, admission=a) for a in ("arrival", "longest_first")}
+    for results, _ in runs.values():
+        assert [len(r.codes) for r in results] == budgets  # every row ran to its budget
+    arrival, longest = runs["arrival"][1], runs["longest_first"][1]
+    assert arrival.slot_rounds == longest.slot_rounds == sum(budgets)
+    assert arrival.decode_rounds == 8 + 40  # rows 0-1, rows 2-3, then row 4 alone
+    assert longest.decode_rounds == 40  # row 4 from the start, the short rows beside it
+    assert {r.id: r.codes for r in runs["arrival"][0]} == {r.id: r.codes for r in runs["longest_first"][0]}
