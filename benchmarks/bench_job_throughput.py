@@ -342,6 +342,8 @@ def main() -> None:
             if args.before:
                 before = run_before(Path(args.before), kit, work, args.threads, rep)
                 for name, _ in workloads:
+                    if name not in before:  # lengths48: per-row budgets, which that code ignores
+                        continue
                     runs[name]["before"].append(before[name])
                     print(name, "before", before[name], flush=True)
     descriptions = {"temps48": "48 quickstart texts x 4 per-row temperatures, pcg gamma 3, max_new_tokens 200, "

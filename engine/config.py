@@ -222,9 +222,10 @@ class ResourcesSpec(BaseModel):
         "between shards. 1: one shard at a time (a shard's rows are then always batched "
         "together, the same way in every run)."))
     admission: Admission = Field("longest_first", description=(
-        "Which queued row takes a free batch slot: longest_first (the longest expected speech, "
-        "estimated from the text and capped by max_new_tokens, so short rows are left for the "
-        "end of the job and the batch drains late) or arrival (manifest order). A row's codes "
+        "Which queued row takes a free batch slot: longest_first (shards in order, each shard's "
+        "rows longest expected speech first, estimated from the text and capped by "
+        "max_new_tokens, so a shard ends with its short rows and the batch drains late at the "
+        "end of the job) or arrival (manifest order). A row's codes "
         "do not depend on it, as they do not depend on the rows beside it (see Guarantees)."))
 
     @property

@@ -1,10 +1,10 @@
 """Which queued row takes a free slot: the order rows are admitted into a batch.
 
-A batch decodes rows of different lengths; once the last rows of a job are admitted it can only
-drain, and the drain lasts as long as the longest row admitted last. Admitting the longest rows
-first leaves short rows for the end, so the batch stays full until the last few rounds (with
-every row's length known, the kit's job workloads go from ~0.82 slot utilisation to ~0.97; see
-`benchmarks/results/job_throughput_cpu_tiny.md`).
+A batch decodes rows of different lengths; once the last rows of a job (or of a `synthesize`
+call) are admitted it can only drain, and the drain lasts as long as the longest row admitted
+last. Admitting the longest rows first leaves short rows for the end, so the batch stays full
+until the last few rounds. How much that buys depends on how well the estimate below predicts
+a row's length (`benchmarks/results/job_throughput_cpu_tiny.md`).
 
 Lengths are not known before decoding; a speech LM's output length follows its text (a row's
 audio lasts as long as its text takes to say), so the estimate is the text's speaking time at
@@ -13,7 +13,8 @@ which rows share a round, not a row's codes: a row is decoded independently of t
 it (tested bit for bit in float64; in float32 a batch can move logits in the last bits).
 
 Policies:
-    longest_first  highest estimate first, ties in arrival order (the default)
+    longest_first  submissions (a job worker's shards, a call's items) in order; within one,
+                   the highest estimate first, ties in arrival order (the default)
     arrival        first queued, first admitted
 """
 
@@ -51,20 +52,31 @@ def expected_tokens(text: str, max_new_tokens: int) -> int:
 
 
 class AdmissionQueue:
-    """Queued requests, popped highest `priority` first and in arrival order among equals
-    (all priorities equal: first in, first out)."""
+    """Queued requests. Earlier submissions first (a job worker submits a shard at a time, so
+    shards keep their order and are committed as early as in arrival order); within one
+    submission the highest `priority` first, in arrival order among equals (all equal: first
+    in, first out).
+
+    Longest first within a submission is what shortens it: the rows of one shard (or of one
+    `synthesize` call) end soonest when the longest start first. Across submissions it would
+    hold back the short rows of an older shard behind the long rows of newer ones, delaying
+    that shard's commit and so the next shard's arrival.
+    """
 
     def __init__(self) -> None:
-        self.heap: list[tuple[int, int, object]] = []
+        self.heap: list[tuple[int, int, int, object]] = []
         self.counter = itertools.count()
+        self.submissions = itertools.count()
 
     def extend(self, requests: Iterable) -> None:
+        """Queue one submission."""
+        batch = next(self.submissions)
         for r in requests:
-            heapq.heappush(self.heap, (-r.priority, next(self.counter), r))
+            heapq.heappush(self.heap, (batch, -r.priority, next(self.counter), r))
 
     def pop(self, n: int) -> list:
         """The next `n` requests (fewer if fewer are queued)."""
-        return [heapq.heappop(self.heap)[2] for _ in range(min(n, len(self.heap)))]
+        return [heapq.heappop(self.heap)[3] for _ in range(min(n, len(self.heap)))]
 
     def clear(self) -> None:
         self.heap.clear()

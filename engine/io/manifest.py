@@ -2,7 +2,7 @@
 
 Row fields: `id`, `text` (required); `prompt_id`, `prompt_text`, `prompt_codes`, `prompt_audio`
 (voice prompt: transcript + X-codec2 codes, or a clip URI); `seed`, `method`, `temperature`,
-`top_p`, `top_k`, `repetition_penalty` (per-row overrides); `text_id`, `augment_seed`
+`top_p`, `top_k`, `repetition_penalty`, `max_new_tokens` (per-row overrides); `text_id`, `augment_seed`
 (provenance of augmentation variants). A malformed row (not JSON, invalid UTF-8, bad fields)
 becomes a `RowError` that travels with the shard into the output; it never stops the other
 rows. Fields of no meaning here are ignored, and counted (`unknown_fields`) so the job can warn.
@@ -42,6 +42,7 @@ class ManifestRow(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     repetition_penalty: float | None = Field(None, gt=0.0)
+    max_new_tokens: int | None = Field(None, ge=1)
 
     @field_validator("id", mode="before")
     @classmethod
@@ -66,7 +67,7 @@ class ManifestRow(BaseModel):
 
     def overrides(self) -> dict:
         """Per-row sampling overrides that are set."""
-        keys = ("method", "temperature", "top_p", "top_k", "repetition_penalty")
+        keys = ("method", "temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 

@@ -13,13 +13,14 @@ from engine.config import ResourcesSpec
 from engine.decoding.admission import AdmissionQueue, expected_tokens, speech_seconds
 
 
-def test_the_queue_pops_the_highest_priority_first_and_equals_in_arrival_order():
+def test_the_queue_keeps_submissions_in_order_and_pops_each_highest_priority_first():
     q = AdmissionQueue()
     q.extend(SimpleNamespace(priority=p, name=n) for p, n in [(5, "a"), (9, "b"), (5, "c"), (0, "d")])
-    q.extend([SimpleNamespace(priority=9, name="e")])
-    assert len(q) == 5
-    assert [r.name for r in q.pop(2)] == ["b", "e"]
-    assert [r.name for r in q.pop(10)] == ["a", "c", "d"]
+    q.extend([SimpleNamespace(priority=99, name="e"), SimpleNamespace(priority=1, name="f")])
+    assert len(q) == 6
+    assert [r.name for r in q.pop(2)] == ["b", "a"]  # equal priorities in arrival order
+    q.extend([SimpleNamespace(priority=1000, name="g")])  # a later submission waits its turn
+    assert [r.name for r in q.pop(10)] == ["c", "d", "e", "f", "g"]
     assert not q
     q.extend(SimpleNamespace(priority=0, name=n) for n in "xyz")  # all equal: first in, first out
     assert [r.name for r in q.pop(3)] == ["x", "y", "z"]

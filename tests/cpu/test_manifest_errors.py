@@ -35,6 +35,14 @@ def test_invalid_utf8_in_a_csv_row_is_an_error_row():
     assert rows[1].source == "m.csv:2" and "not valid UTF-8 (field 'text')" in rows[1].error
 
 
+def test_a_per_row_budget_is_an_override_and_a_bad_one_an_error_row():
+    data = b"id,text,max_new_tokens\na,fine,120\nb,bad budget,0\nc,none given,\n"
+    rows = validated(parse_rows("m.csv", data), "m.csv", 0)
+    assert [type(r) for r in rows] == [ManifestRow, RowError, ManifestRow]
+    assert rows[0].overrides() == {"max_new_tokens": 120} and rows[2].overrides() == {}
+    assert "max_new_tokens" in rows[1].error
+
+
 def test_unknown_fields_are_counted_and_the_plan_warns(tmp_path):
     rows = [{"id": "a", "text": "x", "speaker": "s1"}, {"id": "b", "text": "y", "speaker": "s2", "lang": "en"},
             {"id": "c", "text": "z"}]

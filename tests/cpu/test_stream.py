@@ -36,6 +36,8 @@ def run_shards(processor: ShardProcessor, spec) -> list[dict]:
 
 def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_groups, tmp_path):
     manifest, rows = manifest_with_temperatures(tmp_path / "m.jsonl", 16)
+    rows[5]["max_new_tokens"] = 3  # a per-row budget too, in the same batch
+    write_manifest(manifest, rows)
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
                     models={"dtype": "float64"},
                     decoding={"method": "pcg", "max_new_tokens": 20, "seed": 3},
@@ -54,9 +56,11 @@ def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_g
         for row in pq.read_table(r["data"]).to_pylist():
             out[row["id"]] = row["codes"]
     assert sorted(out) == [r["id"] for r in rows]
+    assert 1 <= len(out[rows[5]["id"]]) <= 3
     synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="float64")
     synth.set_groups(kit_groups)
-    items = [SynthesisItem(text=r["text"], id=r["id"], temperature=r["temperature"]) for r in rows]
+    items = [SynthesisItem(text=r["text"], id=r["id"], temperature=r["temperature"],
+                           max_new_tokens=r.get("max_new_tokens")) for r in rows]
     results, _ = synth.synthesize(items, spec.decoding, batch_size=3, admission="arrival")
     assert {r.id: r.codes for r in results} == out  # seeds from ids, not from scheduling or order
 
