@@ -328,6 +328,7 @@ class DecodeSession:
         if admission not in ADMISSIONS:
             raise ValueError(f"admission {admission!r}: choose one of {', '.join(ADMISSIONS)}")
         self.synth, self.batch, self.stream, self.admission = synth, batch, stream, admission
+        self.submissions = 0  # numbers each `submit`: earlier submissions are admitted first
         self.scheduler = DecodeScheduler()
         self.gamma_choices: list[GammaChoice] = []
 
@@ -335,7 +336,9 @@ class DecodeSession:
         """Queue `(settings, request)` pairs (requests from `Synthesizer.prepare` with those
         settings). `gamma: auto` is resolved here, per structure, from these rows."""
         by_structure: dict[tuple, list[tuple[DecodingSettings, Request]]] = {}
+        self.submissions += 1
         for settings, request in rows:
+            request.submission = self.submissions
             if self.admission == "arrival":
                 request.priority = 0
             by_structure.setdefault(structure(settings), []).append((settings, request))

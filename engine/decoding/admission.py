@@ -52,7 +52,8 @@ def expected_tokens(text: str, max_new_tokens: int) -> int:
 
 
 class AdmissionQueue:
-    """Queued requests. Earlier submissions first (a job worker submits a shard at a time, so
+    """Queued requests. Earlier submissions (`request.submission`, numbered by the decode
+    session) first (a job worker submits a shard at a time, so
     shards keep their order and are committed as early as in arrival order); within one
     submission the highest `priority` first, in arrival order among equals (all equal: first
     in, first out).
@@ -66,13 +67,11 @@ class AdmissionQueue:
     def __init__(self) -> None:
         self.heap: list[tuple[int, int, int, object]] = []
         self.counter = itertools.count()
-        self.submissions = itertools.count()
 
     def extend(self, requests: Iterable) -> None:
-        """Queue one submission."""
-        batch = next(self.submissions)
+        """Queue requests (each knows its `submission` and `priority`)."""
         for r in requests:
-            heapq.heappush(self.heap, (batch, -r.priority, next(self.counter), r))
+            heapq.heappush(self.heap, (r.submission, -r.priority, next(self.counter), r))
 
     def pop(self, n: int) -> list:
         """The next `n` requests (fewer if fewer are queued)."""

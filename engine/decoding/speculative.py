@@ -49,8 +49,9 @@ class Request:
             (the voice prompt's codes).
         warp: the row's sampling settings (temperature 0: greedy).
         rule: the row's acceptance rule (None for a decoder without a draft, `ar`).
-        priority: admission order: a free slot takes the highest-priority queued request,
-            the earliest queued among equals (see `decoding/admission.py`).
+        priority, submission: admission order: a free slot takes a queued request of the
+            earliest submission, of those the highest priority, the earliest queued among
+            equals (see `decoding/admission.py`).
     """
 
     key: object
@@ -61,6 +62,7 @@ class Request:
     warp: Warp = field(default_factory=lambda: Warp(decoding_default("temperature")))
     rule: Rule | None = None
     priority: int = 0
+    submission: int = 0
 
 
 @dataclass

@@ -13,16 +13,21 @@ from engine.config import ResourcesSpec
 from engine.decoding.admission import AdmissionQueue, expected_tokens, speech_seconds
 
 
+def req(name: str, priority: int, submission: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(name=name, priority=priority, submission=submission)
+
+
 def test_the_queue_keeps_submissions_in_order_and_pops_each_highest_priority_first():
     q = AdmissionQueue()
-    q.extend(SimpleNamespace(priority=p, name=n) for p, n in [(5, "a"), (9, "b"), (5, "c"), (0, "d")])
-    q.extend([SimpleNamespace(priority=99, name="e"), SimpleNamespace(priority=1, name="f")])
-    assert len(q) == 6
-    assert [r.name for r in q.pop(2)] == ["b", "a"]  # equal priorities in arrival order
-    q.extend([SimpleNamespace(priority=1000, name="g")])  # a later submission waits its turn
-    assert [r.name for r in q.pop(10)] == ["c", "d", "e", "f", "g"]
+    q.extend([req("a", 5), req("b", 9), req("c", 5), req("d", 0)])
+    q.extend([req("e", 99, 1), req("f", 1, 1)])
+    q.extend([req("g", 7)])  # queued later, but of the first submission (another structure group)
+    assert len(q) == 7
+    assert [r.name for r in q.pop(3)] == ["b", "g", "a"]  # equal priorities in arrival order
+    q.extend([req("h", 1000, 2)])  # a later submission waits its turn
+    assert [r.name for r in q.pop(10)] == ["c", "d", "e", "f", "h"]
     assert not q
-    q.extend(SimpleNamespace(priority=0, name=n) for n in "xyz")  # all equal: first in, first out
+    q.extend(req(n, 0) for n in "xyz")  # all equal: first in, first out
     assert [r.name for r in q.pop(3)] == ["x", "y", "z"]
 
 
@@ -90,3 +95,18 @@ def test_with_lengths_known_longest_first_keeps_the_batch_full_to_the_end(synth6
     assert arrival.decode_rounds == 8 + 40  # rows 0-1, rows 2-3, then row 4 alone
     assert longest.decode_rounds == 40  # row 4 from the start, the short rows beside it
     assert {r.id: r.codes for r in runs["arrival"][0]} == {r.id: r.codes for r in runs["longest_first"][0]}
+
+
+def test_a_later_submission_waits_for_the_rows_of_an_earlier_one(synth64, kit_groups):
+    """A job worker submits shard after shard: a newer shard's long rows must not overtake an
+    older shard's short ones (its commit, and the next shard, would wait)."""
+    settings = DecodingSettings(method="pcg", theta=kit_groups.theta, max_new_tokens=300, seed=4)
+    session = synth64.session(2, stream=True)
+    first = [(settings, synth64.prepare(i, TEXTS[i], settings, key=("old", i))[1]) for i in (0, 3, 5)]
+    second = [(settings, synth64.prepare(i, TEXTS[i], settings, key=("new", i))[1]) for i in (2, 4)]
+    session.submit(first)
+    session.submit(second)
+    session.step()
+    (decoder,) = session.scheduler.decoders.values()
+    assert sorted(r.key for r in decoder.owner.values()) == [("old", 3), ("old", 5)]  # the two longest
+    session.reset()

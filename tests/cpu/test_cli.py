@@ -96,7 +96,7 @@ def test_generate_writes_an_audio_dataset_and_wav_files_with_a_clip_prompt(kit_d
         '{"id": "cloned", "text": "Say it again.", "prompt_text": "A reference.", "prompt_audio": "ref.wav"}\n')
     out = tmp_path / "ds.parquet"
     code = main(["generate", "--kit", str(kit_dir), "--texts-file", str(texts), "--method", "exact",
-                 "--max-new-tokens", "20", "--device", "cpu", "--out", str(out),
+                 "--max-new-tokens", "20", "--device", "cpu", "--out", str(out), "--admission", "arrival",
                  "--wav-dir", str(tmp_path / "wav"), "--quiet"])
     assert code == 0, capsys.readouterr().err
     table = pq.read_table(out)
