@@ -256,7 +256,8 @@ def median(values: list[float]) -> float | None:
 def markdown(doc: dict) -> str:
     m = doc["machine"]
     lines = [f"Job throughput on the tiny kit: {m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} "
-             f"threads for decoding, torch {m['torch']}, {m['date']}; load average (1 min) "
+             f"threads for decoding, torch {m['torch']}, models.dtype {doc['dtype']['models.dtype']} "
+             f"({doc['dtype']['resolved']} here) for jobs and decoding alone, {m['date']}; load average (1 min) "
              f"{doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end "
              "(other work shares these cores: compare figures within this file only).", "",
              "| workload | admission | run | slot utilisation | steady tokens/s | vs decoding alone | io wait s "
@@ -325,7 +326,8 @@ def main() -> None:
         os.environ["PCG_SYNTH_CACHE"] = str(work / "cache")
         workloads = specs(kit, work, args.threads)
         rows = {name: job_rows(spec, work) for name, spec in workloads}
-        synth = Synthesizer.load(kit / "target", draft=kit / "draft", device="cpu", dtype="float32")
+        dtype = workloads[0][1].models.dtype  # as the jobs (and `generate`'s default): auto
+        synth = Synthesizer.load(kit / "target", draft=kit / "draft", device="cpu", dtype=dtype)
         synth.synthesize(["Warm-up sentence number one.", "And two."],
                          workloads[0][1].decoding.model_copy(update={"max_new_tokens": 16}))
         runs = {name: {f"{run}_{a}": [] for run in ("alone", "job") for a in ADMISSIONS} | {"before": []}
@@ -357,6 +359,7 @@ def main() -> None:
     doc = {"benchmark": "job throughput: slot utilisation and steady tokens/s vs decoding alone (tiny kit, CPU)",
            "how": ".venv/bin/python benchmarks/bench_job_throughput.py " + " ".join(sys.argv[1:]),
            "machine": describe("cpu"), "threads": args.threads, "reps": args.reps,
+           "dtype": {"models.dtype": dtype, "resolved": str(synth.target.model.dtype).replace("torch.", "")},
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
            "seconds": round(time.perf_counter() - t0, 1), "before": args.before, "workloads": {}}
     for name, _ in workloads:
