@@ -24,6 +24,7 @@ from engine.decoding.speculative import Request, RowResult, SpeculativeDecoder
 from engine.decoding.verify import Rule, make_rule, rule_key
 from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
+from engine.groups.source import stored_speech_rows
 from engine.models.device import resolve_device
 from engine.models.llasa import DEFAULT_DATE_STRING, LLASA_CONTEXT, LlasaPrompter
 from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
@@ -76,10 +77,18 @@ class Synthesizer:
         return self.target.model.device
 
     def speech_embeddings(self) -> torch.Tensor:
-        """`[65536, hidden]` input-embedding rows of the speech tokens (the groups' source)."""
+        """`[65536, hidden]` input-embedding rows of the speech tokens (the groups' source), as the
+        checkpoint stores them: a model loaded in another dtype (float32 weights decoded in
+        bfloat16) takes its groups from the stored values, so they are the groups a job's driver
+        builds from the same checkpoint, whatever `dtype` this synthesizer runs in."""
         layout = self.target.layout
         table = self.target.model.model.embed_tokens.weight
-        return table[layout.first_speech: layout.first_speech + layout.num_speech].detach()
+        rows = table[layout.first_speech: layout.first_speech + layout.num_speech].detach()
+        if (self.target.path / "config.json").is_file():
+            stored = stored_speech_rows(self.target.path, self.target.config, layout)
+            if stored.dtype != rows.dtype:
+                return stored
+        return rows
 
     def set_groups(self, groups: SpeechGroups) -> None:
         """Use prebuilt groups for their (theta, cap) instead of building them."""

@@ -52,8 +52,15 @@ def load_speech_embeddings(checkpoint: str | Path, source: str = "input_embeddin
     """
     path = model_dir(checkpoint)  # a directory, Hub model id or URI
     config = read_config(path)
-    name = tensor_name(config, source)
     layout = LlasaLayout.from_tokenizer(load_tokenizer(path), model_vocab_size=config["vocab_size"])
+    return stored_speech_rows(path, config, layout, source)
+
+
+def stored_speech_rows(path: Path, config: dict, layout: LlasaLayout,
+                       source: str = "input_embeddings") -> torch.Tensor:
+    """The speech rows of the local checkpoint directory `path` (its `config`, its tokenizer's
+    `layout`), as stored: `load_speech_embeddings` once the directory is resolved and read."""
+    name = tensor_name(config, source)
     with safe_open(str(find_tensor_file(path, name)), framework="pt") as f:
         table = f.get_slice(name)
         rows = table.get_shape()[0]

@@ -62,6 +62,25 @@ def test_loader_reads_the_models_speech_rows(kit_dir, kit_synth):
     assert np.array_equal(head.numpy(), rows.numpy())
 
 
+def test_a_bfloat16_synthesizer_groups_the_stored_rows(kit_dir, kit_synth):
+    """`generate` in bfloat16 (`dtype: auto` on a bfloat16 CPU or a GPU) builds its groups from
+    the checkpoint's float32 rows, as a job's driver does, not from the rows rounded to bfloat16:
+    both find the same entry of the groups cache (the same groups)."""
+    import torch
+
+    from engine import Synthesizer
+    from engine.groups.source import embeddings_sha256
+
+    synth = Synthesizer.load(kit_dir / "target", device="cpu", dtype="bfloat16")
+    stored = load_speech_embeddings(kit_dir / "target")
+    assert stored.dtype == torch.float32
+    first = synth.target.layout.first_speech
+    rounded = synth.target.model.model.embed_tokens.weight[first: first + len(stored)]
+    assert rounded.dtype == torch.bfloat16 and not torch.equal(rounded.float(), stored)  # the old source
+    assert torch.equal(synth.speech_embeddings(), stored)
+    assert embeddings_sha256(synth.speech_embeddings()) == embeddings_sha256(kit_synth.speech_embeddings())
+
+
 def test_build_to_file_then_stats(small_npy, tmp_path, capsys):
     out_path = tmp_path / "g.safetensors"
     code, out, _ = run(capsys, "build", "--embeddings", small_npy, "--theta", "0.3",
