@@ -1,6 +1,6 @@
 """How full a job keeps its batch, and how close its throughput comes to decoding alone.
 
-Three workloads on the tiny kit, each run several ways side by side, in one run of this script:
+Four workloads on the tiny kit, each run several ways side by side, in one run of this script:
   * `temps48`: 48 rows (the quickstart texts, cycled) carrying 4 per-row temperatures, decoded
     as in jobs/quickstart.yaml (pcg, gamma 3, theta 0.4, max_new_tokens 200); job: one worker,
     batch_size 8, rows_per_shard 6;
@@ -11,6 +11,9 @@ Three workloads on the tiny kit, each run several ways side by side, in one run 
     budget: lengths that follow the text, as a real model's do (the kit's end-of-speech is a
     random per-step event, so in the other two workloads a row's length has nothing to do with
     its text);
+  * `augment120`: augment's spec with 12 of its 24 variants per text and no audio budget (120
+    rows): the same kind of rows, three times as many per batch slot, so the job's final drain
+    (the last rounds, when rows finish and none is left to take their slots) weighs less;
   * the job: `pcg-synth run` on a local Ray cluster (models loaded and warmed up before the clock
     starts; `steady.tokens_per_s` runs from the first shard handed out to the last committed,
     codec, audio, Parquet and commit included);
@@ -96,12 +99,18 @@ def specs(kit: Path, work: Path, threads: int, before: bool = False):
         "resources": aug.resources.model_copy(update={"workers": 1, "cpus_per_worker": threads})})
     if before:
         return [("temps48", temps), ("augment", aug)]
+    # the same augmentation spec at a scale where the job's final drain weighs less: 12 of the
+    # 24 variants per text, no audio budget (120 rows, 15 per batch slot against augment's 5)
+    aug120 = aug.model_copy(update={
+        "name": "augment120",
+        "augment": aug.augment.model_copy(update={"max_variants_per_text": 12, "max_audio_hours": None}),
+        "output": aug.output.model_copy(update={"uri": str(work / "out-augment120")})})
     manifest = work / "lengths48.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in lengths48_rows()))
     lengths = temps.model_copy(update={
         "name": "lengths48", "input": InputSpec(manifests=[str(manifest)]),
         "output": quick.output.model_copy(update={"uri": str(work / "out-lengths48")})})
-    return [("temps48", temps), ("augment", aug), ("lengths48", lengths)]
+    return [("temps48", temps), ("augment", aug), ("lengths48", lengths), ("augment120", aug120)]
 
 
 def job_rows(spec, work: Path) -> list[dict]:
@@ -199,12 +208,15 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
         pairs.append((settings, request, request.priority))
     session.submit([(settings, request) for settings, request, _ in pairs])
     tokens, start, rounds = 0, time.perf_counter(), {}
+    s = session.scheduler
+    undrained = None  # (slot rounds, slots) when the last row entered the batch
     while not session.idle:
         for request, row in session.step():
             tokens += row.stats.generated_tokens
             rounds[request.key] = row.stats.rounds
+        if undrained is None and not any(d.queue for d in s.decoders.values()):
+            undrained = (s.slot_rounds, s.slots)
     seconds = time.perf_counter() - start
-    s = session.scheduler
     queued: dict[tuple, list[tuple[int, int]]] = {}  # arrival order: `submit` groups rows by structure
     for settings, r, estimate in pairs:
         queued.setdefault(structure(settings), []).append((rounds[r.key], estimate))
@@ -212,6 +224,10 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
     one = len(s.used) == 1
     return {"admission": admission, "rows": len(pairs), "generated_tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / seconds, 2), "slot_utilisation": round(s.slot_rounds / s.slots, 4),
+            # the batch until the queue ran dry (the final drain, when no row is left to admit, excluded)
+            "slot_utilisation_before_drain": round(undrained[0] / undrained[1], 4) if undrained and undrained[1]
+            else None,
+            "drain_share_of_slots": round(1 - undrained[1] / s.slots, 4) if undrained else None,
             "decoders": len(s.used), "rounds_per_row": [r for r, _ in per_row],
             "estimated_tokens": [e for _, e in per_row],
             "order_bounds": order_bounds(*map(list, zip(*per_row)), batch) if one else None}
@@ -253,6 +269,12 @@ def median(values: list[float]) -> float | None:
     return values[mid] if len(values) % 2 else round((values[mid - 1] + values[mid]) / 2, 4)
 
 
+def table(intro: str, header: list[str], rows: list[list]) -> list[str]:
+    """Markdown lines: a paragraph, then a table."""
+    return (["", intro, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows])
+
+
 def markdown(doc: dict) -> str:
     m = doc["machine"]
     lines = [f"Job throughput on the tiny kit: {m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} "
@@ -275,16 +297,23 @@ def markdown(doc: dict) -> str:
                          f"{x['alone_tokens_per_s']} | 1 | - | - | {x['alone_decoders']} |")
             lines.append(f"| {name} | {a} | job, streaming | {x['job_slot_utilisation']} | {x['job_tokens_per_s']} | "
                          f"{x['job_ratio']} | {x['job_io_wait_s']} | {x['job_overlap']} | {x['job_decoders']} |")
-    lines += ["", "What the order rows are admitted in can do (decoding alone, one decoder; simulated on the "
-              "rounds each row took in the first repetition's arrival-order run, whose order reproduces the "
-              "measured utilisation):", "",
-              "| workload | arrival | longest first by the estimate (`longest_first`) | longest first by the "
-              "rounds (lengths known in advance) | random orders: median [5 %, 95 %] |", "|---|---|---|---|---|"]
-    for name, w in doc["workloads"].items():
-        b = w["runs"]["alone_arrival"][0].get("order_bounds")
-        if b:
-            lines.append(f"| {name} | {b['as_submitted']} | {b['by_estimate']} | {b['longest_first']} | "
-                         f"{b['random_median']} [{b['random_p05']}, {b['random_p95']}] |")
+    bounds = [w["runs"]["alone_arrival"][0].get("order_bounds") for w in doc["workloads"].values()]
+    lines += table("What the order rows are admitted in can do (decoding alone, one decoder; simulated on the "
+                   "rounds each row took in the first repetition's arrival-order run, whose order reproduces the "
+                   "measured utilisation):",
+                   ["workload", "arrival", "longest first by the estimate (`longest_first`)",
+                    "longest first by the rounds (lengths known in advance)", "random orders: median [5 %, 95 %]"],
+                   [[name, b["as_submitted"], b["by_estimate"], b["longest_first"],
+                     f"{b['random_median']} [{b['random_p05']}, {b['random_p95']}]"]
+                    for name, b in zip(doc["workloads"], bounds) if b])
+    drains = [(name, a, w["summary"][a]) for name, w in doc["workloads"].items() for a in ("arrival", "longest_first")]
+    lines += table("Where the empty slots are (decoding alone): the batch until the last row entered it, and the "
+                   "final drain after that, when rows finish and nothing is left to admit (its length is set by "
+                   "the rows admitted last, so it weighs less the more rows per slot a job has):",
+                   ["workload", "admission", "slot utilisation", "until the last row entered",
+                    "final drain's share of the slot-rounds"],
+                   [[name, a, x["alone_slot_utilisation"], x["alone_before_drain"], x["alone_drain_share"]]
+                    for name, a, x in drains if x.get("alone_before_drain") is not None])
     lines += ["", "Medians over repetitions; each repetition runs decoding alone and the jobs back to back, "
               "in both admission orders (the order alternates between repetitions). Workloads: "
               + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
@@ -355,7 +384,9 @@ def main() -> None:
                     "lengths48": "temps48's texts at temperature 1.2, each row's max_new_tokens its text's estimated "
                                  "speech (127-257 tokens): on the kit most rows run to their budget, so lengths "
                                  "follow the text as a real model's do; pcg gamma 3, batch 8, 6 rows per shard, "
-                                 "1 worker"}
+                                 "1 worker",
+                    "augment120": "jobs/augment.yaml's spec with 12 variants per text and no audio budget: 120 "
+                                  "variants + 1 bad row, batch 8, 12 rows per shard, 1 worker"}
     doc = {"benchmark": "job throughput: slot utilisation and steady tokens/s vs decoding alone (tiny kit, CPU)",
            "how": ".venv/bin/python benchmarks/bench_job_throughput.py " + " ".join(sys.argv[1:]),
            "machine": describe("cpu"), "threads": args.threads, "reps": args.reps,
@@ -371,6 +402,8 @@ def main() -> None:
                 "alone_tokens_per_s": median([x["tokens_per_s"] for x in alone]),
                 "alone_slot_utilisation": median([x["slot_utilisation"] for x in alone]),
                 "alone_decoders": alone[0]["decoders"],
+                "alone_before_drain": median([x.get("slot_utilisation_before_drain") for x in alone]),
+                "alone_drain_share": median([x.get("drain_share_of_slots") for x in alone]),
                 "job_tokens_per_s": median([x["steady_tokens_per_s"] for x in job]),
                 "job_slot_utilisation": median([x["slot_utilisation"] for x in job]),
                 "job_ratio": median([ratio(j, x) for j, x in zip(job, alone)]),
