@@ -41,6 +41,11 @@ class DecodeScheduler:
     def idle(self) -> bool:
         return all(d.idle for d in self.decoders.values())
 
+    @property
+    def queued(self) -> int:
+        """Rows waiting for a slot, over every decoder."""
+        return sum(len(d.queue) for d in self.decoders.values())
+
     def step(self) -> list[tuple[Request, RowResult]]:
         """One round of one decoder with work; the rows that finished in it."""
         busy = [k for k, d in self.decoders.items() if not d.idle]

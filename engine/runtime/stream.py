@@ -46,8 +46,8 @@ class ShardTask:
 class Counters:
     """Cumulative figures of the pipeline; `take` returns what accrued since the last take."""
 
-    FIELDS = ("decode_rounds", "slot_rounds", "slots", "decode_s", "io_wait_s", "finalise_s", "overlap_s",
-              "busy_s")
+    FIELDS = ("decode_rounds", "slot_rounds", "slots", "starved_slots", "split_slots", "decode_s", "io_wait_s",
+              "finalise_s", "overlap_s", "busy_s")
 
     def __init__(self) -> None:
         self.total = dict.fromkeys(self.FIELDS, 0.0)
@@ -88,6 +88,11 @@ class ShardStream:
         self.round_started: float | None = None
         self.io_wait_s = self.finalise_s = self.overlap_s = 0.0
         self.busy_s, self.busy_since = 0.0, None
+        # Empty slots by cause (the decode thread counts them): `split_slots` while rows waited
+        # for another decoder (settings that cannot share a batch); the rest ran with nothing
+        # queued: a dry spell, `starved_slots` once a later shard ends it (the worker was waiting
+        # for its next shard), else the end of the worker's work (its last rows finishing).
+        self.starved_slots = self.split_slots = self.dry_spell = 0
         self.threads: list[threading.Thread] = []
 
     # ---- callers ------------------------------------------------------------------------------
@@ -141,10 +146,11 @@ class ShardStream:
             held = self.held
         sched = self.session.scheduler
         totals = {"decode_rounds": sched.rounds, "slot_rounds": sched.slot_rounds, "slots": sched.slots,
+                  "starved_slots": self.starved_slots, "split_slots": self.split_slots,
                   "decode_s": self.decode_clock(now), "io_wait_s": self.io_wait_s,
                   "finalise_s": self.finalise_s, "overlap_s": self.overlap_s, "busy_s": busy}
         out = self.counters.take(totals)
-        for k in ("decode_rounds", "slot_rounds", "slots"):
+        for k in ("decode_rounds", "slot_rounds", "slots", "starved_slots", "split_slots"):
             out[k] = int(out[k])
         out.update(held=held, decoders=len(sched.used), io_backlog_max=self.waiting_io_max)
         return out
@@ -169,6 +175,8 @@ class ShardStream:
             if self.session.idle:
                 continue
             self.round_started = start = time.perf_counter()
+            sched = self.session.scheduler
+            slots, filled = sched.slots, sched.slot_rounds
             try:
                 done = self.session.step()
             except Exception as exc:  # the batch is in doubt: every shard in it is redone
@@ -177,6 +185,11 @@ class ShardStream:
             finally:
                 self.decode_s += time.perf_counter() - start
                 self.round_started = None
+            empty = (sched.slots - slots) - (sched.slot_rounds - filled)
+            if sched.queued:
+                self.split_slots += empty
+            else:
+                self.dry_spell += empty
             for request, row in done:
                 task, i = request.key
                 res = task.results[i]
@@ -193,6 +206,8 @@ class ShardStream:
             if rows:
                 self.decoding.append(task)
                 self.session.submit(rows)
+                self.starved_slots += self.dry_spell  # the spell waited for this shard
+                self.dry_spell = 0
         except Exception as exc:
             self.fail_all(exc, task)
             return

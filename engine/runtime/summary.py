@@ -73,17 +73,33 @@ def utilisation(records: list[dict], synth_s: float, workers: int, window: int |
     """How busy the workers were: time holding shards over the synthesis phase (model loading
     and idle waits are the rest); batch slots filled per decode round; how long decoding waited
     for the writer (`io_wait_s`, ~0 when writing keeps up) and the share of writing time that
-    ran while decoding went on (`overlap`)."""
+    ran while decoding went on (`overlap`); where the empty slots were (`empty_slots`)."""
     busy = sum(busy_of(r) for r in records)
     slots = sum(slots_of(r) for r in records)
     filled = sum(r.get("slot_rounds", 0) for r in records)
     finalise = sum(r.get("finalise_s", 0.0) for r in records)
     return {"worker_busy_fraction": round(busy / (synth_s * workers), 4) if records else None,
             "slot_utilisation": round(filled / slots, 4) if slots else None,
+            "empty_slots": empty_slots(records, slots, filled),
             "io_wait_s": round(sum(r.get("io_wait_s", 0.0) for r in records), 4) if records else None,
             "overlap": round(sum(r.get("overlap_s", 0.0) for r in records) / finalise, 4) if finalise else None,
             "finalise_s": round(finalise, 4) if records else None,
             "shard_window": window}
+
+
+def empty_slots(records: list[dict], slots: int, filled: int) -> dict | None:
+    """The batch slots left empty, as shares of all slots, by cause: `waiting_for_shards` (a
+    worker's queue ran dry and a later shard refilled it: a wider `shard_window` or smaller
+    shards keep it fed), `other_decoders` (rows were queued, but for a decoder of other
+    structural settings) and `end_of_work` (each worker's last rows finishing with nothing left
+    to admit: a fixed cost per worker, so its share falls as a job grows). None for records
+    written before these figures existed."""
+    if not slots or not all("starved_slots" in r for r in records):
+        return None
+    starved = sum(r["starved_slots"] for r in records)
+    split = sum(r["split_slots"] for r in records)
+    return {"waiting_for_shards": round(starved / slots, 4), "other_decoders": round(split / slots, 4),
+            "end_of_work": round((slots - filled - starved - split) / slots, 4)}
 
 
 def steady(records: list[dict], report) -> dict:
@@ -209,6 +225,11 @@ def summary_table(s: dict) -> str:
         ("throughput", f"{s['throughput']['tokens_per_s']} tok/s, {s['throughput']['audio_s_per_s']} "
                        f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"),
     ]
+    empty = s["utilisation"].get("empty_slots")
+    if empty:
+        rows.insert(-1, ("empty slots", f"waiting for shards {empty['waiting_for_shards']}, other decoders "
+                                        f"{empty['other_decoders']}, end of work {empty['end_of_work']} "
+                                        "(shares of all slots)"))
     for text in s.get("warnings", []):
         rows.append(("warning", text))
     for w in sh.get("capacity_waits", []):

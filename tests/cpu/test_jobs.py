@@ -72,6 +72,9 @@ def test_quickstart_job_end_to_end(local_ray, kit_dir, tmp_path, groups_cache, k
     assert 0 < summary["utilisation"]["slot_utilisation"] <= 1
     assert summary["utilisation"]["io_wait_s"] >= 0 and 0 <= summary["utilisation"]["overlap"] <= 1
     assert summary["utilisation"]["shard_window"] == 3  # 2 raised to hold two batches of rows
+    empty = summary["utilisation"]["empty_slots"]  # every empty slot has one cause
+    assert empty["end_of_work"] > 0 and min(empty.values()) >= 0
+    assert sum(empty.values()) == pytest.approx(1 - summary["utilisation"]["slot_utilisation"], abs=2e-4)
     assert all(0 < w["slot_utilisation"] <= 1 for w in summary["workers"].values())
     on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert on_disk["rows_ok"] == summary["rows_ok"]

@@ -127,3 +127,31 @@ def test_a_failing_write_fails_only_its_shard(kit_dir, tmp_path):
         processor.close()
     assert not (tmp_path / "out" / "_commits" / "shard-00001.json").exists()
 
+
+
+def test_empty_slots_are_told_apart_by_cause(kit_dir, tmp_path):
+    """A worker whose second shard arrives only after its first is done: the first shard's empty
+    slots turn out to have been waiting for a shard (reported with the second), the second's,
+    with nothing after it, are the end of the work; the summary gives both as shares."""
+    from engine.runtime.summary import utilisation
+
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(8))
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
+                    decoding={"method": "exact", "max_new_tokens": 8, "seed": 1},
+                    resources={"workers": 1, "batch_size": 8, "rows_per_shard": 4})
+    processor = ShardProcessor(spec)
+    try:
+        plan = make_plan(spec, processor.storage)
+        first = processor.submit(plan.shards[0]).result(timeout=600)
+        second = processor.submit(plan.shards[1]).result(timeout=600)
+    finally:
+        processor.close()
+    first_empty = first["slots"] - first["slot_rounds"]
+    second_empty = second["slots"] - second["slot_rounds"]
+    assert first_empty >= 4 * first["decode_rounds"] > 0  # 4 rows in 8 slots
+    assert first["starved_slots"] == 0 and first["split_slots"] == 0  # not known yet at its commit
+    assert second["starved_slots"] == first_empty and second["split_slots"] == 0
+    empty = utilisation([first, second], synth_s=1.0, workers=1)["empty_slots"]
+    slots = first["slots"] + second["slots"]
+    assert empty == {"waiting_for_shards": round(first_empty / slots, 4), "other_decoders": 0.0,
+                     "end_of_work": round(second_empty / slots, 4)}
