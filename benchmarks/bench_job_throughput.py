@@ -146,7 +146,7 @@ def run_job(spec, rep: int, admission: str | None = None) -> dict:
             "shards": summary["shards"]["total"], "steady_s": steady["wall_s"],
             "steady_tokens_per_s": steady["tokens_per_s"], "slot_utilisation": u["slot_utilisation"],
             "worker_busy_fraction": u["worker_busy_fraction"], "io_wait_s": u.get("io_wait_s"),
-            "overlap": u.get("overlap"), "shard_window": u.get("shard_window"),
+            "overlap": u.get("overlap"), "shard_window": u.get("shard_window"), "empty_slots": u.get("empty_slots"),
             "decoders": max((w.get("decoders", 0) for w in summary["workers"].values()), default=None),
             "worker_threads": [w.get("torch_threads") for w in summary["workers"].values()],
             "wall_s": round(time.perf_counter() - start, 1)}
@@ -307,12 +307,15 @@ def markdown(doc: dict) -> str:
                      f"{b['random_median']} [{b['random_p05']}, {b['random_p95']}]"]
                     for name, b in zip(doc["workloads"], bounds) if b])
     drains = [(name, a, w["summary"][a]) for name, w in doc["workloads"].items() for a in ("arrival", "longest_first")]
-    lines += table("Where the empty slots are (decoding alone): the batch until the last row entered it, and the "
+    lines += table("Where the empty slots are. Decoding alone: the batch until the last row entered it, and the "
                    "final drain after that, when rows finish and nothing is left to admit (its length is set by "
-                   "the rows admitted last, so it weighs less the more rows per slot a job has):",
-                   ["workload", "admission", "slot utilisation", "until the last row entered",
-                    "final drain's share of the slot-rounds"],
-                   [[name, a, x["alone_slot_utilisation"], x["alone_before_drain"], x["alone_drain_share"]]
+                   "the rows admitted last, so it weighs less the more rows per slot a job has). The job: "
+                   "summary.json's `utilisation.empty_slots`, shares of all slots by cause:",
+                   ["workload", "admission", "alone: slot utilisation", "alone: until the last row entered",
+                    "alone: final drain's share of the slot-rounds", "job: slot utilisation",
+                    "job: waiting for shards", "job: other decoders", "job: end of work"],
+                   [[name, a, x["alone_slot_utilisation"], x["alone_before_drain"], x["alone_drain_share"],
+                     x["job_slot_utilisation"], *x.get("job_empty_slots", {}).values()]
                     for name, a, x in drains if x.get("alone_before_drain") is not None])
     lines += ["", "Medians over repetitions; each repetition runs decoding alone and the jobs back to back, "
               "in both admission orders (the order alternates between repetitions). Workloads: "
@@ -410,6 +413,8 @@ def main() -> None:
                 "job_io_wait_s": median([x["io_wait_s"] for x in job]),
                 "job_overlap": median([x["overlap"] for x in job]),
                 "job_decoders": job[0]["decoders"],
+                "job_empty_slots": {k: median([(x.get("empty_slots") or {}).get(k) for x in job])
+                                    for k in ("waiting_for_shards", "other_decoders", "end_of_work")},
             }
         if r["before"]:  # against decoding alone in arrival order, as the code before had no other
             alone = r["alone_arrival"]
