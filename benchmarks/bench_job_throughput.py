@@ -214,7 +214,7 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
         for request, row in session.step():
             tokens += row.stats.generated_tokens
             rounds[request.key] = row.stats.rounds
-        if undrained is None and not any(d.queue for d in s.decoders.values()):
+        if undrained is None and not s.queued:
             undrained = (s.slot_rounds, s.slots)
     seconds = time.perf_counter() - start
     queued: dict[tuple, list[tuple[int, int]]] = {}  # arrival order: `submit` groups rows by structure

@@ -209,6 +209,7 @@ def summary_table(s: dict) -> str:
                      f"({aug['texts'] + aug['bad_rows']} manifest rows)")
     else:
         method, rows_line = s["method"], f"{s['rows_ok']} ok, {s['rows_failed']} failed, {s['rows']} in manifests"
+    empty = s["utilisation"].get("empty_slots")
     rows = [
         ("job", f"{s['job']} -> {s['output']}"),
         ("method", method),
@@ -222,14 +223,12 @@ def summary_table(s: dict) -> str:
                         f"{s['utilisation']['slot_utilisation']}, decoding waited on IO "
                         f"{s['utilisation'].get('io_wait_s')} s, writing overlapped with decoding "
                         f"{s['utilisation'].get('overlap')}"),
+        *([("empty slots", f"waiting for shards {empty['waiting_for_shards']}, other decoders "
+                           f"{empty['other_decoders']}, end of work {empty['end_of_work']} (shares of all slots)")]
+          if empty else []),
         ("throughput", f"{s['throughput']['tokens_per_s']} tok/s, {s['throughput']['audio_s_per_s']} "
                        f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"),
     ]
-    empty = s["utilisation"].get("empty_slots")
-    if empty:
-        rows.insert(-1, ("empty slots", f"waiting for shards {empty['waiting_for_shards']}, other decoders "
-                                        f"{empty['other_decoders']}, end of work {empty['end_of_work']} "
-                                        "(shares of all slots)"))
     for text in s.get("warnings", []):
         rows.append(("warning", text))
     for w in sh.get("capacity_waits", []):
