@@ -57,6 +57,7 @@ class PoolReport:
     capacity_waits: list[dict] = field(default_factory=list)  # {"waited_s", "outcome"} per wait
     first_dispatch: float | None = None  # time.monotonic() of the first shard handed out
     last_commit: float | None = None
+    placements: dict[str, dict] = field(default_factory=dict)  # worker -> where it loaded
 
     @property
     def steady_s(self) -> float | None:
@@ -246,13 +247,14 @@ class WorkerPool:
     def on_started(self, ref) -> None:
         slot, _ = self.starting.pop(ref)
         try:
-            ray.get(ref)
+            info = ray.get(ref)
         except RayActorError as exc:
             self.actors.pop(slot, None)
             if exc.actor_init_failed:
                 raise JobFailed(f"worker w{slot} failed to start: {first_line(exc)}") from None
             self.replace()  # died while loading (process killed, node lost): replaced like any other
             return
+        self.report.placements[info["worker"]] = {k: info[k] for k in ("node", "host", "gpu_ids", "device")}
         self.free.extend([slot] * self.window)
 
     def on_finished(self, ref) -> None:

@@ -189,6 +189,7 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
                        "audio_s_per_s": round(run_audio / synth_s, 3) if run_records else None,
                        "rows_per_s": round(run_rows / synth_s, 3) if run_records else None},
         "workers": per_worker(run_records),
+        "placements": dict(report.placements) if report else {},
         "utilisation": {**utilisation(run_records, synth_s, min(spec.resources.workers, len(run_records)),
                                       spec.resources.window), "admission": spec.resources.admission},
         "gamma_auto": gamma_decisions(run_records),
@@ -245,5 +246,9 @@ def summary_table(s: dict) -> str:
         rows.append((f"worker {name}", f"{w['shards']} shards, {w['rows']} rows, {w['tokens_per_s']} tok/s, "
                                        f"slots {w['slot_utilisation']}, io wait {w['io_wait_s']} s, "
                                        f"overlap {w['overlap']}, {w['device']} gpus={w['gpu_ids']}"))
+    for name, where in sorted(s.get("placements", {}).items()):
+        if name not in s["workers"]:  # loaded after the others had taken every shard
+            rows.append((f"worker {name}", f"no shards (loaded after the others took them all), "
+                                           f"{where['device']} gpus={where['gpu_ids']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

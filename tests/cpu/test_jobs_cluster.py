@@ -12,6 +12,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from engine.runtime.job import JobRunner
+from engine.runtime.summary import summary_table
 
 from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
 
@@ -50,10 +51,18 @@ def test_workers_are_placed_one_per_gpu(cluster, kit_dir, tmp_path):
     gpu_nodes(cluster, count=2, gpus=2)
     spec = gpu_spec(kit_dir, tmp_path, rows=16, workers=4)
     summary = JobRunner(spec, progress=False).run()
-    placements = {(w["node"], tuple(w["gpu_ids"])) for w in summary["workers"].values()}
+    # every worker that loaded, whether or not it got a shard before the others took them all
+    placed = summary["placements"]
+    placements = {(w["node"], tuple(w["gpu_ids"])) for w in placed.values()}
     assert all(len(gpus) == 1 for _, gpus in placements)
-    assert len(placements) == len(summary["workers"]) >= 3  # distinct GPUs, no GPU shared
+    assert len(placements) == len(placed) == 4  # four distinct GPUs, no GPU shared
     assert len({node for node, _ in placements}) == 2
+    for name, w in summary["workers"].items():  # the workers that decoded ran where they loaded
+        assert (w["node"], w["gpu_ids"]) == (placed[name]["node"], placed[name]["gpu_ids"])
+    table = summary_table(summary)  # a worker without shards is named too, with the reason
+    assert all(f"worker {name}" in table for name in placed)
+    assert all(("no shards" in line) == (line.split()[1] not in summary["workers"])
+               for line in table.splitlines() if line.startswith("worker "))
     assert_each_row_once(spec, 16)
 
 
