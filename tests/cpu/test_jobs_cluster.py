@@ -50,20 +50,22 @@ def assert_each_row_once(spec, rows: int) -> None:
 def test_workers_are_placed_one_per_gpu(cluster, kit_dir, tmp_path):
     gpu_nodes(cluster, count=2, gpus=2)
     spec = gpu_spec(kit_dir, tmp_path, rows=16, workers=4)
-    summary = JobRunner(spec, progress=False).run()
-    # every worker that loaded, whether or not it got a shard before the others took them all
-    placed = summary["placements"]
+    # warmup: no shard before every worker loaded, so each takes its fair share (2 of 8 shards)
+    summary = JobRunner(spec, progress=False, warmup=True).run()
+    placed = summary["placements"]  # every worker that loaded its models
     placements = {(w["node"], tuple(w["gpu_ids"])) for w in placed.values()}
     assert all(len(gpus) == 1 for _, gpus in placements)
     assert len(placements) == len(placed) == 4  # four distinct GPUs, no GPU shared
     assert len({node for node, _ in placements}) == 2
-    for name, w in summary["workers"].items():  # the workers that decoded ran where they loaded
+    assert {name: w["shards"] for name, w in summary["workers"].items()} == dict.fromkeys(placed, 2)
+    for name, w in summary["workers"].items():  # each decoded where it loaded
         assert (w["node"], w["gpu_ids"]) == (placed[name]["node"], placed[name]["gpu_ids"])
-    table = summary_table(summary)  # a worker without shards is named too, with the reason
-    assert all(f"worker {name}" in table for name in placed)
-    assert all(("no shards" in line) == (line.split()[1] not in summary["workers"])
-               for line in table.splitlines() if line.startswith("worker "))
     assert_each_row_once(spec, 16)
+    # without warmup a worker that loads late may find every shard taken: the table names it
+    late = {**summary, "placements": {**placed, "w4": placed["w0"]}}
+    lines = [line for line in summary_table(late).splitlines() if line.startswith("worker ")]
+    assert [line.split()[1] for line in lines] == ["w0", "w1", "w2", "w3", "w4"]
+    assert ["no shards" in line for line in lines] == [False] * 4 + [True]
 
 
 def test_a_worker_killed_holding_shards_is_replaced_and_they_are_redone_identically(cluster, kit_dir, tmp_path):
