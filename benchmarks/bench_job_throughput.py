@@ -1,6 +1,7 @@
 """How full a job keeps its batch, and how close its throughput comes to decoding alone.
 
-Four workloads on the tiny kit, each run several ways side by side, in one run of this script:
+Four workloads on the tiny kit (or other models: below), each run several ways side by side, in
+one run of this script:
   * `temps48`: 48 rows (the quickstart texts, cycled) carrying 4 per-row temperatures, decoded
     as in jobs/quickstart.yaml (pcg, gamma 3, theta 0.4, max_new_tokens 200); job: one worker,
     batch_size 8, rows_per_shard 6;
@@ -28,6 +29,12 @@ With `--before DIR` (the engine before the streaming worker: `mkdir /tmp/before1
 before/after table. Repetitions are interleaved (`--reps`); the machine's load is recorded.
 
     .venv/bin/python benchmarks/bench_job_throughput.py [--before /tmp/before14] [--reps 1]
+
+On a GPU, Llasa-1B's shape (random weights, its untrained 3-layer draft; `--target/--draft` for
+others, e.g. the draft benchmarks/llasa_1b_shape.sh distils), a batch a GPU fills, rows to match:
+
+    .venv/bin/python benchmarks/bench_job_throughput.py --preset llasa-1b-shape --device cuda \
+        --batch 32 --scale 4 --workloads temps192,augment120
 """
 
 from __future__ import annotations
@@ -55,10 +62,10 @@ def quickstart_texts() -> list[dict]:
     return [r for r in rows if r["text"].strip()]
 
 
-def temps48_rows() -> list[dict]:
+def temps48_rows(n: int = 48) -> list[dict]:
     base = quickstart_texts()
     rows = []
-    for i in range(48):
+    for i in range(n):
         src = dict(base[i % len(base)])
         src.pop("seed", None)
         src.pop("temperature", None)
@@ -66,37 +73,45 @@ def temps48_rows() -> list[dict]:
     return rows
 
 
-def lengths48_rows() -> list[dict]:
+def lengths48_rows(n: int = 48) -> list[dict]:
     from engine.decoding.admission import expected_tokens
 
     rows = []
-    for r in temps48_rows():
+    for r in temps48_rows(n):
         r = {**r, "id": r["id"].replace("t48", "l48"), "temperature": 1.2}
         rows.append({**r, "max_new_tokens": expected_tokens(r["text"], 10**6)})
     return rows
 
 
-def specs(kit: Path, work: Path, threads: int, before: bool = False):
+def kit_models(kit: Path) -> dict:
+    return {"target": str(kit / "target"), "draft": str(kit / "draft"), "codec": str(kit / "codec")}
+
+
+def specs(models: dict, work: Path, threads: int, before: bool = False, batch: int = 8, scale: int = 1,
+          device: str = "cpu"):
     """(name, JobSpec) of the workloads, writing under `work` (`before`: the two the code before
-    the streaming worker ran)."""
+    the streaming worker ran; `models`: target, draft and codec directories; `scale`: temps48's
+    and lengths48's rows times this; `device`: cuda gives the worker one GPU)."""
     from engine.config import InputSpec, JobSpec
 
     quick = JobSpec.load(ROOT / "jobs/quickstart.yaml")
-    models = quick.models.model_copy(update={"target": str(kit / "target"), "draft": str(kit / "draft"),
-                                             "codec": str(kit / "codec"), "groups_cache": str(work / "groups")})
-    manifest = work / "temps48.jsonl"
-    manifest.write_text("".join(json.dumps(r) + "\n" for r in temps48_rows()))
+    models = quick.models.model_copy(update={**models, "groups_cache": str(work / "groups")})
+    resources = {"workers": 1, "cpus_per_worker": threads}
+    if device != "cpu":  # the default specs leave device and GPUs as the quickstart has them
+        resources.update(device=device, gpus_per_worker=1)
+    n = 48 * scale
+    manifest = work / f"temps{n}.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in temps48_rows(n)))
     temps = quick.model_copy(update={
-        "name": "temps48", "models": models, "input": InputSpec(manifests=[str(manifest)]),
-        "output": quick.output.model_copy(update={"uri": str(work / "out-temps48")}),
-        "resources": quick.resources.model_copy(update={"workers": 1, "batch_size": 8, "rows_per_shard": 6,
-                                                        "cpus_per_worker": threads})})
+        "name": f"temps{n}", "models": models, "input": InputSpec(manifests=[str(manifest)]),
+        "output": quick.output.model_copy(update={"uri": str(work / f"out-temps{n}")}),
+        "resources": quick.resources.model_copy(update={**resources, "batch_size": batch, "rows_per_shard": 6})})
     aug = JobSpec.load(ROOT / "jobs/augment.yaml")
     aug = aug.model_copy(update={
         "models": aug.models.model_copy(update={"target": models.target, "draft": models.draft,
                                                 "codec": models.codec, "groups_cache": models.groups_cache}),
         "output": aug.output.model_copy(update={"uri": str(work / "out-augment")}),
-        "resources": aug.resources.model_copy(update={"workers": 1, "cpus_per_worker": threads})})
+        "resources": aug.resources.model_copy(update={**resources, "batch_size": batch})})
     if before:
         return [("temps48", temps), ("augment", aug)]
     # the same augmentation spec at a scale where the job's final drain weighs less: 12 of the
@@ -105,12 +120,12 @@ def specs(kit: Path, work: Path, threads: int, before: bool = False):
         "name": "augment120",
         "augment": aug.augment.model_copy(update={"max_variants_per_text": 12, "max_audio_hours": None}),
         "output": aug.output.model_copy(update={"uri": str(work / "out-augment120")})})
-    manifest = work / "lengths48.jsonl"
-    manifest.write_text("".join(json.dumps(r) + "\n" for r in lengths48_rows()))
+    manifest = work / f"lengths{n}.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in lengths48_rows(n)))
     lengths = temps.model_copy(update={
-        "name": "lengths48", "input": InputSpec(manifests=[str(manifest)]),
-        "output": quick.output.model_copy(update={"uri": str(work / "out-lengths48")})})
-    return [("temps48", temps), ("augment", aug), ("lengths48", lengths), ("augment120", aug120)]
+        "name": f"lengths{n}", "input": InputSpec(manifests=[str(manifest)]),
+        "output": quick.output.model_copy(update={"uri": str(work / f"out-lengths{n}")})})
+    return [(f"temps{n}", temps), ("augment", aug), (f"lengths{n}", lengths), ("augment120", aug120)]
 
 
 def job_rows(spec, work: Path) -> list[dict]:
@@ -250,9 +265,31 @@ def job_only(args) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     doc = {"engine": str(Path(engine.__file__).parent)}
-    for name, spec in specs(Path(args.kit), work, args.threads, before=True):
+    for name, spec in specs(kit_models(Path(args.kit)), work, args.threads, before=True):
         doc[name] = run_job(spec, args.rep)
     Path(args.json).write_text(json.dumps(doc))
+
+
+def models_of(args, kit: Path) -> tuple[dict, str]:
+    """(target, draft, codec directories; a label for the result file): the kit's, the preset's
+    (written to --preset-dir on first use) or --target/--draft with the kit's codec."""
+    if args.preset:
+        root = Path(args.preset_dir)
+        if not (root / "target" / "config.json").is_file():
+            import torch
+
+            from engine.bench.presets import llasa_1b_shape
+
+            print(f"writing the {args.preset} checkpoints to {root} ...", flush=True)
+            llasa_1b_shape(torch.device(args.device), torch.float32, save_to=root)
+        return {"target": str(root / "target"), "draft": str(root / "draft"), "codec": str(kit / "codec")}, args.preset
+    if args.target:
+        if not args.draft:
+            sys.exit("--target needs --draft (the job decodes with pcg)")
+        target = Path(args.target).resolve()  # labelled by its directory (its parent's, for .../target)
+        label = target.parent.name if target.name == "target" else target.name
+        return {"target": args.target, "draft": args.draft, "codec": str(kit / "codec")}, label
+    return kit_models(kit), "tiny"
 
 
 def ratio(job: dict, alone: dict) -> float | None:
@@ -277,8 +314,11 @@ def table(intro: str, header: list[str], rows: list[list]) -> list[str]:
 
 def markdown(doc: dict) -> str:
     m = doc["machine"]
-    lines = [f"Job throughput on the tiny kit: {m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} "
-             f"threads for decoding, torch {m['torch']}, models.dtype {doc['dtype']['models.dtype']} "
+    label = doc.get("models", {}).get("label", "tiny")
+    where = (f"{m['gpu']} (CUDA {m['cuda']}), host CPU {m['cpu']}" if m.get("gpu")
+             else f"{m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} threads for decoding")
+    lines = [f"Job throughput on {'the tiny kit' if label == 'tiny' else label}: {where}, torch {m['torch']}, "
+             f"models.dtype {doc['dtype']['models.dtype']} "
              f"({doc['dtype']['resolved']} here) for jobs and decoding alone, {m['date']}; load average (1 min) "
              f"{doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end "
              "(other work shares these cores: compare figures within this file only).", "",
@@ -331,7 +371,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--before", help="an engine checkout from before the streaming worker (job runs with it too)")
-    ap.add_argument("--out", default=str(RESULT))
+    ap.add_argument("--out", help=f"result-file stem (default {RESULT.relative_to(ROOT)} for the kit on a CPU, "
+                                  "else job_throughput_<device>_<models>)")
+    ap.add_argument("--preset", choices=["llasa-1b-shape"],
+                    help="Llasa-1B-shaped random target and its untrained 3-layer draft, written once to "
+                         "--preset-dir (the kit's codec decodes their codes)")
+    ap.add_argument("--preset-dir", default=str(ROOT / "work" / "llasa-1b-shape-job"))
+    ap.add_argument("--target", help="a target checkpoint directory instead of the kit's (with --draft)")
+    ap.add_argument("--draft", help="its draft checkpoint directory (e.g. distilled by benchmarks/llasa_1b_shape.sh)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the job's worker then takes one GPU)")
+    ap.add_argument("--batch", type=int, default=8, help="batch size of the jobs and of decoding alone")
+    ap.add_argument("--scale", type=int, default=1, help="temps48's and lengths48's rows times this")
+    ap.add_argument("--workloads", help="comma-separated subset (default: all; names as in the result file)")
     ap.add_argument("--job-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
@@ -351,15 +402,24 @@ def main() -> None:
     kit = Path(args.kit)
     if not (kit / "kit.json").exists():
         build_kit(kit)
+    models, label = models_of(args, kit)
+    out = args.out or (str(RESULT) if (label, args.device) == ("tiny", "cpu")
+                       else str(RESULT.parent / f"job_throughput_{args.device}_{label.replace('-', '_')}"))
     t0 = time.perf_counter()
     load_start = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="bench-job-") as tmp:
         work = Path(tmp)
         os.environ["PCG_SYNTH_CACHE"] = str(work / "cache")
-        workloads = specs(kit, work, args.threads)
+        workloads = specs(models, work, args.threads, batch=args.batch, scale=args.scale, device=args.device)
+        if args.workloads:
+            wanted = args.workloads.split(",")
+            unknown = set(wanted) - {name for name, _ in workloads}
+            if unknown:
+                sys.exit(f"unknown workloads {sorted(unknown)}; choose from {[name for name, _ in workloads]}")
+            workloads = [(name, spec) for name, spec in workloads if name in wanted]
         rows = {name: job_rows(spec, work) for name, spec in workloads}
         dtype = workloads[0][1].models.dtype  # as the jobs (and `generate`'s default): auto
-        synth = Synthesizer.load(kit / "target", draft=kit / "draft", device="cpu", dtype=dtype)
+        synth = Synthesizer.load(models["target"], draft=models["draft"], device=args.device, dtype=dtype)
         synth.synthesize(["Warm-up sentence number one.", "And two."],
                          workloads[0][1].decoding.model_copy(update={"max_new_tokens": 16}))
         runs = {name: {f"{run}_{a}": [] for run in ("alone", "job") for a in ADMISSIONS} | {"before": []}
@@ -380,19 +440,22 @@ def main() -> None:
                         continue
                     runs[name]["before"].append(before[name])
                     print(name, "before", before[name], flush=True)
-    descriptions = {"temps48": "48 quickstart texts x 4 per-row temperatures, pcg gamma 3, max_new_tokens 200, "
-                               "batch 8, 6 rows per shard, 1 worker",
+    n, b = 48 * args.scale, args.batch
+    descriptions = {f"temps{n}": f"{n} quickstart texts x 4 per-row temperatures, pcg gamma 3, max_new_tokens 200, "
+                                 f"batch {b}, 6 rows per shard, 1 worker",
                     "augment": "jobs/augment.yaml's 40 variants + 1 bad row (pcg and exact rows, 2 temperatures, "
-                               "3 voices), batch 8, 12 rows per shard, 1 worker",
-                    "lengths48": "temps48's texts at temperature 1.2, each row's max_new_tokens its text's estimated "
-                                 "speech (127-257 tokens): on the kit most rows run to their budget, so lengths "
-                                 "follow the text as a real model's do; pcg gamma 3, batch 8, 6 rows per shard, "
-                                 "1 worker",
+                               f"3 voices), batch {b}, 12 rows per shard, 1 worker",
+                    f"lengths{n}": f"temps{n}'s texts at temperature 1.2, each row's max_new_tokens its text's "
+                                   "estimated speech (127-257 tokens): on the kit most rows run to their budget, so "
+                                   "lengths follow the text as a real model's do; pcg gamma 3, "
+                                   f"batch {b}, 6 rows per shard, 1 worker",
                     "augment120": "jobs/augment.yaml's spec with 12 variants per text and no audio budget: 120 "
-                                  "variants + 1 bad row, batch 8, 12 rows per shard, 1 worker"}
-    doc = {"benchmark": "job throughput: slot utilisation and steady tokens/s vs decoding alone (tiny kit, CPU)",
+                                  f"variants + 1 bad row, batch {b}, 12 rows per shard, 1 worker"}
+    doc = {"benchmark": "job throughput: slot utilisation and steady tokens/s vs decoding alone "
+                        f"({label}, {args.device})",
            "how": ".venv/bin/python benchmarks/bench_job_throughput.py " + " ".join(sys.argv[1:]),
-           "machine": describe("cpu"), "threads": args.threads, "reps": args.reps,
+           "machine": describe(args.device), "threads": args.threads, "reps": args.reps,
+           "models": {"label": label, **models},
            "dtype": {"models.dtype": dtype, "resolved": str(synth.target.model.dtype).replace("torch.", "")},
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
            "seconds": round(time.perf_counter() - t0, 1), "before": args.before, "workloads": {}}
@@ -423,8 +486,8 @@ def main() -> None:
                 "slot_utilisation": median([x["slot_utilisation"] for x in r["before"]]),
                 "ratio": median([ratio(j, x) for j, x in zip(r["before"], alone)])}
         doc["workloads"][name] = {"description": descriptions[name], "summary": summary, "runs": r}
-    write_result(doc, f"{args.out}.json")
-    Path(f"{args.out}.md").write_text(markdown(doc))
+    write_result(doc, f"{out}.json")
+    Path(f"{out}.md").write_text(markdown(doc))
     print(markdown(doc))
 
 
