@@ -54,8 +54,8 @@ def ray_head():
         ray.shutdown()
     head, address = start_head()
     yield address
-    os.killpg(head.pid, signal.SIGTERM)
-    head.wait(timeout=60)
+    os.killpg(head.pid, signal.SIGKILL)  # its whole session (gcs, raylet, dashboard): a SIGTERM
+    head.wait(timeout=60)  # makes `ray start --block` shut down gracefully, ~30 s of nothing
 
 
 def test_submit_runs_the_job_on_the_cluster_and_status_reports_it(ray_head, kit_dir, tmp_path, capsys):
