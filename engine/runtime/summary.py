@@ -247,8 +247,9 @@ def summary_table(s: dict) -> str:
                                        f"slots {w['slot_utilisation']}, io wait {w['io_wait_s']} s, "
                                        f"overlap {w['overlap']}, {w['device']} gpus={w['gpu_ids']}"))
     for name, where in sorted(s.get("placements", {}).items()):
-        if name not in s["workers"]:  # loaded after the others had taken every shard
-            rows.append((f"worker {name}", f"no shards (loaded after the others took them all), "
+        if name not in s["workers"]:  # e.g. it loaded after the others had taken every shard
+            rows.append((f"worker {name}", "loaded, no shard committed (late to a small job, or its shards "
+                                           "failed or went to a replacement), "
                                            f"{where['device']} gpus={where['gpu_ids']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

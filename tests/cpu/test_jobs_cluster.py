@@ -65,7 +65,7 @@ def test_workers_are_placed_one_per_gpu(cluster, kit_dir, tmp_path):
     late = {**summary, "placements": {**placed, "w4": placed["w0"]}}
     lines = [line for line in summary_table(late).splitlines() if line.startswith("worker ")]
     assert [line.split()[1] for line in lines] == ["w0", "w1", "w2", "w3", "w4"]
-    assert ["no shards" in line for line in lines] == [False] * 4 + [True]
+    assert ["no shard committed" in line for line in lines] == [False] * 4 + [True]
 
 
 def test_a_worker_killed_holding_shards_is_replaced_and_they_are_redone_identically(cluster, kit_dir, tmp_path):
