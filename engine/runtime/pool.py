@@ -266,7 +266,7 @@ class WorkerPool:
             if died:
                 self.actors.pop(slot, None)
                 self.free = deque(s for s in self.free if s != slot)  # its other shards fail too
-            else:
+            elif slot in self.actors:
                 self.free.append(slot)  # the worker lives; only this shard failed
             if self.attempts[shard.id] <= self.spec.resources.max_retries:
                 self.retry_later(shard)
@@ -275,7 +275,8 @@ class WorkerPool:
             if died:
                 self.replace()
             return
-        self.free.append(slot)
+        if slot in self.actors:  # a result can arrive after its worker's death was handled
+            self.free.append(slot)
         self.report.committed.append(record)
         self.report.last_commit = time.monotonic()
         self.on_commit(record)

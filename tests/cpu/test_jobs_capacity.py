@@ -16,7 +16,9 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from engine.io.storage import Storage
 from engine.runtime.job import JobRunner
+from engine.runtime.plan import make_plan
 from engine.runtime.pool import JobFailed, WorkerPool, backoff_s
 
 from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
@@ -140,3 +142,33 @@ def test_no_node_returns_the_job_fails_after_capacity_wait_keeping_committed_sha
     assert summary["shards"]["capacity_waits"][-1]["outcome"] == "timed out"
     assert "capacity_wait_s" in next(iter(summary["failed_shards"].values()))
     assert len(read_output(spec)) == 2  # the committed shard's rows
+
+
+@ray.remote(num_cpus=0)
+class Crashing:
+    def crash(self) -> None:
+        os._exit(1)  # the process dies mid-call, as a worker killed while decoding does
+
+
+def test_a_result_read_after_its_workers_death_hands_that_worker_no_more_shards(cluster, kit_dir, tmp_path):
+    """A worker dies holding two shards, one of which it had committed just before: the driver may
+    read the failure first (the CI run that found this then gave a shard to the dead worker)."""
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    spec = spec_for(kit_dir, tmp_path, "out")
+    plan_shards = make_plan(spec, Storage(spec.storage)).shards[:2]
+    committed = []
+    pool = WorkerPool(spec, None, committed.append)
+    pool.target = 0  # no replacement: this test is about the bookkeeping, not the restart
+    worker = Crashing.remote()
+    done = ray.put({"shard": plan_shards[1].id})  # the result it returned before dying
+    lost = worker.crash.remote()
+    pool.actors[0] = worker
+    pool.free.extend([0, 0])  # its spare room in the window
+    pool.inflight = {lost: (0, plan_shards[0]), done: (0, plan_shards[1])}
+    pool.attempts = {s.id: 1 for s in plan_shards}
+    ray.wait([lost], timeout=30)
+    pool.on_finished(lost)  # the failure first: the worker is gone, its shard waits for a retry
+    pool.on_finished(done)  # then the result it had sent: committed, and no room handed back
+    assert committed == [{"shard": plan_shards[1].id}]
+    assert 0 not in pool.actors and list(pool.free) == []
+    assert [s.id for _, s in pool.delayed] == [plan_shards[0].id] and pool.report.retries == 1
