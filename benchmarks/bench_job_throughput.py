@@ -272,7 +272,7 @@ def job_only(args) -> None:
 
 def models_of(args, kit: Path) -> tuple[dict, str]:
     """(target, draft, codec directories; a label for the result file): the kit's, the preset's
-    (written to --preset-dir on first use) or --target/--draft with the kit's codec."""
+    (written to --preset-dir on first use) or --target/--draft; the codec is always the kit's."""
     if args.preset:
         root = Path(args.preset_dir)
         if not (root / "target" / "config.json").is_file():
@@ -282,13 +282,13 @@ def models_of(args, kit: Path) -> tuple[dict, str]:
 
             print(f"writing the {args.preset} checkpoints to {root} ...", flush=True)
             llasa_1b_shape(torch.device(args.device), torch.float32, save_to=root)
-        return {"target": str(root / "target"), "draft": str(root / "draft"), "codec": str(kit / "codec")}, args.preset
+        return {**kit_models(kit), "target": str(root / "target"), "draft": str(root / "draft")}, args.preset
     if args.target:
         if not args.draft:
             sys.exit("--target needs --draft (the job decodes with pcg)")
         target = Path(args.target).resolve()  # labelled by its directory (its parent's, for .../target)
         label = target.parent.name if target.name == "target" else target.name
-        return {"target": args.target, "draft": args.draft, "codec": str(kit / "codec")}, label
+        return {**kit_models(kit), "target": args.target, "draft": args.draft}, label
     return kit_models(kit), "tiny"
 
 

@@ -257,6 +257,12 @@ class WorkerPool:
         self.report.placements[info["worker"]] = {k: info[k] for k in ("node", "host", "gpu_ids", "device")}
         self.free.extend([slot] * self.window)
 
+    def room_back(self, slot: int) -> None:
+        """A shard of `slot` is resolved: the worker may take another, if it still lives (a
+        result can be read after its worker's death was handled)."""
+        if slot in self.actors:
+            self.free.append(slot)
+
     def on_finished(self, ref) -> None:
         slot, shard = self.inflight.pop(ref)
         try:
@@ -266,8 +272,8 @@ class WorkerPool:
             if died:
                 self.actors.pop(slot, None)
                 self.free = deque(s for s in self.free if s != slot)  # its other shards fail too
-            elif slot in self.actors:
-                self.free.append(slot)  # the worker lives; only this shard failed
+            else:
+                self.room_back(slot)  # only this shard failed
             if self.attempts[shard.id] <= self.spec.resources.max_retries:
                 self.retry_later(shard)
             else:
@@ -275,8 +281,7 @@ class WorkerPool:
             if died:
                 self.replace()
             return
-        if slot in self.actors:  # a result can arrive after its worker's death was handled
-            self.free.append(slot)
+        self.room_back(slot)
         self.report.committed.append(record)
         self.report.last_commit = time.monotonic()
         self.on_commit(record)
