@@ -362,6 +362,8 @@ def markdown(doc: dict) -> str:
               + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
               "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)" + (
                   "; the before code: `git archive 22b6ad8 | tar -x -C DIR`." if doc.get("before") else ".")]
+    if not doc.get("complete", True):
+        lines += ["", "**Cut short**: written after the last workload that finished; the run stopped before the rest."]
     return "\n".join(lines) + "\n"
 
 
@@ -395,8 +397,6 @@ def main() -> None:
     from engine.api import Synthesizer
     from engine.config import ADMISSIONS
     from engine.kit import build_kit
-
-    from machine import describe, write_result
 
     torch.set_num_threads(args.threads)
     kit = Path(args.kit)
@@ -433,6 +433,9 @@ def main() -> None:
                 for a in order:
                     runs[name][f"job_{a}"].append(run_job(spec, rep, a))
                     print(name, "job", a, runs[name][f"job_{a}"][-1], flush=True)
+                # the result so far after every workload: a run cut short (a lent GPU's time
+                # limit) still leaves the workloads it finished
+                report(args, runs, models, label, dtype, synth, load_start, t0, out)
             if args.before:
                 before = run_before(Path(args.before), kit, work, args.threads, rep)
                 for name, _ in workloads:
@@ -440,6 +443,16 @@ def main() -> None:
                         continue
                     runs[name]["before"].append(before[name])
                     print(name, "before", before[name], flush=True)
+    report(args, runs, models, label, dtype, synth, load_start, t0, out, final=True)
+
+
+def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_start: float, t0: float,
+           out: str, final: bool = False) -> None:
+    """Write the result files (JSON and markdown) over the workloads that have runs so far."""
+    from engine.config import ADMISSIONS
+
+    from machine import describe, write_result
+
     n, b = 48 * args.scale, args.batch
     descriptions = {f"temps{n}": f"{n} quickstart texts x 4 per-row temperatures, pcg gamma 3, max_new_tokens 200, "
                                  f"batch {b}, 6 rows per shard, 1 worker",
@@ -458,9 +471,11 @@ def main() -> None:
            "models": {"label": label, **models},
            "dtype": {"models.dtype": dtype, "resolved": str(synth.target.model.dtype).replace("torch.", "")},
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
-           "seconds": round(time.perf_counter() - t0, 1), "before": args.before, "workloads": {}}
-    for name, _ in workloads:
-        r = runs[name]
+           "seconds": round(time.perf_counter() - t0, 1), "before": args.before,
+           "complete": final, "workloads": {}}
+    for name, r in runs.items():
+        if not r["job_arrival"] or not r["job_longest_first"]:
+            continue
         summary = {}
         for a in ADMISSIONS:
             alone, job = r[f"alone_{a}"], r[f"job_{a}"]
@@ -488,7 +503,8 @@ def main() -> None:
         doc["workloads"][name] = {"description": descriptions[name], "summary": summary, "runs": r}
     write_result(doc, f"{out}.json")
     Path(f"{out}.md").write_text(markdown(doc))
-    print(markdown(doc))
+    if final:
+        print(markdown(doc))
 
 
 if __name__ == "__main__":

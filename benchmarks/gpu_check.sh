@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# A lent GPU's checks in one call, most important first, each with its own time limit so that
+# what comes after still runs and every log is written:
+#   1. the CUDA tests (tests/gpu: speculative decoding, parity with the CPU, bf16 sampling, the
+#      codec, groups backends, the CUDA-graph step);
+#   2. the job-throughput benchmark on the llasa-1b-shape preset (slot utilisation and a job's
+#      steady tokens/s against decoding alone: benchmarks/bench_job_throughput.py).
+# Logs, nvidia-smi and the result files land in $OUT (default work/gpu-check).
+#
+#   bash benchmarks/gpu_check.sh                    # 540 s in all
+#   BUDGET=300 BENCH_ARGS="--workloads temps192" bash benchmarks/gpu_check.sh
+#
+# Environment: BUDGET (seconds for everything), TEST_BUDGET (seconds for step 1), PY (default
+# .venv/bin/python, else python3), BENCH_ARGS (replaces the benchmark's arguments), SITE_TAR (a
+# .tar.xz of site-packages unpacked first and put on PYTHONPATH: for a machine that has torch
+# but lacks the project's other packages and cannot reach a registry; build it with pip
+# install --target DIR, then tar -cJf).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-work/gpu-check}
+BUDGET=${BUDGET:-540}
+TEST_BUDGET=${TEST_BUDGET:-150}
+BENCH_ARGS=${BENCH_ARGS:---preset llasa-1b-shape --device cuda --batch 32 --scale 4 --threads 4 --workloads temps192,augment120}
+mkdir -p "$OUT"
+SECONDS=0
+stage() { echo "[$(date +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$OUT/stages.log"; }
+
+if [ -n "${SITE_TAR:-}" ]; then
+  stage "unpacking $SITE_TAR"
+  mkdir -p /tmp/pcg-site && tar -xJf "$SITE_TAR" -C /tmp/pcg-site || exit 1
+  export PYTHONPATH=/tmp/pcg-site:$ROOT${PYTHONPATH:+:$PYTHONPATH}
+else
+  export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}  # Ray's workers import the engine from here
+fi
+if [ -z "${PY:-}" ]; then
+  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" >"$OUT/nvidia-smi.txt"
+"$PY" - >"$OUT/versions.txt" 2>&1 <<'PYEOF'
+import importlib
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0))
+for name in ("transformers", "ray", "pydantic", "pyarrow", "numpy", "boto3", "soundfile", "faiss"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except Exception as e:  # noqa: BLE001 - a report of what is there
+        print(name, "missing:", type(e).__name__, e)
+PYEOF
+cat "$OUT/versions.txt"
+
+stage "1. CUDA tests (limit ${TEST_BUDGET}s)"
+timeout "$TEST_BUDGET" "$PY" -m pytest tests/gpu -v -p no:cacheprovider -rs >"$OUT/tests_gpu.log" 2>&1
+echo "rc=$?" >>"$OUT/tests_gpu.log"
+grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rc=" "$OUT/tests_gpu.log" | tail -15
+
+LEFT=$((BUDGET - SECONDS - 10))
+stage "2. job throughput: $BENCH_ARGS (limit ${LEFT}s)"
+if [ "$LEFT" -gt 60 ]; then
+  # shellcheck disable=SC2086 # BENCH_ARGS is a list of arguments
+  timeout "$LEFT" "$PY" benchmarks/bench_job_throughput.py $BENCH_ARGS --out "$OUT/job_throughput" \
+    >"$OUT/bench.log" 2>&1
+  echo "rc=$?" >>"$OUT/bench.log"
+  grep -vE "^\(|WARNING|INFO" "$OUT/bench.log" | tail -40
+fi
+stage "done"
