@@ -12,9 +12,9 @@
 #
 # Environment: BUDGET (seconds for everything), TEST_BUDGET (seconds for step 1), PY (default
 # .venv/bin/python, else python3), BENCH_ARGS (replaces the benchmark's arguments), SITE_TAR (a
-# .tar.xz of site-packages unpacked first and put on PYTHONPATH: for a machine that has torch
-# but lacks the project's other packages and cannot reach a registry; build it with pip
-# install --target DIR, then tar -cJf).
+# .tar.xz of site-packages unpacked into SITE_DIR, default /tmp/pcg-site, and put on PYTHONPATH:
+# for a machine that has torch but lacks the project's other packages and cannot reach a
+# registry; build it with pip install --target DIR, then tar -cJf).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -28,8 +28,9 @@ stage() { echo "[$(date +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$OUT/stages.log";
 
 if [ -n "${SITE_TAR:-}" ]; then
   stage "unpacking $SITE_TAR"
-  mkdir -p /tmp/pcg-site && tar -xJf "$SITE_TAR" -C /tmp/pcg-site || exit 1
-  export PYTHONPATH=/tmp/pcg-site:$ROOT${PYTHONPATH:+:$PYTHONPATH}
+  SITE_DIR=${SITE_DIR:-/tmp/pcg-site}
+  mkdir -p "$SITE_DIR" && tar -xJf "$SITE_TAR" -C "$SITE_DIR" || exit 1
+  export PYTHONPATH=$SITE_DIR:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 else
   export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}  # Ray's workers import the engine from here
 fi
@@ -40,7 +41,9 @@ export PYTHONUNBUFFERED=1
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" >"$OUT/nvidia-smi.txt"
 "$PY" - >"$OUT/versions.txt" 2>&1 <<'PYEOF'
 import importlib
+import os
 import torch
+print("PYTHONPATH", os.environ.get("PYTHONPATH"))
 print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
 if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0))
@@ -58,12 +61,14 @@ echo "rc=$?" >>"$OUT/tests_gpu.log"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rc=" "$OUT/tests_gpu.log" | tail -15
 
 LEFT=$((BUDGET - SECONDS - 10))
-stage "2. job throughput: $BENCH_ARGS (limit ${LEFT}s)"
 if [ "$LEFT" -gt 60 ]; then
+  stage "2. job throughput: $BENCH_ARGS (limit ${LEFT}s)"
   # shellcheck disable=SC2086 # BENCH_ARGS is a list of arguments
   timeout "$LEFT" "$PY" benchmarks/bench_job_throughput.py $BENCH_ARGS --out "$OUT/job_throughput" \
     >"$OUT/bench.log" 2>&1
   echo "rc=$?" >>"$OUT/bench.log"
   grep -vE "^\(|WARNING|INFO" "$OUT/bench.log" | tail -40
+else
+  stage "2. skipped: ${LEFT}s left of the budget"
 fi
 stage "done"

@@ -1,0 +1,40 @@
+"""benchmarks/gpu_check.sh, the one call a lent GPU runs: on a machine without CUDA its steps
+still run in order within the budget, its logs are written, and a site-packages archive given
+as SITE_TAR is unpacked and put on PYTHONPATH first."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_runs_its_steps_in_budget_and_unpacks_the_site_archive(tmp_path):
+    archive = tmp_path / "site.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        data = b"MARK = 1\n"
+        info = tarfile.TarInfo("pcg_site_marker.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    out, site = tmp_path / "out", tmp_path / "site"
+    env = {**os.environ, "PY": sys.executable, "OUT": str(out), "SITE_TAR": str(archive),
+           "SITE_DIR": str(site), "BUDGET": "40"}  # too little for the benchmark: step 2 is skipped
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert (site / "pcg_site_marker.py").read_text() == "MARK = 1\n"
+
+    versions = (out / "versions.txt").read_text()
+    assert f"PYTHONPATH {site}:{ROOT}" in versions
+    assert "available False" in versions and "pydantic 2." in versions
+    tests = (out / "tests_gpu.log").read_text()
+    assert "7 skipped" in tests and tests.rstrip().endswith("rc=0")
+    stages = (out / "stages.log").read_text().splitlines()
+    assert [line.split("] ", 1)[1].split(" (")[0].split(":")[0] for line in stages] == [
+        f"unpacking {archive}", "1. CUDA tests", "2. skipped", "done"]
+    assert not (out / "bench.log").exists()
