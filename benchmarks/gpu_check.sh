@@ -14,7 +14,7 @@
 # .venv/bin/python, else python3), BENCH_ARGS (replaces the benchmark's arguments), SITE_TAR (a
 # .tar.xz of site-packages unpacked into SITE_DIR, default /tmp/pcg-site, and put on PYTHONPATH:
 # for a machine that has torch but lacks the project's other packages and cannot reach a
-# registry; build it with pip install --target DIR, then tar -cJf).
+# registry; benchmarks/site_archive.sh builds it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The project's packages for a GPU machine that has Python and CUDA torch but none of the rest
+# and no registry (a lent machine; see gpu_check.sh's SITE_TAR), as one .tar.xz small enough
+# to travel with the repository (about 60 MB: a lent machine's call carries at most 64 MiB).
+#
+#   bash benchmarks/site_archive.sh            # -> .whl/site.tar.xz (ignored by git)
+#   SITE_TAR=.whl/site.tar.xz bash benchmarks/gpu_check.sh     # on the GPU machine
+#
+# Wheels for the target's Python (PYVER, default 3.12) and x86-64 Linux, without dependencies:
+# the list is what the engine, the tests in tests/gpu and the job benchmark import beyond what
+# such an image has (torch, numpy, pyarrow, scipy, tqdm, pyyaml, huggingface_hub, tokenizers,
+# safetensors, aiohttp, grpcio, ...). Trimmed to fit: Ray's Java jars, RLlib, Serve, LLM and
+# dashboard front end, and transformers' model families other than the ones the engine loads
+# (llama, xcodec2 and what xcodec2 imports). faiss-gpu (135 MB) does not fit: faiss-cpu instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYVER=${PYVER:-3.12}
+OUT=${OUT:-.whl/site.tar.xz}
+PIP=${PIP:-.venv/bin/python -m pip}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+PACKAGES=(ray==2.60.0 jsonschema jsonschema-specifications referencing rpds-py transformers==5.24.0
+          pydantic==2.14.4 pydantic_core==2.50.5 annotated-types typing-inspection typing_extensions
+          soundfile==0.14.0 cffi pycparser boto3==1.44.8 botocore==1.44.8 s3transfer==0.19.3
+          jmespath==1.1.0 faiss-cpu==1.15.1)
+$PIP install -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --target "$WORK/site" "${PACKAGES[@]}"
+cd "$WORK/site"
+rm -rf ray/jars ray/rllib ray/llm ray/serve ray/dashboard/client bin
+for d in transformers/models/*/; do
+  case "$(basename "$d")" in auto | encoder_decoder | llama | wav2vec2_bert | xcodec2) ;; *) rm -rf "$d" ;; esac
+done
+find . -name __pycache__ -prune -exec rm -rf {} +
+cd - >/dev/null
+mkdir -p "$(dirname "$OUT")"
+tar -C "$WORK/site" -cf - . | xz -T0 -6 >"$OUT"
+echo "$OUT: $(du -h "$OUT" | cut -f1)"
