@@ -292,6 +292,13 @@ def models_of(args, kit: Path) -> tuple[dict, str]:
     return kit_models(kit), "tiny"
 
 
+def interpreter() -> str:
+    """The Python that ran this, as a reader would type it: relative to the repository when it
+    is the project's venv, else its name (a GPU image's python3, say)."""
+    exe = Path(sys.executable)
+    return str(exe.relative_to(ROOT)) if exe.is_relative_to(ROOT) else exe.name
+
+
 def ratio(job: dict, alone: dict) -> float | None:
     if not job.get("steady_tokens_per_s") or not alone.get("tokens_per_s"):
         return None
@@ -466,7 +473,7 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
                                   f"variants + 1 bad row, batch {b}, 12 rows per shard, 1 worker"}
     doc = {"benchmark": "job throughput: slot utilisation and steady tokens/s vs decoding alone "
                         f"({label}, {args.device})",
-           "how": ".venv/bin/python benchmarks/bench_job_throughput.py " + " ".join(sys.argv[1:]),
+           "how": f"{interpreter()} benchmarks/bench_job_throughput.py " + " ".join(sys.argv[1:]),
            "machine": describe(args.device), "threads": args.threads, "reps": args.reps,
            "models": {"label": label, **models},
            "dtype": {"models.dtype": dtype, "resolved": str(synth.target.model.dtype).replace("torch.", "")},
