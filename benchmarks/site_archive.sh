@@ -19,10 +19,17 @@ OUT=${OUT:-.whl/site.tar.xz}
 PIP=${PIP:-.venv/bin/python -m pip}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-PACKAGES=(ray==2.60.0 jsonschema jsonschema-specifications referencing rpds-py transformers==5.24.0
-          pydantic==2.14.4 pydantic_core==2.50.5 annotated-types typing-inspection typing_extensions
-          soundfile==0.14.0 cffi pycparser boto3==1.44.8 botocore==1.44.8 s3transfer==0.19.3
-          jmespath==1.1.0 faiss-cpu==1.15.1)
+# each at the version this checkout's .venv has (scripts/setup.sh installed it): what the tests ran
+NAMES=(ray jsonschema jsonschema-specifications referencing rpds-py transformers pydantic pydantic_core
+       annotated-types typing-inspection typing_extensions soundfile cffi pycparser boto3 botocore
+       s3transfer jmespath faiss-cpu)
+mapfile -t PACKAGES < <(.venv/bin/python - "${NAMES[@]}" <<'PYEOF'
+import sys
+from importlib.metadata import version
+for name in sys.argv[1:]:
+    print(f"{name}=={version(name)}")
+PYEOF
+)
 $PIP install -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --target "$WORK/site" "${PACKAGES[@]}"
