@@ -7,7 +7,8 @@
 #      steady tokens/s against decoding alone: benchmarks/bench_job_throughput.py).
 # Logs, nvidia-smi and the result files land in $OUT (default work/gpu-check).
 #
-#   bash benchmarks/gpu_check.sh                    # 580 s in all (an H200, 2026-11-26: tests 180 s, bench 340 s)
+#   bash benchmarks/gpu_check.sh                    # 580 s in all (an H200, 2026-11-26: bench 336 s; tests
+#                                                   # about 180 s, the CUDA-graph one 137 s of it)
 #   BUDGET=300 BENCH_ARGS="--workloads temps192" bash benchmarks/gpu_check.sh
 #
 # Environment: BUDGET (seconds for everything), TEST_BUDGET (seconds for step 1), PY (default
