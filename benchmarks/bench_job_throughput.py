@@ -427,8 +427,8 @@ def main() -> None:
         rows = {name: job_rows(spec, work) for name, spec in workloads}
         dtype = workloads[0][1].models.dtype  # as the jobs (and `generate`'s default): auto
         synth = Synthesizer.load(models["target"], draft=models["draft"], device=args.device, dtype=dtype)
-        synth.synthesize(["Warm-up sentence number one.", "And two."],
-                         workloads[0][1].decoding.model_copy(update={"max_new_tokens": 16}))
+        for _, spec in workloads:  # as each job's worker warms up (`Synthesizer.warmup`)
+            synth.warmup(spec.decoding, args.batch)
         runs = {name: {f"{run}_{a}": [] for run in ("alone", "job") for a in ADMISSIONS} | {"before": []}
                 for name, _ in workloads}
         for rep in range(args.reps):

@@ -31,6 +31,10 @@ from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
 from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate, item_seed
 
 PILOT_GAMMA, PILOT_TOKENS = 4, 48  # `gamma: auto`'s pilot decode: draft length, tokens per row
+# `Synthesizer.warmup`'s texts: prompts of several lengths, so that admissions prefill several widths
+WARMUP_TEXTS = ("Warm-up.", "A second warm-up sentence, a little longer than the first.",
+                "Three: the third warm-up sentence is longer again, so that its prompt is wider than the others.",
+                "Four.")
 
 
 class Synthesizer:
@@ -174,6 +178,21 @@ class Synthesizer:
         acceptance = sum(stats.accepted) / max(sum(stats.reached), 1)
         context = int(sum(len(r.prompt_ids) for r in probe) / max(len(probe), 1)) + 64
         return acceptance, host, measure_steps(self.target.model, self.draft.model, batch, context)
+
+    def warmup(self, settings: DecodingSettings | None = None,
+               batch_size: int | None = None) -> list[SynthesisResult]:
+        """Decode a batch and a half of warm-up rows with `settings` (their structure and token
+        budget) at `batch_size`, and return their results. What a first run pays for at each
+        new shape (the full batch at every key length up to the budget's, admissions while the
+        batch runs, the final drain) is then paid here, not inside what is timed next: on an
+        H200 the first of two equal decodes in one process ran 22-30 % slower when the warm-up
+        was two rows of 16 tokens (benchmarks/results/job_throughput_cuda_llasa_1b_shape.md).
+        Results decoded afterwards are the same as without it."""
+        settings = settings or DecodingSettings()
+        batch = batch_size or self.batch_size
+        rows = batch + (batch + 1) // 2
+        items = [SynthesisItem(text=WARMUP_TEXTS[i % len(WARMUP_TEXTS)], id=f"warmup-{i}") for i in range(rows)]
+        return self.synthesize(items, settings, batch_size=batch)[0]
 
     def prepare(self, index: int, item: SynthesisItem | str, settings: DecodingSettings, key: object = None):
         """(result shell, request or None) for one item decoded with `settings` (the item's own

@@ -89,11 +89,11 @@ class ShardProcessor:
         self.stream = ShardStream(session, self.start_rows, self.finalise, io_queue=io_queue)
 
     def warmup(self) -> None:
-        """Decode and encode a little with the job's settings, so allocation, kernel selection
-        and the decoder's caches are paid for before anything is timed."""
-        items = [SynthesisItem(text="Warm-up sentence number one.", id="w0"), SynthesisItem(text="And two.", id="w1")]
-        results, _ = self.synth.synthesize(items, self.spec.decoding.model_copy(update={"max_new_tokens": 16}))
-        self.codec.decode([r.codes for r in results if r.codes])
+        """Decode a batch and a half with the job's settings at its batch size, and run the codec
+        once, so that allocation, kernel selection and the decoder's caches are paid for before
+        anything is timed (`Synthesizer.warmup`)."""
+        results = self.synth.warmup(self.spec.decoding, self.spec.resources.batch_size)
+        self.codec.decode([r.codes for r in results[:2] if r.codes])
 
     def info(self) -> dict:
         import ray

@@ -38,3 +38,14 @@ def test_gpu_check_runs_its_steps_in_budget_and_unpacks_the_site_archive(tmp_pat
     assert [line.split("] ", 1)[1].split(" (")[0].split(":")[0] for line in stages] == [
         f"unpacking {archive}", "1. CUDA tests", "2. skipped", "done"]
     assert not (out / "bench.log").exists()
+
+
+def test_gpu_check_skips_the_tests_when_their_budget_is_zero(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PY": sys.executable, "OUT": str(out), "BUDGET": "40", "TEST_BUDGET": "0"}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    stages = [line.split("] ", 1)[1] for line in (out / "stages.log").read_text().splitlines()]
+    assert stages[0] == "1. CUDA tests skipped (TEST_BUDGET=0)" and stages[-1] == "done"
+    assert not (out / "tests_gpu.log").exists()

@@ -94,3 +94,14 @@ def test_stream_yields_each_item_once_as_rows_finish(kit_synth):
     assert {r.id: r.codes for r in streamed} == {r.id: r.codes for r in results}
     assert summary.ok == 5 and summary.failed == 2
 
+
+
+def test_warmup_runs_the_callers_decoder_and_changes_no_result(synth64, kit_groups):
+    settings = DecodingSettings(method="pcg", theta=kit_groups.theta, max_new_tokens=20, seed=5)
+    expected = by_id(synth64.synthesize(ITEMS[:4], settings, batch_size=3)[0])
+    results = synth64.warmup(settings, batch_size=3)
+    assert len(results) == 5 and all(r.error is None and r.codes for r in results)  # a batch and a half
+    assert max(len(r.codes) for r in results) > 10  # long enough to reach the longer key lengths
+    decoder = synth64.decoder(settings, 3)  # what a run at this batch size decodes with: the warmed one
+    assert decoder.rounds_run > 0 and decoder.idle
+    assert by_id(synth64.synthesize(ITEMS[:4], settings, batch_size=3)[0]) == expected
