@@ -157,6 +157,8 @@ def run_job(spec, rep: int, admission: str | None = None) -> dict:
     summary = JobRunner(spec, address="local", progress=False, warmup=True).run()
     ray.shutdown()
     u, steady = summary["utilisation"], summary["steady"]
+    workers = summary["workers"].values()
+    decode_s = sum(w.get("decode_s", 0.0) for w in workers)  # inside decode rounds, all workers
     return {"rows_ok": summary["rows_ok"], "generated_tokens": summary["generated_tokens"],
             "shards": summary["shards"]["total"], "steady_s": steady["wall_s"],
             "steady_tokens_per_s": steady["tokens_per_s"], "slot_utilisation": u["slot_utilisation"],
@@ -164,6 +166,10 @@ def run_job(spec, rep: int, admission: str | None = None) -> dict:
             "overlap": u.get("overlap"), "shard_window": u.get("shard_window"), "empty_slots": u.get("empty_slots"),
             "decoders": max((w.get("decoders", 0) for w in summary["workers"].values()), default=None),
             "worker_threads": [w.get("torch_threads") for w in summary["workers"].values()],
+            # the steady window apart: rounds (at what rate), writing (codec, audio, Parquet, upload)
+            "decode_s": round(decode_s, 3), "decode_tokens_per_s": round(summary["generated_tokens"] / decode_s, 2)
+            if decode_s else None, "finalise_s": round(sum(w.get("finalise_s", 0.0) for w in workers), 3),
+            "codec_s": round(sum(w.get("codec_s", 0.0) for w in workers), 3),
             "wall_s": round(time.perf_counter() - start, 1)}
 
 
@@ -329,21 +335,22 @@ def markdown(doc: dict) -> str:
              f"({doc['dtype']['resolved']} here) for jobs and decoding alone, {m['date']}; load average (1 min) "
              f"{doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end "
              "(other work shares these cores: compare figures within this file only).", "",
-             "| workload | admission | run | slot utilisation | steady tokens/s | vs decoding alone | io wait s "
-             "| overlap | decoders |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| workload | admission | run | slot utilisation | steady tokens/s | vs decoding alone "
+             "| tokens/s inside decode rounds | io wait s | overlap | decoders |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, w in doc["workloads"].items():
         summary = w["summary"]
         if "before" in summary:
             b = summary["before"]
             lines.append(f"| {name} | arrival | job, before (22b6ad8) | {b['slot_utilisation']} | "
-                         f"{b['tokens_per_s']} | {b['ratio']} | - | - | - |")
+                         f"{b['tokens_per_s']} | {b['ratio']} | - | - | - | - |")
         for a in ("arrival", "longest_first"):
             x = summary[a]
             lines.append(f"| {name} | {a} | decoding alone (`generate`) | {x['alone_slot_utilisation']} | "
-                         f"{x['alone_tokens_per_s']} | 1 | - | - | {x['alone_decoders']} |")
+                         f"{x['alone_tokens_per_s']} | 1 | {x['alone_tokens_per_s']} | - | - | {x['alone_decoders']} |")
             lines.append(f"| {name} | {a} | job, streaming | {x['job_slot_utilisation']} | {x['job_tokens_per_s']} | "
-                         f"{x['job_ratio']} | {x['job_io_wait_s']} | {x['job_overlap']} | {x['job_decoders']} |")
+                         f"{x['job_ratio']} | {x.get('job_decode_tokens_per_s') or '-'} | {x['job_io_wait_s']} | "
+                         f"{x['job_overlap']} | {x['job_decoders']} |")
     bounds = [w["runs"]["alone_arrival"][0].get("order_bounds") for w in doc["workloads"].values()]
     lines += table("What the order rows are admitted in can do (decoding alone, one decoder; simulated on the "
                    "rounds each row took in the first repetition's arrival-order run, whose order reproduces the "
@@ -370,7 +377,10 @@ def markdown(doc: dict) -> str:
               "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)" + (
                   "; the before code: `git archive 22b6ad8 | tar -x -C DIR`." if doc.get("before") else ".")]
     if not doc.get("complete", True):
-        lines += ["", "**Cut short**: written after the last workload that finished; the run stopped before the rest."]
+        done = min((len(v) for w in doc["workloads"].values() for k, v in w["runs"].items() if k != "before"),
+                   default=0)
+        lines += ["", f"**Cut short**: written after the last workload that finished ({done} of {doc['reps']} "
+                      "repetitions); the run stopped before the rest."]
     return "\n".join(lines) + "\n"
 
 
@@ -495,6 +505,7 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
                 "job_tokens_per_s": median([x["steady_tokens_per_s"] for x in job]),
                 "job_slot_utilisation": median([x["slot_utilisation"] for x in job]),
                 "job_ratio": median([ratio(j, x) for j, x in zip(job, alone)]),
+                "job_decode_tokens_per_s": median([x.get("decode_tokens_per_s") for x in job]),
                 "job_io_wait_s": median([x["io_wait_s"] for x in job]),
                 "job_overlap": median([x["overlap"] for x in job]),
                 "job_decoders": job[0]["decoders"],
