@@ -24,6 +24,10 @@ one run of this script:
 Each of them runs with both admission orders (`resources.admission`: `longest_first`, the
 default, and `arrival`); ratios compare a job with decoding alone in the same order.
 Both get the same CPU threads (`--threads`: torch threads here, `cpus_per_worker` there).
+`--probe` also runs decoding alone (arrival order) where a job worker decodes: on a thread of its
+own in this process, and in a fresh Ray actor process holding its own models (loaded and warmed
+up as a worker's); where a job's rounds run slower than decoding alone's, these tell the thread,
+the process and the job's own machinery apart.
 With `--before DIR` (the engine before the streaming worker: `mkdir /tmp/before14 && git archive
 22b6ad8 | tar -x -C /tmp/before14`) the job also runs with that code, in a subprocess, for the
 before/after table. Repetitions are interleaved (`--reps`); the machine's load is recorded.
@@ -254,6 +258,53 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
             "order_bounds": order_bounds(*map(list, zip(*per_row)), batch) if one else None}
 
 
+def run_alone_in_thread(synth, spec, rows: list[dict], admission: str) -> dict:
+    """`run_alone` on a thread of its own, as a job worker's decode loop runs."""
+    import threading
+
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(out=run_alone(synth, spec, rows, admission)),
+                              name="decode")
+    thread.start()
+    thread.join()
+    return box["out"]
+
+
+class AloneActor:
+    """Decoding alone in a Ray actor process: a job worker's process without the job."""
+
+    def __init__(self, models: dict, spec_json: str, device: str, threads: int) -> None:
+        import torch
+
+        from engine.api import Synthesizer
+        from engine.config import JobSpec
+
+        torch.set_num_threads(threads)
+        self.spec = JobSpec.model_validate_json(spec_json)
+        self.synth = Synthesizer.load(models["target"], draft=models["draft"], device=device,
+                                      dtype=self.spec.models.dtype, batch_size=self.spec.resources.batch_size)
+        self.synth.warmup(self.spec.decoding, self.spec.resources.batch_size)
+
+    def run(self, rows: list[dict], admission: str) -> dict:
+        return run_alone(self.synth, self.spec, rows, admission)
+
+
+def run_alone_in_actor(models: dict, spec, rows: list[dict], admission: str, device: str) -> dict:
+    """`run_alone` in a fresh Ray actor (local Ray, as the jobs here), with the job's resources."""
+    import ray
+
+    from engine.runtime.connect import init_ray
+
+    init_ray("local", log_to_driver=False, configure_logging=False)
+    try:
+        res = spec.resources
+        actor = ray.remote(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)(AloneActor).remote(
+            models, spec.model_dump_json(), device, res.cpus_per_worker)
+        return ray.get(actor.run.remote(rows, admission))
+    finally:
+        ray.shutdown()
+
+
 def run_before(before: Path, kit: Path, work: Path, threads: int, rep: int) -> dict:
     """The job phase with the engine at `before` (a subprocess importing that code)."""
     out = work / f"before-r{rep}.json"
@@ -371,6 +422,14 @@ def markdown(doc: dict) -> str:
                    [[name, a, x["alone_slot_utilisation"], x["alone_before_drain"], x["alone_drain_share"],
                      x["job_slot_utilisation"], *x.get("job_empty_slots", {}).values()]
                     for name, a, x in drains if x.get("alone_before_drain") is not None])
+    probes = [(name, w["summary"]["probe"]) for name, w in doc["workloads"].items() if "probe" in w["summary"]]
+    lines += table("Where decoding runs (`--probe`; arrival order, tokens/s): decoding alone in this process's main "
+                   "thread, on a thread of its own (as a job worker's decode loop), in a fresh Ray actor process "
+                   "(a worker's process without the job), and the job's rate inside its decode rounds:",
+                   ["workload", "alone, main thread", "alone, own thread", "alone, Ray actor",
+                    "job, inside rounds"],
+                   [[name, p["alone_arrival"], p["alone_thread_arrival"], p["alone_actor_arrival"],
+                     p["job_arrival_inside_rounds"]] for name, p in probes]) if probes else []
     lines += ["", "Medians over repetitions; each repetition runs decoding alone and the jobs back to back, "
               "in both admission orders (the order alternates between repetitions). Workloads: "
               + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
@@ -402,6 +461,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="batch size of the jobs and of decoding alone")
     ap.add_argument("--scale", type=int, default=1, help="temps48's and lengths48's rows times this")
     ap.add_argument("--workloads", help="comma-separated subset (default: all; names as in the result file)")
+    ap.add_argument("--probe", action="store_true",
+                    help="also decode alone (arrival order) on a thread and in a fresh Ray actor process")
     ap.add_argument("--job-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
@@ -440,6 +501,7 @@ def main() -> None:
         for _, spec in workloads:  # as each job's worker warms up (`Synthesizer.warmup`)
             synth.warmup(spec.decoding, args.batch)
         runs = {name: {f"{run}_{a}": [] for run in ("alone", "job") for a in ADMISSIONS} | {"before": []}
+                | ({"alone_thread_arrival": [], "alone_actor_arrival": []} if args.probe else {})
                 for name, _ in workloads}
         for rep in range(args.reps):
             for name, spec in workloads:
@@ -447,6 +509,13 @@ def main() -> None:
                 for a in order:
                     runs[name][f"alone_{a}"].append(run_alone(synth, spec, rows[name], a))
                     print(name, "alone", a, runs[name][f"alone_{a}"][-1], flush=True)
+                if args.probe:
+                    runs[name]["alone_thread_arrival"].append(run_alone_in_thread(synth, spec, rows[name], "arrival"))
+                    runs[name]["alone_actor_arrival"].append(
+                        run_alone_in_actor(models, spec, rows[name], "arrival", args.device))
+                    print(name, "alone on a thread / in an actor",
+                          [runs[name][k][-1]["tokens_per_s"] for k in ("alone_thread_arrival", "alone_actor_arrival")],
+                          flush=True)
                 for a in order:
                     runs[name][f"job_{a}"].append(run_job(spec, rep, a))
                     print(name, "job", a, runs[name][f"job_{a}"][-1], flush=True)
@@ -512,6 +581,11 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
                 "job_empty_slots": {k: median([(x.get("empty_slots") or {}).get(k) for x in job])
                                     for k in ("waiting_for_shards", "other_decoders", "end_of_work")},
             }
+        if r.get("alone_thread_arrival"):
+            summary["probe"] = {k: median([x["tokens_per_s"] for x in r[k]])
+                                for k in ("alone_arrival", "alone_thread_arrival", "alone_actor_arrival")}
+            summary["probe"]["job_arrival_inside_rounds"] = median(
+                [x.get("decode_tokens_per_s") for x in r["job_arrival"]])
         if r["before"]:  # against decoding alone in arrival order, as the code before had no other
             alone = r["alone_arrival"]
             summary["before"] = {
