@@ -184,9 +184,9 @@ class Synthesizer:
         """Decode a batch and a half of warm-up rows with `settings` (their structure and token
         budget) at `batch_size`, and return their results. What a first run pays for at each
         new shape (the full batch at every key length up to the budget's, admissions while the
-        batch runs, the final drain) is then paid here, not inside what is timed next: on an
-        H200 the first of two equal decodes in one process ran 22-30 % slower when the warm-up
-        was two rows of 16 tokens (benchmarks/results/job_throughput_cuda_llasa_1b_shape.md).
+        batch runs, the final drain) is then paid here, not inside what is timed next. It does
+        not remove every first-run cost: on an H100 the first decode after it was still the
+        slowest of six (benchmarks/results/job_throughput_cuda_llasa_1b_shape_h100.log).
         Results decoded afterwards are the same as without it."""
         settings = settings or DecodingSettings()
         batch = batch_size or self.batch_size

@@ -95,7 +95,6 @@ def test_stream_yields_each_item_once_as_rows_finish(kit_synth):
     assert summary.ok == 5 and summary.failed == 2
 
 
-
 def test_warmup_runs_the_callers_decoder_and_changes_no_result(synth64, kit_groups):
     settings = DecodingSettings(method="pcg", theta=kit_groups.theta, max_new_tokens=20, seed=5)
     expected = by_id(synth64.synthesize(ITEMS[:4], settings, batch_size=3)[0])
