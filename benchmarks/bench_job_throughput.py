@@ -168,8 +168,8 @@ def run_job(spec, rep: int, admission: str | None = None) -> dict:
             "steady_tokens_per_s": steady["tokens_per_s"], "slot_utilisation": u["slot_utilisation"],
             "worker_busy_fraction": u["worker_busy_fraction"], "io_wait_s": u.get("io_wait_s"),
             "overlap": u.get("overlap"), "shard_window": u.get("shard_window"), "empty_slots": u.get("empty_slots"),
-            "decoders": max((w.get("decoders", 0) for w in summary["workers"].values()), default=None),
-            "worker_threads": [w.get("torch_threads") for w in summary["workers"].values()],
+            "decoders": max((w.get("decoders", 0) for w in workers), default=None),
+            "worker_threads": [w.get("torch_threads") for w in workers],
             # the steady window apart: rounds (at what rate), writing (codec, audio, Parquet, upload)
             "decode_s": round(decode_s, 3), "decode_tokens_per_s": round(summary["generated_tokens"] / decode_s, 2)
             if decode_s else None, "finalise_s": round(sum(w.get("finalise_s", 0.0) for w in workers), 3),
@@ -263,10 +263,18 @@ def run_alone_in_thread(synth, spec, rows: list[dict], admission: str) -> dict:
     import threading
 
     box: dict = {}
-    thread = threading.Thread(target=lambda: box.update(out=run_alone(synth, spec, rows, admission)),
-                              name="decode")
+
+    def target() -> None:
+        try:
+            box["out"] = run_alone(synth, spec, rows, admission)
+        except BaseException as exc:  # noqa: BLE001 - raised again on the calling thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="decode")
     thread.start()
     thread.join()
+    if "error" in box:
+        raise box["error"]
     return box["out"]
 
 
@@ -281,8 +289,10 @@ class AloneActor:
 
         torch.set_num_threads(threads)
         self.spec = JobSpec.model_validate_json(spec_json)
-        self.synth = Synthesizer.load(models["target"], draft=models["draft"], device=device,
-                                      dtype=self.spec.models.dtype, batch_size=self.spec.resources.batch_size)
+        m = self.spec.models  # loaded as a job worker loads them (engine/runtime/worker.py)
+        self.synth = Synthesizer.load(models["target"], draft=models["draft"], device=device, dtype=m.dtype,
+                                      compile=m.compile, draft_weights=m.draft_weights,
+                                      batch_size=self.spec.resources.batch_size)
         self.synth.warmup(self.spec.decoding, self.spec.resources.batch_size)
 
     def run(self, rows: list[dict], admission: str) -> dict:
