@@ -163,6 +163,8 @@ def run_job(spec, rep: int, admission: str | None = None) -> dict:
     u, steady = summary["utilisation"], summary["steady"]
     workers = summary["workers"].values()
     decode_s = sum(w.get("decode_s", 0.0) for w in workers)  # inside decode rounds, all workers
+    sums = {k: sum(w.get(k, 0) for w in workers) for k in ("decode_cpu_s", "decode_waits", "decode_preempted",
+                                                            "decode_rounds")}
     return {"rows_ok": summary["rows_ok"], "generated_tokens": summary["generated_tokens"],
             "shards": summary["shards"]["total"], "steady_s": steady["wall_s"],
             "steady_tokens_per_s": steady["tokens_per_s"], "slot_utilisation": u["slot_utilisation"],
@@ -174,6 +176,8 @@ def run_job(spec, rep: int, admission: str | None = None) -> dict:
             "decode_s": round(decode_s, 3), "decode_tokens_per_s": round(summary["generated_tokens"] / decode_s, 2)
             if decode_s else None, "finalise_s": round(sum(w.get("finalise_s", 0.0) for w in workers), 3),
             "codec_s": round(sum(w.get("codec_s", 0.0) for w in workers), 3),
+            **thread_figures(decode_s, sums["decode_cpu_s"], sums["decode_waits"], sums["decode_preempted"],
+                             sums["decode_rounds"]),
             "wall_s": round(time.perf_counter() - start, 1)}
 
 
@@ -217,6 +221,7 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
     from engine.api import structure
     from engine.config import DecodingSettings
     from engine.records import SynthesisItem
+    from engine.runtime.stream import thread_clock
 
     batch = spec.resources.batch_size
     session = synth.session(batch, admission=admission)
@@ -232,6 +237,7 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
         _, request = synth.prepare(i, item, settings)
         pairs.append((settings, request, request.priority))
     session.submit([(settings, request) for settings, request, _ in pairs])
+    clock = thread_clock()
     tokens, start, rounds = 0, time.perf_counter(), {}
     s = session.scheduler
     undrained = None  # (slot rounds, slots) when the last row entered the batch
@@ -242,6 +248,7 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
         if undrained is None and not s.queued:
             undrained = (s.slot_rounds, s.slots)
     seconds = time.perf_counter() - start
+    cpu_s, waits, preempted = (b - a for a, b in zip(clock, thread_clock()))
     queued: dict[tuple, list[tuple[int, int]]] = {}  # arrival order: `submit` groups rows by structure
     for settings, r, estimate in pairs:
         queued.setdefault(structure(settings), []).append((rounds[r.key], estimate))
@@ -253,9 +260,25 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
             "slot_utilisation_before_drain": round(undrained[0] / undrained[1], 4) if undrained and undrained[1]
             else None,
             "drain_share_of_slots": round(1 - undrained[1] / s.slots, 4) if undrained else None,
-            "decoders": len(s.used), "rounds_per_row": [r for r, _ in per_row],
+            "decoders": len(s.used), **thread_figures(seconds, cpu_s, waits, preempted, s.rounds),
+            "rounds_per_row": [r for r, _ in per_row],
             "estimated_tokens": [e for _, e in per_row],
             "order_bounds": order_bounds(*map(list, zip(*per_row)), batch) if one else None}
+
+
+PROBES = ("alone_arrival", "alone_thread_arrival", "alone_actor_arrival", "stream_in_process_arrival")
+PROBE_NAMES = {"alone_arrival": "alone, main thread", "alone_thread_arrival": "alone, own thread",
+               "alone_actor_arrival": "alone, Ray actor", "stream_in_process_arrival": "job's worker, no Ray",
+               "job_arrival": "job"}
+THREAD_FIGURES = ("cpu_share", "waits_per_round", "preempted_per_round")
+
+
+def thread_figures(seconds: float, cpu_s: float, waits: int, preempted: int, rounds: int) -> dict:
+    """The decoding thread over `seconds` of rounds: its CPU share, and its voluntary (waits)
+    and involuntary (preempted) context switches per round (`stream.thread_clock`)."""
+    return {"cpu_share": round(cpu_s / seconds, 4) if seconds else None,
+            "waits_per_round": round(waits / rounds, 2) if rounds else None,
+            "preempted_per_round": round(preempted / rounds, 3) if rounds else None}
 
 
 def run_alone_in_thread(synth, spec, rows: list[dict], admission: str) -> dict:
@@ -313,6 +336,43 @@ def run_alone_in_actor(models: dict, spec, rows: list[dict], admission: str, dev
         return ray.get(actor.run.remote(rows, admission))
     finally:
         ray.shutdown()
+
+
+def run_stream_in_process(spec, rep: int, admission: str) -> dict:
+    """The job's worker without Ray: a `ShardProcessor` in this process (its decode loop and IO
+    thread), fed the job's shards by as many threads as the job's window (as the worker actor's
+    threads are), into a fresh output. Decode-round figures only (no driver, no steady window)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.config import InputSpec
+    from engine.io.storage import Storage
+    from engine.runtime.augment import expand
+    from engine.runtime.job import prepare_groups
+    from engine.runtime.plan import make_plan
+    from engine.runtime.worker import ShardProcessor
+
+    out = spec.output.model_copy(update={"uri": f"{spec.output.uri}-r{rep}-{admission}-in-process"})
+    spec = spec.model_copy(update={"output": out,
+                                   "resources": spec.resources.model_copy(update={"admission": admission})})
+    storage = Storage(spec.storage)
+    planned = spec
+    if spec.kind == "augment":
+        uri = expand(spec, storage, out.uri).uri
+        planned = spec.model_copy(update={"input": InputSpec(manifests=[uri])})
+    shards = make_plan(planned, storage).shards
+    worker = ShardProcessor(spec, prepare_groups(spec, storage, progress=False), "in-process")
+    worker.warmup()
+    try:
+        with ThreadPoolExecutor(max_workers=spec.resources.window) as pool:
+            records = list(pool.map(worker.process, shards))
+    finally:
+        worker.close()
+    sums = {k: sum(r.get(k, 0) for r in records) for k in ("generated_tokens", "decode_s", "decode_cpu_s",
+                                                           "decode_waits", "decode_preempted", "decode_rounds")}
+    return {"generated_tokens": sums["generated_tokens"], "decode_s": round(sums["decode_s"], 3),
+            "tokens_per_s": round(sums["generated_tokens"] / sums["decode_s"], 2),
+            **thread_figures(sums["decode_s"], sums["decode_cpu_s"], sums["decode_waits"],
+                             sums["decode_preempted"], sums["decode_rounds"])}
 
 
 def run_before(before: Path, kit: Path, work: Path, threads: int, rep: int) -> dict:
@@ -433,13 +493,15 @@ def markdown(doc: dict) -> str:
                      x["job_slot_utilisation"], *x.get("job_empty_slots", {}).values()]
                     for name, a, x in drains if x.get("alone_before_drain") is not None])
     probes = [(name, w["summary"]["probe"]) for name, w in doc["workloads"].items() if "probe" in w["summary"]]
-    lines += table("Where decoding runs (`--probe`; arrival order, tokens/s): decoding alone in this process's main "
-                   "thread, on a thread of its own (as a job worker's decode loop), in a fresh Ray actor process "
-                   "(a worker's process without the job), and the job's rate inside its decode rounds:",
-                   ["workload", "alone, main thread", "alone, own thread", "alone, Ray actor",
-                    "job, inside rounds"],
-                   [[name, p["alone_arrival"], p["alone_thread_arrival"], p["alone_actor_arrival"],
-                     p["job_arrival_inside_rounds"]] for name, p in probes]) if probes else []
+    lines += table("Where decoding runs (`--probe`; arrival order): decoding alone in this process's main thread, "
+                   "on a thread of its own (as a job worker's decode loop), in a fresh Ray actor process (a "
+                   "worker's process without the job); the job's worker without Ray (its decode loop and IO "
+                   "thread in this process, fed by as many threads as the job's window); and the job. Tokens/s "
+                   "inside decode rounds, and the decoding thread over those rounds: its CPU time as a share "
+                   "of their wall time, and its context switches per round, voluntary (it waited: for the GIL, "
+                   "a lock, the device) and involuntary (other work took its core):",
+                   ["workload", "run", "tokens/s", "CPU share", "waits per round", "preempted per round"],
+                   [[name, PROBE_NAMES[k], *p[k].values()] for name, p in probes for k in p]) if probes else []
     lines += ["", "Medians over repetitions; each repetition runs decoding alone and the jobs back to back, "
               "in both admission orders (the order alternates between repetitions). Workloads: "
               + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
@@ -511,7 +573,7 @@ def main() -> None:
         for _, spec in workloads:  # as each job's worker warms up (`Synthesizer.warmup`)
             synth.warmup(spec.decoding, args.batch)
         runs = {name: {f"{run}_{a}": [] for run in ("alone", "job") for a in ADMISSIONS} | {"before": []}
-                | ({"alone_thread_arrival": [], "alone_actor_arrival": []} if args.probe else {})
+                | ({k: [] for k in PROBES[1:]} if args.probe else {})
                 for name, _ in workloads}
         for rep in range(args.reps):
             for name, spec in workloads:
@@ -523,9 +585,9 @@ def main() -> None:
                     runs[name]["alone_thread_arrival"].append(run_alone_in_thread(synth, spec, rows[name], "arrival"))
                     runs[name]["alone_actor_arrival"].append(
                         run_alone_in_actor(models, spec, rows[name], "arrival", args.device))
-                    print(name, "alone on a thread / in an actor",
-                          [runs[name][k][-1]["tokens_per_s"] for k in ("alone_thread_arrival", "alone_actor_arrival")],
-                          flush=True)
+                    runs[name]["stream_in_process_arrival"].append(run_stream_in_process(spec, rep, "arrival"))
+                    print(name, "alone on a thread / in an actor; the worker in this process",
+                          [runs[name][k][-1]["tokens_per_s"] for k in PROBES[1:]], flush=True)
                 for a in order:
                     runs[name][f"job_{a}"].append(run_job(spec, rep, a))
                     print(name, "job", a, runs[name][f"job_{a}"][-1], flush=True)
@@ -592,10 +654,10 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
                                     for k in ("waiting_for_shards", "other_decoders", "end_of_work")},
             }
         if r.get("alone_thread_arrival"):
-            summary["probe"] = {k: median([x["tokens_per_s"] for x in r[k]])
-                                for k in ("alone_arrival", "alone_thread_arrival", "alone_actor_arrival")}
-            summary["probe"]["job_arrival_inside_rounds"] = median(
-                [x.get("decode_tokens_per_s") for x in r["job_arrival"]])
+            summary["probe"] = {k: {"tokens_per_s": median([x.get("decode_tokens_per_s", x.get("tokens_per_s"))
+                                                            for x in r[k]]),
+                                    **{f: median([x.get(f) for x in r[k]]) for f in THREAD_FIGURES}}
+                                for k in (*PROBES, "job_arrival")}
         if r["before"]:  # against decoding alone in arrival order, as the code before had no other
             alone = r["alone_arrival"]
             summary["before"] = {

@@ -17,6 +17,7 @@ worker that dies loses exactly the shards it held and had not committed.
 from __future__ import annotations
 
 import queue
+import resource
 import threading
 import time
 from collections.abc import Callable
@@ -46,8 +47,8 @@ class ShardTask:
 class Counters:
     """Cumulative figures of the pipeline; `take` returns what accrued since the last take."""
 
-    FIELDS = ("decode_rounds", "slot_rounds", "slots", "starved_slots", "split_slots", "decode_s", "io_wait_s",
-              "finalise_s", "overlap_s", "busy_s")
+    FIELDS = ("decode_rounds", "slot_rounds", "slots", "starved_slots", "split_slots", "decode_s", "decode_cpu_s",
+              "decode_waits", "decode_preempted", "io_wait_s", "finalise_s", "overlap_s", "busy_s")
 
     def __init__(self) -> None:
         self.total = dict.fromkeys(self.FIELDS, 0.0)
@@ -57,6 +58,20 @@ class Counters:
         out = {k: now[k] - self.taken[k] for k in self.FIELDS}
         self.taken = dict(now)
         return out
+
+
+def thread_clock() -> tuple[float, int, int]:
+    """The calling thread's (CPU seconds, voluntary context switches, involuntary ones). Over a
+    stretch of wall time: CPU seconds short of the wall are time the thread did not run, either
+    waiting (for the GIL, a lock, the device: voluntary switches) or runnable but preempted by
+    other work on its core (involuntary switches). Switch counts are 0 where the platform has
+    no per-thread usage (macOS)."""
+    cpu = time.thread_time()
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    if who is None:
+        return cpu, 0, 0
+    ru = resource.getrusage(who)
+    return cpu, ru.ru_nvcsw, ru.ru_nivcsw
 
 
 class ShardStream:
@@ -85,6 +100,8 @@ class ShardStream:
         self.waiting_io_max = 0
         self.counters = Counters()
         self.decode_s = 0.0
+        # the decode thread inside rounds: CPU seconds, and context switches (see thread_clock)
+        self.decode_cpu_s, self.decode_waits, self.decode_preempted = 0.0, 0, 0
         self.round_started: float | None = None
         self.io_wait_s = self.finalise_s = self.overlap_s = 0.0
         self.busy_s, self.busy_since = 0.0, None
@@ -147,10 +164,13 @@ class ShardStream:
         sched = self.session.scheduler
         totals = {"decode_rounds": sched.rounds, "slot_rounds": sched.slot_rounds, "slots": sched.slots,
                   "starved_slots": self.starved_slots, "split_slots": self.split_slots,
-                  "decode_s": self.decode_clock(now), "io_wait_s": self.io_wait_s,
+                  "decode_s": self.decode_clock(now), "decode_cpu_s": self.decode_cpu_s,
+                  "decode_waits": self.decode_waits, "decode_preempted": self.decode_preempted,
+                  "io_wait_s": self.io_wait_s,
                   "finalise_s": self.finalise_s, "overlap_s": self.overlap_s, "busy_s": busy}
         out = self.counters.take(totals)
-        for k in ("decode_rounds", "slot_rounds", "slots", "starved_slots", "split_slots"):
+        for k in ("decode_rounds", "slot_rounds", "slots", "starved_slots", "split_slots", "decode_waits",
+                  "decode_preempted"):
             out[k] = int(out[k])
         out.update(held=held, decoders=len(sched.used), io_backlog_max=self.waiting_io_max)
         return out
@@ -174,6 +194,7 @@ class ShardStream:
                     task = None
             if self.session.idle:
                 continue
+            cpu, waits, preempted = thread_clock()
             self.round_started = start = time.perf_counter()
             sched = self.session.scheduler
             slots, filled = sched.slots, sched.slot_rounds
@@ -185,6 +206,10 @@ class ShardStream:
             finally:
                 self.decode_s += time.perf_counter() - start
                 self.round_started = None
+                now_cpu, now_waits, now_preempted = thread_clock()
+                self.decode_cpu_s += now_cpu - cpu
+                self.decode_waits += now_waits - waits
+                self.decode_preempted += now_preempted - preempted
             empty = (sched.slots - slots) - (sched.slot_rounds - filled)
             if sched.queued:
                 self.split_slots += empty

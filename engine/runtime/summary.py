@@ -42,11 +42,11 @@ def busy_of(r: dict) -> float:
 
 
 def per_worker(records: list[dict]) -> dict:
-    keys = ("decode_s", "codec_s", "busy_s", "io_wait_s", "finalise_s", "overlap_s")
+    keys = ("decode_s", "decode_cpu_s", "codec_s", "busy_s", "io_wait_s", "finalise_s", "overlap_s")
+    counts = ("decode_rounds", "slot_rounds", "decode_waits", "decode_preempted")
     out: dict[str, dict] = defaultdict(lambda: {"shards": 0, "rows": 0, "generated_tokens": 0,
                                                 "audio_seconds": 0.0, **dict.fromkeys(keys, 0.0),
-                                                "decode_rounds": 0, "slot_rounds": 0, "slots": 0,
-                                                "decoders": 0})
+                                                **dict.fromkeys(counts, 0), "slots": 0, "decoders": 0})
     for r in records:
         w = out[r["worker"]]
         w["shards"] += 1
@@ -55,8 +55,8 @@ def per_worker(records: list[dict]) -> dict:
         w["audio_seconds"] = round(w["audio_seconds"] + r["audio_seconds"], 3)
         for k in keys:
             w[k] = round(w[k] + (busy_of(r) if k == "busy_s" else r.get(k, 0.0)), 3)
-        w["decode_rounds"] += r.get("decode_rounds", 0)
-        w["slot_rounds"] += r.get("slot_rounds", 0)
+        for k in counts:
+            w[k] += r.get(k, 0)
         w["slots"] += slots_of(r)
         w["decoders"] = max(w["decoders"], r.get("decoders", 0))
         w.update(node=r.get("node"), gpu_ids=r.get("gpu_ids"), device=r.get("device"), host=r.get("host"),
@@ -66,6 +66,9 @@ def per_worker(records: list[dict]) -> dict:
         # how full the batch was while decoding (continuous batching keeps it near 1)
         w["slot_utilisation"] = round(w.pop("slot_rounds") / w.pop("slots"), 4) if w["slots"] else None
         w["overlap"] = round(w["overlap_s"] / w["finalise_s"], 4) if w["finalise_s"] else None
+        # the decode thread's CPU time over its time in rounds: short of 1 when it waited for
+        # the GIL or the device, or lost its core to other work (decode_waits, decode_preempted)
+        w["decode_cpu_share"] = round(w["decode_cpu_s"] / w["decode_s"], 4) if w["decode_s"] else None
     return dict(out)
 
 

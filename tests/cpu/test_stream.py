@@ -4,6 +4,7 @@ decoded shards in memory."""
 
 from __future__ import annotations
 
+import resource
 import threading
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 from engine import SynthesisItem, Synthesizer
 from engine.io.storage import Storage
 from engine.runtime.plan import make_plan
+from engine.runtime.stream import thread_clock
+from engine.runtime.summary import per_worker
 from engine.runtime.worker import ShardProcessor
 
 from jobhelpers import job_spec, texts, write_manifest
@@ -51,6 +54,11 @@ def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_g
     filled = sum(r["slot_rounds"] for r in records) / sum(r["slots"] for r in records)
     assert filled > 0.75  # the old per-settings split left ~1 row per batch here
     assert sum(r["decode_rounds"] for r in records) < sum(r["rounds"] for r in records) / 4
+    # the decode thread over its rounds: CPU time within their wall time, switches counted
+    assert all(isinstance(r["decode_waits"], int) and isinstance(r["decode_preempted"], int) for r in records)
+    worker = per_worker([{**r, "worker": "w0"} for r in records])["w0"]
+    assert 0 < worker["decode_cpu_s"] <= worker["decode_s"] * 1.05 + 0.05
+    assert worker["decode_cpu_share"] == round(worker["decode_cpu_s"] / worker["decode_s"], 4)
     out = {}
     for r in records:
         for row in pq.read_table(r["data"]).to_pylist():
@@ -63,6 +71,33 @@ def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_g
                            max_new_tokens=r.get("max_new_tokens")) for r in rows]
     results, _ = synth.synthesize(items, spec.decoding, batch_size=3, admission="arrival")
     assert {r.id: r.codes for r in results} == out  # seeds from ids, not from scheduling or order
+
+
+def test_thread_clock_tells_waiting_from_running():
+    def measure(work) -> tuple[float, float, int]:
+        box = {}
+
+        def target() -> None:  # on a thread of its own, as the decode loop
+            before, start = thread_clock(), time.perf_counter()
+            work()
+            after = thread_clock()
+            box["out"] = ((after[0] - before[0]) / (time.perf_counter() - start), after[1] - before[1],
+                          after[2] - before[2])
+        t = threading.Thread(target=target)
+        t.start()
+        t.join()
+        return box["out"]
+
+    def spin() -> None:
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:
+            pass
+
+    sleeping, sleep_waits, _ = measure(lambda: [time.sleep(0.03) for _ in range(10)])
+    spinning, spin_waits, _ = measure(spin)
+    assert sleeping < 0.2 < spinning  # a waiting thread's CPU share is small, a running one's large
+    if hasattr(resource, "RUSAGE_THREAD"):  # Linux: per-thread switch counts
+        assert sleep_waits >= 10 > spin_waits  # every sleep is a voluntary switch; the spin has few
 
 
 class SlowStorage(Storage):
