@@ -11,7 +11,10 @@ Threads, all in the worker's process (no Ray here):
 The IO queue is bounded: when writing falls behind, the decode loop blocks on it (the time is
 reported as `io_wait_s`), so at most `io_queue + 1` decoded shards wait in memory for their
 files. A shard counts as done only once its commit record is written, after its data file; a
-worker that dies loses exactly the shards it held and had not committed.
+worker that dies loses exactly the shards it held and had not committed. Anything else that
+runs the models (the worker's warm-up) runs on these threads too (`on_decode_thread`,
+`on_io_thread`): part of a thread's CUDA state is its own (CUDA-graph trees, BLAS handles), so
+a warm-up on another thread would leave the decode loop to pay for its own inside the job.
 """
 
 from __future__ import annotations
@@ -28,6 +31,21 @@ from engine.api import DecodeSession
 from engine.records import SynthesisResult
 
 STOP = object()
+
+
+@dataclass(eq=False)
+class Call:
+    """A function for one of the stream's threads to run between its other work (warm-up: a
+    thread's own CUDA state, such as CUDA-graph trees and BLAS handles, is per thread)."""
+
+    fn: Callable
+    future: Future = field(default_factory=Future)
+
+    def run(self) -> None:
+        try:
+            self.future.set_result(self.fn())
+        except BaseException as exc:  # noqa: BLE001 - the caller gets it from the future
+            self.future.set_exception(exc)
 
 
 @dataclass(eq=False)
@@ -128,17 +146,34 @@ class ShardStream:
                 self.busy_s += time.perf_counter() - self.busy_since
                 self.busy_since = None
 
-    def submit(self, task: ShardTask) -> Future:
-        """Queue a prepared shard (already `hold`); its future resolves to the commit record."""
+    def start_threads(self) -> None:
         with self.lock:  # shards arrive on several threads: start one loop, once
             if not self.threads:
                 self.threads = [threading.Thread(target=self.decode_loop, name="decode", daemon=True),
                                 threading.Thread(target=self.io_loop, name="shard-io", daemon=True)]
                 for t in self.threads:
                     t.start()
+
+    def submit(self, task: ShardTask) -> Future:
+        """Queue a prepared shard (already `hold`); its future resolves to the commit record."""
+        self.start_threads()
         task.future.add_done_callback(lambda _: self.release())
         self.inbox.put(task)
         return task.future
+
+    def on_decode_thread(self, fn: Callable) -> Future:
+        """Run `fn()` on the decode thread, between rounds; the future resolves to its result."""
+        self.start_threads()
+        call = Call(fn)
+        self.inbox.put(call)
+        return call.future
+
+    def on_io_thread(self, fn: Callable) -> Future:
+        """Run `fn()` on the IO thread, in turn with the shards it writes."""
+        self.start_threads()
+        call = Call(fn)
+        self.io.put(call)
+        return call.future
 
     def close(self) -> None:
         """Stop both threads after the work queued so far."""
@@ -187,7 +222,10 @@ class ShardStream:
                 if task is STOP:
                     self.io.put(STOP)
                     return
-                self.start(task)
+                if isinstance(task, Call):
+                    task.run()
+                else:
+                    self.start(task)
                 try:
                     task = self.inbox.get_nowait()
                 except queue.Empty:
@@ -265,6 +303,9 @@ class ShardStream:
             task = self.io.get()
             if task is STOP:
                 return
+            if isinstance(task, Call):
+                task.run()
+                continue
             start = time.perf_counter()
             decoding_at_start = self.decode_clock(start)
 

@@ -91,9 +91,16 @@ class ShardProcessor:
     def warmup(self) -> None:
         """Decode a batch and a half with the job's settings at its batch size, and run the codec
         once, so that allocation, kernel selection and the decoder's caches are paid for before
-        anything is timed (`Synthesizer.warmup`)."""
-        results = self.synth.warmup(self.spec.decoding, self.spec.resources.batch_size)
-        self.codec.decode([r.codes for r in results[:2] if r.codes])
+        anything is timed (`Synthesizer.warmup`). Each runs on the thread that will run it in
+        the job (the decode loop's, the IO thread's on the codec's CUDA stream), since part of
+        that cost is per thread: with `models.compile: cudagraphs`, a thread's graphs."""
+        results = self.stream.on_decode_thread(
+            lambda: self.synth.warmup(self.spec.decoding, self.spec.resources.batch_size)).result()
+
+        def codec() -> None:
+            with self.codec_stream():
+                self.codec.decode([r.codes for r in results[:2] if r.codes])
+        self.stream.on_io_thread(codec).result()
 
     def info(self) -> dict:
         import ray

@@ -190,3 +190,29 @@ def test_empty_slots_are_told_apart_by_cause(kit_dir, tmp_path):
     slots = first["slots"] + second["slots"]
     assert empty == {"waiting_for_shards": round(first_empty / slots, 4), "other_decoders": 0.0,
                      "end_of_work": round(second_empty / slots, 4)}
+
+
+def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path):
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(4))
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
+                    decoding={"method": "exact", "max_new_tokens": 4, "seed": 1},
+                    resources={"workers": 1, "batch_size": 2, "rows_per_shard": 2})
+    processor = ShardProcessor(spec)
+    seen: dict[str, set] = {"warmup": set(), "step": set(), "codec": set()}
+
+    def on(key, fn):  # the real function, noting which thread ran it
+        def run(*args, **kwargs):
+            seen[key].add(threading.current_thread().name)
+            return fn(*args, **kwargs)
+        return run
+    processor.synth.warmup = on("warmup", processor.synth.warmup)
+    processor.stream.session.step = on("step", processor.stream.session.step)
+    processor.codec.decode = on("codec", processor.codec.decode)
+    try:
+        processor.warmup()
+        assert seen["warmup"] == {"decode"} and seen["codec"] == {"shard-io"}
+        records = run_shards(processor, spec)
+    finally:
+        processor.close()
+    assert len(records) == 2
+    assert seen["step"] == {"decode"} and seen["codec"] == {"shard-io"}  # the job ran where it warmed up

@@ -82,3 +82,28 @@ def test_cuda_graph_step_gives_the_eager_greedy_tokens(kit_dir):
     ref, _ = eager.synthesize(TEXTS, settings, batch_size=2)
     out, _ = graphs.synthesize(TEXTS, settings, batch_size=2)
     assert [r.codes for r in out] == [r.codes for r in ref] and all(r.codes for r in out)
+
+
+def test_a_cuda_graph_worker_records_its_graphs_on_its_decode_thread(kit_dir, tmp_path):
+    from torch._inductor import cudagraph_trees
+
+    from engine.config import JobSpec
+    from engine.runtime.worker import ShardProcessor
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(f'{{"id": "r{i}", "text": "{t}"}}\n' for i, t in enumerate(TEXTS)))
+    spec = JobSpec.model_validate({
+        "name": "graphs", "models": {"target": str(kit_dir / "target"), "draft": str(kit_dir / "draft"),
+                                     "codec": str(kit_dir / "codec"), "compile": "cudagraphs"},
+        "decoding": {"method": "exact", "temperature": 0, "max_new_tokens": 12},
+        "input": {"manifests": [str(manifest)]}, "output": {"uri": str(tmp_path / "out")},
+        "resources": {"workers": 1, "batch_size": 2, "rows_per_shard": 2, "device": "cuda", "gpus_per_worker": 1}})
+    processor = ShardProcessor(spec)
+    try:
+        processor.warmup()
+        index = torch.device(processor.device).index or 0
+        manager = processor.stream.on_decode_thread(lambda: cudagraph_trees.get_manager(index, False)).result()
+        # the graphs the job's rounds replay were recorded by the warm-up, on the decode thread
+        assert manager is not None and cudagraph_trees.get_manager(index, False) is None
+    finally:
+        processor.close()
