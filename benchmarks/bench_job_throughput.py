@@ -266,9 +266,12 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
             "order_bounds": order_bounds(*map(list, zip(*per_row)), batch) if one else None}
 
 
-PROBES = ("alone_arrival", "alone_thread_arrival", "alone_actor_arrival", "stream_in_process_arrival")
+PROBES = ("alone_arrival", "alone_thread_arrival", "alone_actor_arrival", "alone_actor_again_arrival",
+          "stream_in_process_arrival")
 PROBE_NAMES = {"alone_arrival": "alone, main thread", "alone_thread_arrival": "alone, own thread",
-               "alone_actor_arrival": "alone, Ray actor", "stream_in_process_arrival": "job's worker, no Ray",
+               "alone_actor_arrival": "alone, Ray actor (its first run)",
+               "alone_actor_again_arrival": "alone, Ray actor (its second run)",
+               "stream_in_process_arrival": "job's worker, no Ray",
                "job_arrival": "job"}
 THREAD_FIGURES = ("cpu_share", "waits_per_round", "preempted_per_round")
 
@@ -322,8 +325,10 @@ class AloneActor:
         return run_alone(self.synth, self.spec, rows, admission)
 
 
-def run_alone_in_actor(models: dict, spec, rows: list[dict], admission: str, device: str) -> dict:
-    """`run_alone` in a fresh Ray actor (local Ray, as the jobs here), with the job's resources."""
+def run_alone_in_actor(models: dict, spec, rows: list[dict], admission: str, device: str) -> list[dict]:
+    """`run_alone` twice in a fresh Ray actor (local Ray, as the jobs here), with the job's
+    resources: a job worker's process runs its rows once, after its warm-up; the second run
+    shows what a process's first run costs beyond that."""
     import ray
 
     from engine.runtime.connect import init_ray
@@ -333,7 +338,7 @@ def run_alone_in_actor(models: dict, spec, rows: list[dict], admission: str, dev
         res = spec.resources
         actor = ray.remote(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)(AloneActor).remote(
             models, spec.model_dump_json(), device, res.cpus_per_worker)
-        return ray.get(actor.run.remote(rows, admission))
+        return [ray.get(actor.run.remote(rows, admission)) for _ in range(2)]
     finally:
         ray.shutdown()
 
@@ -493,13 +498,14 @@ def markdown(doc: dict) -> str:
                      x["job_slot_utilisation"], *x.get("job_empty_slots", {}).values()]
                     for name, a, x in drains if x.get("alone_before_drain") is not None])
     probes = [(name, w["summary"]["probe"]) for name, w in doc["workloads"].items() if "probe" in w["summary"]]
-    lines += table("Where decoding runs (`--probe`; arrival order): decoding alone in this process's main thread, "
-                   "on a thread of its own (as a job worker's decode loop), in a fresh Ray actor process (a "
-                   "worker's process without the job); the job's worker without Ray (its decode loop and IO "
-                   "thread in this process, fed by as many threads as the job's window); and the job. Tokens/s "
-                   "inside decode rounds, and the decoding thread over those rounds: its CPU time as a share "
-                   "of their wall time, and its context switches per round, voluntary (it waited: for the GIL, "
-                   "a lock, the device) and involuntary (other work took its core):",
+    lines += table("Where decoding runs (`--probe`; arrival order): decoding alone in this process's main thread, on"
+                   " a thread of its own (as a job worker's decode loop), in a fresh Ray actor process (a worker's "
+                   "process without the job; twice, since a worker decodes its rows once after its warm-up, and the "
+                   "second run shows what a process's first run costs beyond that); the job's worker without Ray "
+                   "(its decode loop and IO thread in this process, fed by as many threads as the job's window); and"
+                   " the job. Tokens/s inside decode rounds, and the decoding thread over those rounds: its CPU time"
+                   " as a share of their wall time, and its context switches per round, voluntary (it waited: for "
+                   "the GIL, a lock, the device) and involuntary (other work took its core):",
                    ["workload", "run", "tokens/s", "CPU share", "waits per round", "preempted per round"],
                    [[name, PROBE_NAMES[k], *p[k].values()] for name, p in probes for k in p]) if probes else []
     lines += ["", "Medians over repetitions; each repetition runs decoding alone and the jobs back to back, "
@@ -534,7 +540,8 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=1, help="temps48's and lengths48's rows times this")
     ap.add_argument("--workloads", help="comma-separated subset (default: all; names as in the result file)")
     ap.add_argument("--probe", action="store_true",
-                    help="also decode alone (arrival order) on a thread and in a fresh Ray actor process")
+                    help="also decode alone (arrival order) on a thread and in a fresh Ray actor process (twice), "
+                         "and run the job's worker without Ray")
     ap.add_argument("--job-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
@@ -583,8 +590,9 @@ def main() -> None:
                     print(name, "alone", a, runs[name][f"alone_{a}"][-1], flush=True)
                 if args.probe:
                     runs[name]["alone_thread_arrival"].append(run_alone_in_thread(synth, spec, rows[name], "arrival"))
-                    runs[name]["alone_actor_arrival"].append(
-                        run_alone_in_actor(models, spec, rows[name], "arrival", args.device))
+                    first, again = run_alone_in_actor(models, spec, rows[name], "arrival", args.device)
+                    runs[name]["alone_actor_arrival"].append(first)
+                    runs[name]["alone_actor_again_arrival"].append(again)
                     runs[name]["stream_in_process_arrival"].append(run_stream_in_process(spec, rep, "arrival"))
                     print(name, "alone on a thread / in an actor; the worker in this process",
                           [runs[name][k][-1]["tokens_per_s"] for k in PROBES[1:]], flush=True)
