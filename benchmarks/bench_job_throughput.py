@@ -470,14 +470,15 @@ def markdown(doc: dict) -> str:
             b = summary["before"]
             lines.append(f"| {name} | arrival | job, before (22b6ad8) | {b['slot_utilisation']} | "
                          f"{b['tokens_per_s']} | {b['ratio']} | - | - | - | - |")
-        for a in ("arrival", "longest_first"):
+        for a in [a for a in ("arrival", "longest_first") if a in summary]:
             x = summary[a]
             lines.append(f"| {name} | {a} | decoding alone (`generate`) | {x['alone_slot_utilisation']} | "
                          f"{x['alone_tokens_per_s']} | 1 | {x['alone_tokens_per_s']} | - | - | {x['alone_decoders']} |")
             lines.append(f"| {name} | {a} | job, streaming | {x['job_slot_utilisation']} | {x['job_tokens_per_s']} | "
                          f"{x['job_ratio']} | {x.get('job_decode_tokens_per_s') or '-'} | {x['job_io_wait_s']} | "
                          f"{x['job_overlap']} | {x['job_decoders']} |")
-    bounds = [w["runs"]["alone_arrival"][0].get("order_bounds") for w in doc["workloads"].values()]
+    bounds = [w["runs"]["alone_arrival"][0].get("order_bounds") if w["runs"]["alone_arrival"] else None
+              for w in doc["workloads"].values()]
     lines += table("What the order rows are admitted in can do (decoding alone, one decoder; simulated on the "
                    "rounds each row took in the first repetition's arrival-order run, whose order reproduces the "
                    "measured utilisation):",
@@ -486,7 +487,8 @@ def markdown(doc: dict) -> str:
                    [[name, b["as_submitted"], b["by_estimate"], b["longest_first"],
                      f"{b['random_median']} [{b['random_p05']}, {b['random_p95']}]"]
                     for name, b in zip(doc["workloads"], bounds) if b])
-    drains = [(name, a, w["summary"][a]) for name, w in doc["workloads"].items() for a in ("arrival", "longest_first")]
+    drains = [(name, a, w["summary"][a]) for name, w in doc["workloads"].items() for a in ("arrival", "longest_first")
+              if a in w["summary"]]
     lines += table("Where the empty slots are. Decoding alone: the batch until the last row entered it, and the "
                    "final drain after that, when rows finish and nothing is left to admit (its length is set by "
                    "the rows admitted last, so it weighs less the more rows per slot a job has). The job: "
@@ -508,8 +510,10 @@ def markdown(doc: dict) -> str:
                    "the GIL, a lock, the device) and involuntary (other work took its core):",
                    ["workload", "run", "tokens/s", "CPU share", "waits per round", "preempted per round"],
                    [[name, PROBE_NAMES[k], *p[k].values()] for name, p in probes for k in p]) if probes else []
+    orders = doc.get("admissions", ["arrival", "longest_first"])
     lines += ["", "Medians over repetitions; each repetition runs decoding alone and the jobs back to back, "
-              "in both admission orders (the order alternates between repetitions). Workloads: "
+              + ("in both admission orders (the order alternates between repetitions)" if len(orders) > 1
+                 else f"in {orders[0]} order only (`--admissions`)") + ". Workloads: "
               + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
               "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)" + (
                   "; the before code: `git archive 22b6ad8 | tar -x -C DIR`." if doc.get("before") else ".")]
@@ -542,6 +546,8 @@ def main() -> None:
     ap.add_argument("--probe", action="store_true",
                     help="also decode alone (arrival order) on a thread and in a fresh Ray actor process (twice), "
                          "and run the job's worker without Ray")
+    ap.add_argument("--admissions", default="arrival,longest_first",
+                    help="admission orders to run, comma-separated (default both; --probe needs arrival)")
     ap.add_argument("--job-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
@@ -555,6 +561,7 @@ def main() -> None:
     from engine.config import ADMISSIONS
     from engine.kit import build_kit
 
+    admissions = admissions_of(args)
     torch.set_num_threads(args.threads)
     kit = Path(args.kit)
     if not (kit / "kit.json").exists():
@@ -584,7 +591,7 @@ def main() -> None:
                 for name, _ in workloads}
         for rep in range(args.reps):
             for name, spec in workloads:
-                order = ADMISSIONS if rep % 2 == 0 else ADMISSIONS[::-1]
+                order = admissions if rep % 2 == 0 else admissions[::-1]
                 for a in order:
                     runs[name][f"alone_{a}"].append(run_alone(synth, spec, rows[name], a))
                     print(name, "alone", a, runs[name][f"alone_{a}"][-1], flush=True)
@@ -612,11 +619,21 @@ def main() -> None:
     report(args, runs, models, label, dtype, synth, load_start, t0, out, final=True)
 
 
+def admissions_of(args) -> tuple[str, ...]:
+    """The admission orders `--admissions` asks for, in the engine's order."""
+    from engine.config import ADMISSIONS
+
+    wanted = args.admissions.split(",")
+    if set(wanted) - set(ADMISSIONS) or not wanted:
+        sys.exit(f"--admissions {args.admissions}: choose from {', '.join(ADMISSIONS)}")
+    if (args.probe or args.before) and "arrival" not in wanted:
+        sys.exit("--probe and --before compare in arrival order: keep arrival in --admissions")
+    return tuple(a for a in ADMISSIONS if a in wanted)
+
+
 def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_start: float, t0: float,
            out: str, final: bool = False) -> None:
     """Write the result files (JSON and markdown) over the workloads that have runs so far."""
-    from engine.config import ADMISSIONS
-
     from machine import describe, write_result
 
     n, b = 48 * args.scale, args.batch
@@ -638,12 +655,13 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
            "dtype": {"models.dtype": dtype, "resolved": str(synth.target.model.dtype).replace("torch.", "")},
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
            "seconds": round(time.perf_counter() - t0, 1), "before": args.before,
-           "complete": final, "workloads": {}}
+           "complete": final, "admissions": list(admissions_of(args)), "workloads": {}}
+    admissions = admissions_of(args)
     for name, r in runs.items():
-        if not r["job_arrival"] or not r["job_longest_first"]:
+        if not all(r[f"job_{a}"] for a in admissions):
             continue
         summary = {}
-        for a in ADMISSIONS:
+        for a in admissions:
             alone, job = r[f"alone_{a}"], r[f"job_{a}"]
             summary[a] = {
                 "alone_tokens_per_s": median([x["tokens_per_s"] for x in alone]),
