@@ -25,9 +25,11 @@ Each of them runs with both admission orders (`resources.admission`: `longest_fi
 default, and `arrival`); ratios compare a job with decoding alone in the same order.
 Both get the same CPU threads (`--threads`: torch threads here, `cpus_per_worker` there).
 `--probe` also runs decoding alone (arrival order) where a job worker decodes: on a thread of its
-own in this process, and in a fresh Ray actor process holding its own models (loaded and warmed
-up as a worker's); where a job's rounds run slower than decoding alone's, these tell the thread,
-the process and the job's own machinery apart.
+own in this process, and twice in a fresh Ray actor process holding its own models (loaded and
+warmed up as a worker's); and the job's worker without Ray, in this process. Every run reports
+its decoding thread's CPU share of the rounds and its context switches per round. Where a job's
+rounds run slower than decoding alone's, these tell the thread, a fresh process, Ray and the
+worker's own threads apart. `--admissions arrival` runs one order only.
 With `--before DIR` (the engine before the streaming worker: `mkdir /tmp/before14 && git archive
 22b6ad8 | tar -x -C /tmp/before14`) the job also runs with that code, in a subprocess, for the
 before/after table. Repetitions are interleaved (`--reps`); the machine's load is recorded.
@@ -162,9 +164,6 @@ def run_job(spec, rep: int, admission: str | None = None) -> dict:
     ray.shutdown()
     u, steady = summary["utilisation"], summary["steady"]
     workers = summary["workers"].values()
-    decode_s = sum(w.get("decode_s", 0.0) for w in workers)  # inside decode rounds, all workers
-    sums = {k: sum(w.get(k, 0) for w in workers) for k in ("decode_cpu_s", "decode_waits", "decode_preempted",
-                                                            "decode_rounds")}
     return {"rows_ok": summary["rows_ok"], "generated_tokens": summary["generated_tokens"],
             "shards": summary["shards"]["total"], "steady_s": steady["wall_s"],
             "steady_tokens_per_s": steady["tokens_per_s"], "slot_utilisation": u["slot_utilisation"],
@@ -173,11 +172,8 @@ def run_job(spec, rep: int, admission: str | None = None) -> dict:
             "decoders": max((w.get("decoders", 0) for w in workers), default=None),
             "worker_threads": [w.get("torch_threads") for w in workers],
             # the steady window apart: rounds (at what rate), writing (codec, audio, Parquet, upload)
-            "decode_s": round(decode_s, 3), "decode_tokens_per_s": round(summary["generated_tokens"] / decode_s, 2)
-            if decode_s else None, "finalise_s": round(sum(w.get("finalise_s", 0.0) for w in workers), 3),
+            **decode_figures(workers), "finalise_s": round(sum(w.get("finalise_s", 0.0) for w in workers), 3),
             "codec_s": round(sum(w.get("codec_s", 0.0) for w in workers), 3),
-            **thread_figures(decode_s, sums["decode_cpu_s"], sums["decode_waits"], sums["decode_preempted"],
-                             sums["decode_rounds"]),
             "wall_s": round(time.perf_counter() - start, 1)}
 
 
@@ -284,6 +280,24 @@ def thread_figures(seconds: float, cpu_s: float, waits: int, preempted: int, rou
             "preempted_per_round": round(preempted / rounds, 3) if rounds else None}
 
 
+def decode_figures(workers) -> dict:
+    """A job's decode rounds over its workers (summary.json's per-worker figures, `per_worker`):
+    seconds in them, tokens/s inside them and the decode threads' `thread_figures`."""
+    workers = list(workers)
+    total = {k: sum(w.get(k, 0) for w in workers) for k in ("generated_tokens", "decode_s", "decode_cpu_s",
+                                                            "decode_waits", "decode_preempted", "decode_rounds")}
+    seconds = total["decode_s"]
+    return {"decode_s": round(seconds, 3),
+            "decode_tokens_per_s": round(total["generated_tokens"] / seconds, 2) if seconds else None,
+            **thread_figures(seconds, total["decode_cpu_s"], total["decode_waits"], total["decode_preempted"],
+                             total["decode_rounds"])}
+
+
+def rate(run: dict) -> float | None:
+    """Tokens/s inside decode rounds: a job's (`decode_figures`), or decoding alone's."""
+    return run.get("decode_tokens_per_s", run.get("tokens_per_s"))
+
+
 def run_alone_in_thread(synth, spec, rows: list[dict], admission: str) -> dict:
     """`run_alone` on a thread of its own, as a job worker's decode loop runs."""
     import threading
@@ -354,6 +368,7 @@ def run_stream_in_process(spec, rep: int, admission: str) -> dict:
     from engine.runtime.augment import expand
     from engine.runtime.job import prepare_groups
     from engine.runtime.plan import make_plan
+    from engine.runtime.summary import per_worker
     from engine.runtime.worker import ShardProcessor
 
     out = spec.output.model_copy(update={"uri": f"{spec.output.uri}-r{rep}-{admission}-in-process"})
@@ -372,12 +387,8 @@ def run_stream_in_process(spec, rep: int, admission: str) -> dict:
             records = list(pool.map(worker.process, shards))
     finally:
         worker.close()
-    sums = {k: sum(r.get(k, 0) for r in records) for k in ("generated_tokens", "decode_s", "decode_cpu_s",
-                                                           "decode_waits", "decode_preempted", "decode_rounds")}
-    return {"generated_tokens": sums["generated_tokens"], "decode_s": round(sums["decode_s"], 3),
-            "tokens_per_s": round(sums["generated_tokens"] / sums["decode_s"], 2),
-            **thread_figures(sums["decode_s"], sums["decode_cpu_s"], sums["decode_waits"],
-                             sums["decode_preempted"], sums["decode_rounds"])}
+    return {"generated_tokens": sum(r["generated_tokens"] for r in records),
+            **decode_figures(per_worker(records).values())}
 
 
 def run_before(before: Path, kit: Path, work: Path, threads: int, rep: int) -> dict:
@@ -602,7 +613,7 @@ def main() -> None:
                     runs[name]["alone_actor_again_arrival"].append(again)
                     runs[name]["stream_in_process_arrival"].append(run_stream_in_process(spec, rep, "arrival"))
                     print(name, "alone on a thread / in an actor; the worker in this process",
-                          [runs[name][k][-1]["tokens_per_s"] for k in PROBES[1:]], flush=True)
+                          [rate(runs[name][k][-1]) for k in PROBES[1:]], flush=True)
                 for a in order:
                     runs[name][f"job_{a}"].append(run_job(spec, rep, a))
                     print(name, "job", a, runs[name][f"job_{a}"][-1], flush=True)
@@ -636,6 +647,7 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
     """Write the result files (JSON and markdown) over the workloads that have runs so far."""
     from machine import describe, write_result
 
+    admissions = admissions_of(args)
     n, b = 48 * args.scale, args.batch
     descriptions = {f"temps{n}": f"{n} quickstart texts x 4 per-row temperatures, pcg gamma 3, max_new_tokens 200, "
                                  f"batch {b}, 6 rows per shard, 1 worker",
@@ -655,8 +667,7 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
            "dtype": {"models.dtype": dtype, "resolved": str(synth.target.model.dtype).replace("torch.", "")},
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
            "seconds": round(time.perf_counter() - t0, 1), "before": args.before,
-           "complete": final, "admissions": list(admissions_of(args)), "workloads": {}}
-    admissions = admissions_of(args)
+           "complete": final, "admissions": list(admissions), "workloads": {}}
     for name, r in runs.items():
         if not all(r[f"job_{a}"] for a in admissions):
             continue
@@ -680,8 +691,7 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
                                     for k in ("waiting_for_shards", "other_decoders", "end_of_work")},
             }
         if r.get("alone_thread_arrival"):
-            summary["probe"] = {k: {"tokens_per_s": median([x.get("decode_tokens_per_s", x.get("tokens_per_s"))
-                                                            for x in r[k]]),
+            summary["probe"] = {k: {"tokens_per_s": median([rate(x) for x in r[k]]),
                                     **{f: median([x.get(f) for x in r[k]]) for f in THREAD_FIGURES}}
                                 for k in (*PROBES, "job_arrival")}
         if r["before"]:  # against decoding alone in arrival order, as the code before had no other

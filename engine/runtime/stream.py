@@ -78,18 +78,19 @@ class Counters:
         return out
 
 
+THREAD_USAGE = getattr(resource, "RUSAGE_THREAD", None)  # Linux
+
+
 def thread_clock() -> tuple[float, int, int]:
     """The calling thread's (CPU seconds, voluntary context switches, involuntary ones). Over a
     stretch of wall time: CPU seconds short of the wall are time the thread did not run, either
     waiting (for the GIL, a lock, the device: voluntary switches) or runnable but preempted by
     other work on its core (involuntary switches). Switch counts are 0 where the platform has
     no per-thread usage (macOS)."""
-    cpu = time.thread_time()
-    who = getattr(resource, "RUSAGE_THREAD", None)
-    if who is None:
-        return cpu, 0, 0
-    ru = resource.getrusage(who)
-    return cpu, ru.ru_nvcsw, ru.ru_nivcsw
+    if THREAD_USAGE is None:
+        return time.thread_time(), 0, 0
+    ru = resource.getrusage(THREAD_USAGE)  # one call per round: CPU time and switches together
+    return ru.ru_utime + ru.ru_stime, ru.ru_nvcsw, ru.ru_nivcsw
 
 
 class ShardStream:
