@@ -29,7 +29,10 @@ own in this process, and twice in a fresh Ray actor process holding its own mode
 warmed up as a worker's); and the job's worker without Ray, in this process. Every run reports
 its decoding thread's CPU share of the rounds and its context switches per round. Where a job's
 rounds run slower than decoding alone's, these tell the thread, a fresh process, Ray and the
-worker's own threads apart. `--admissions arrival` runs one order only.
+worker's own threads apart. `--admissions arrival` runs one order only. `--profile N` profiles N
+decode rounds of every run alike (a job's worker through its spec's `profile`, decoding alone
+around the same session steps) and tabulates where a round's time goes: inside torch ops or
+between them, and on CUDA the device time, syncs, launches and allocations.
 With `--before DIR` (the engine before the streaming worker: `mkdir /tmp/before14 && git archive
 22b6ad8 | tar -x -C /tmp/before14`) the job also runs with that code, in a subprocess, for the
 before/after table. Repetitions are interleaved (`--reps`); the machine's load is recorded.
@@ -46,6 +49,7 @@ others, e.g. the draft benchmarks/llasa_1b_shape.sh distils), a batch a GPU fill
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -174,7 +178,12 @@ def run_job(spec, rep: int, admission: str | None = None) -> dict:
             # the steady window apart: rounds (at what rate), writing (codec, audio, Parquet, upload)
             **decode_figures(workers), "finalise_s": round(sum(w.get("finalise_s", 0.0) for w in workers), 3),
             "codec_s": round(sum(w.get("codec_s", 0.0) for w in workers), 3),
-            "wall_s": round(time.perf_counter() - start, 1)}
+            "wall_s": round(time.perf_counter() - start, 1), **read_profile(summary.get("profiles"))}
+
+
+def read_profile(uris: list[str] | None) -> dict:
+    """`{"profile": ...}`: the first decode-loop profile a run wrote (`--profile`), else {}."""
+    return {"profile": json.loads(Path(uris[0]).read_text())} if uris else {}
 
 
 def utilisation(rounds: list[int], batch: int) -> float:
@@ -217,10 +226,13 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
     from engine.api import structure
     from engine.config import DecodingSettings
     from engine.records import SynthesisItem
+    from engine.runtime.profiling import RoundProfiler
     from engine.runtime.stream import thread_clock
 
     batch = spec.resources.batch_size
     session = synth.session(batch, admission=admission)
+    prof = spec.profile  # `--profile`: the same rounds a job's worker profiles
+    profiler = RoundProfiler(prof.rounds, prof.skip, device=str(synth.device)) if prof.rounds else None
     pairs = []
     for i, r in enumerate(rows):
         if not r.get("text", "").strip():
@@ -238,13 +250,17 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
     s = session.scheduler
     undrained = None  # (slot rounds, slots) when the last row entered the batch
     while not session.idle:
-        for request, row in session.step():
+        with profiler.round() if profiler else contextlib.nullcontext():
+            finished = session.step()
+        for request, row in finished:
             tokens += row.stats.generated_tokens
             rounds[request.key] = row.stats.rounds
         if undrained is None and not s.queued:
             undrained = (s.slot_rounds, s.slots)
     seconds = time.perf_counter() - start
     cpu_s, waits, preempted = (b - a for a, b in zip(clock, thread_clock()))
+    if profiler:
+        profiler.finish()
     queued: dict[tuple, list[tuple[int, int]]] = {}  # arrival order: `submit` groups rows by structure
     for settings, r, estimate in pairs:
         queued.setdefault(structure(settings), []).append((rounds[r.key], estimate))
@@ -259,7 +275,8 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
             "decoders": len(s.used), **thread_figures(seconds, cpu_s, waits, preempted, s.rounds),
             "rounds_per_row": [r for r, _ in per_row],
             "estimated_tokens": [e for _, e in per_row],
-            "order_bounds": order_bounds(*map(list, zip(*per_row)), batch) if one else None}
+            "order_bounds": order_bounds(*map(list, zip(*per_row)), batch) if one else None,
+            **({"profile": profiler.take()} if profiler else {})}
 
 
 PROBES = ("alone_arrival", "alone_thread_arrival", "alone_actor_arrival", "alone_actor_again_arrival",
@@ -278,6 +295,27 @@ def thread_figures(seconds: float, cpu_s: float, waits: int, preempted: int, rou
     return {"cpu_share": round(cpu_s / seconds, 4) if seconds else None,
             "waits_per_round": round(waits / rounds, 2) if rounds else None,
             "preempted_per_round": round(preempted / rounds, 3) if rounds else None}
+
+
+HEADLINE = ("rounds", "round_ms_median", "round_ms_mean", "in_torch_ops_ms", "between_ops_ms", "torch_ops",
+            "device_ms", "cuda_sync_ms", "cuda_launch_ms", "cuda_malloc_calls")
+
+
+def headline(profile: dict) -> dict:
+    """A decode-loop profile's figures per round (`engine/runtime/profiling.py`), CUDA runtime
+    calls summed by kind: synchronisations (stream/device/event syncs, blocking copies),
+    kernel launches, device allocations."""
+    calls = profile.get("cuda_runtime_per_round")
+
+    def kind(*words: str, field: str = "ms") -> float | None:
+        if calls is None:
+            return None
+        return round(sum(c[field] for name, c in calls.items() if any(w in name for w in words)), 4)
+    return {"rounds": profile["rounds"], "round_ms_median": profile["round_ms"]["median"],
+            "round_ms_mean": profile["round_ms"]["mean"], "in_torch_ops_ms": profile["in_torch_ops_ms_per_round"],
+            "between_ops_ms": profile["between_ops_ms_per_round"], "torch_ops": profile["torch_ops_per_round"],
+            "device_ms": profile.get("device_ms_per_round"), "cuda_sync_ms": kind("Synchronize", "Memcpy"),
+            "cuda_launch_ms": kind("Launch"), "cuda_malloc_calls": kind("Malloc", field="calls")}
 
 
 def decode_figures(workers) -> dict:
@@ -388,7 +426,8 @@ def run_stream_in_process(spec, rep: int, admission: str) -> dict:
     finally:
         worker.close()
     return {"generated_tokens": sum(r["generated_tokens"] for r in records),
-            **decode_figures(per_worker(records).values())}
+            **decode_figures(per_worker(records).values()),
+            **read_profile([r["profile"] for r in records if r.get("profile")])}
 
 
 def run_before(before: Path, kit: Path, work: Path, threads: int, rep: int) -> dict:
@@ -521,6 +560,16 @@ def markdown(doc: dict) -> str:
                    "the GIL, a lock, the device) and involuntary (other work took its core):",
                    ["workload", "run", "tokens/s", "CPU share", "waits per round", "preempted per round"],
                    [[name, PROBE_NAMES[k], *p[k].values()] for name, p in probes for k in p]) if probes else []
+    profiles = [(name, w["summary"]["profile"]) for name, w in doc["workloads"].items() if "profile" in w["summary"]]
+    lines += table("Where a round's time goes (`--profile`: the same rounds of every run profiled with torch.profiler, "
+                   "on the decoding thread; figures per round in ms, medians over repetitions): the round's wall "
+                   "time, inside torch ops and between them (Python, waits for the GIL), torch ops per round, and on "
+                   "CUDA the kernels' device time and the runtime calls that synchronise with the device (syncs, "
+                   "copies), launch kernels and allocate device memory (calls). The profiler slows every op: "
+                   "compare these rows with each other, not with the tokens/s above:",
+                   ["workload", "run", *HEADLINE],
+                   [[name, PROBE_NAMES.get(k, k.replace("_", " ")), *("-" if v is None else v for v in p[k].values())]
+                    for name, p in profiles for k in p]) if profiles else []
     orders = doc.get("admissions", ["arrival", "longest_first"])
     lines += ["", "Medians over repetitions; each repetition runs decoding alone and the jobs back to back, "
               + ("in both admission orders (the order alternates between repetitions)" if len(orders) > 1
@@ -557,6 +606,11 @@ def main() -> None:
     ap.add_argument("--probe", action="store_true",
                     help="also decode alone (arrival order) on a thread and in a fresh Ray actor process (twice), "
                          "and run the job's worker without Ray")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile N decode rounds of every run (the job's worker: `profile.rounds`; decoding alone "
+                         "alike) and report where a round's time goes")
+    ap.add_argument("--profile-skip", type=int, default=0, metavar="S",
+                    help="rounds each run lets pass before it profiles")
     ap.add_argument("--admissions", default="arrival,longest_first",
                     help="admission orders to run, comma-separated (default both; --probe needs arrival)")
     ap.add_argument("--job-only", action="store_true", help=argparse.SUPPRESS)
@@ -586,6 +640,11 @@ def main() -> None:
         work = Path(tmp)
         os.environ["PCG_SYNTH_CACHE"] = str(work / "cache")
         workloads = specs(models, work, args.threads, batch=args.batch, scale=args.scale, device=args.device)
+        if args.profile:
+            from engine.config import ProfileSpec
+
+            profile = ProfileSpec(rounds=args.profile, skip=args.profile_skip)
+            workloads = [(name, spec.model_copy(update={"profile": profile})) for name, spec in workloads]
         if args.workloads:
             wanted = args.workloads.split(",")
             unknown = set(wanted) - {name for name, _ in workloads}
@@ -694,6 +753,10 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
             summary["probe"] = {k: {"tokens_per_s": median([rate(x) for x in r[k]]),
                                     **{f: median([x.get(f) for x in r[k]]) for f in THREAD_FIGURES}}
                                 for k in (*PROBES, "job_arrival")}
+        profiled = {k: [x["profile"] for x in r[k] if x.get("profile")] for k in r if k != "before"}
+        if any(profiled.values()):
+            summary["profile"] = {k: {f: median([headline(x)[f] for x in v]) for f in HEADLINE}
+                                  for k, v in profiled.items() if v}
         if r["before"]:  # against decoding alone in arrival order, as the code before had no other
             alone = r["alone_arrival"]
             summary["before"] = {

@@ -236,6 +236,23 @@ class ResourcesSpec(BaseModel):
         return max(self.shard_window, -(-2 * self.batch_size // self.rows_per_shard) + 1)
 
 
+class ProfileSpec(BaseModel):
+    """Profiling of the workers' decode loops (throughput experiments: where a round's time goes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rounds: int = Field(0, ge=0, description=(
+        "Decode rounds each worker profiles with torch.profiler (0: off): the decode thread's "
+        "ops, and on CUDA its runtime calls and kernels, reduced to figures per round in "
+        "<output>/_profiles/<worker>-<pid>.json. Fewer when the worker's batch runs empty first."))
+    skip: int = Field(0, ge=0, description=(
+        "Decode rounds a worker runs before it profiles (after its warm-up, if any); 0 profiles "
+        "from a fresh worker's first round."))
+    trace: bool = Field(False, description=(
+        "Also write each profile as a gzipped Chrome trace (<worker>-<pid>.trace.json.gz; "
+        "ui.perfetto.dev opens it); about 1 MB per 10 rounds on the tiny kit."))
+
+
 class VoicePromptSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -341,6 +358,7 @@ class JobSpec(BaseModel):
     storage: StorageOptions = Field(default_factory=StorageOptions, description=(
         "Object-storage endpoint/region/profile; credentials come from the AWS chain."))
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    profile: ProfileSpec = Field(default_factory=ProfileSpec)
 
     @model_validator(mode="after")
     def _needs_draft(self) -> JobSpec:

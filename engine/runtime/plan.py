@@ -142,6 +142,10 @@ class Layout:
     def commit(self, shard: Shard | str) -> str:
         return join(self.root, "_commits", f"{getattr(shard, 'id', shard)}.json")
 
+    def profile(self, name: str) -> str:
+        """A worker's decode-loop profile (`profile.rounds`)."""
+        return join(self.root, "_profiles", name)
+
     @property
     def job(self) -> str:
         return join(self.root, "_job.json")

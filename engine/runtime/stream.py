@@ -19,6 +19,7 @@ a warm-up on another thread would leave the decode loop to pay for its own insid
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import resource
 import threading
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 from engine.api import DecodeSession
 from engine.records import SynthesisResult
+from engine.runtime.profiling import RoundProfiler
 
 STOP = object()
 
@@ -105,10 +107,15 @@ class ShardStream:
             commit record; `figures()` gives the pipeline's counters accrued since the last
             record, taken when called.
         io_queue: decoded shards that may wait for the IO thread (>= 1).
+        profiler: profiles some of the decode rounds (`runtime/profiling.py`); it finishes
+            early when the batch runs empty, before the shard that emptied it is handed to the
+            IO thread, so that shard's `finalise` finds the profile (`profiler.take()`).
     """
 
-    def __init__(self, session: DecodeSession, start_rows: Callable, finalise: Callable, io_queue: int = 1) -> None:
+    def __init__(self, session: DecodeSession, start_rows: Callable, finalise: Callable, io_queue: int = 1,
+                 profiler: RoundProfiler | None = None) -> None:
         self.session, self.start_rows, self.finalise = session, start_rows, finalise
+        self.profiler = profiler
         self.inbox: queue.Queue = queue.Queue()
         self.io: queue.Queue = queue.Queue(maxsize=max(1, io_queue))
         self.io_bound = max(1, io_queue)
@@ -238,7 +245,8 @@ class ShardStream:
             sched = self.session.scheduler
             slots, filled = sched.slots, sched.slot_rounds
             try:
-                done = self.session.step()
+                with self.profiler.round() if self.profiler else contextlib.nullcontext():
+                    done = self.session.step()
             except Exception as exc:  # the batch is in doubt: every shard in it is redone
                 self.fail_all(exc)
                 continue
@@ -254,6 +262,7 @@ class ShardStream:
                 self.split_slots += empty
             else:
                 self.dry_spell += empty
+            finished = []
             for request, row in done:
                 task, i = request.key
                 res = task.results[i]
@@ -261,7 +270,11 @@ class ShardStream:
                 task.remaining -= 1
                 if task.remaining == 0:
                     self.decoding.remove(task)
-                    self.hand_off(task)
+                    finished.append(task)
+            if self.profiler and self.session.idle:
+                self.profiler.finish()  # the batch ran empty: the profile ends here
+            for task in finished:
+                self.hand_off(task)
 
     def start(self, task: ShardTask) -> None:
         try:

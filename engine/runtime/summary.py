@@ -199,6 +199,8 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "numerics": numerics_environments(all_records),
         "storage_retries": storage_retries(run_records),
         "steady": steady(run_records, report),
+        # decode-loop profiles this run wrote (`profile.rounds`), one per worker process
+        "profiles": [r["profile"] for r in run_records if r.get("profile")],
     }
 
 
@@ -249,6 +251,8 @@ def summary_table(s: dict) -> str:
         rows.append((f"worker {name}", f"{w['shards']} shards, {w['rows']} rows, {w['tokens_per_s']} tok/s, "
                                        f"slots {w['slot_utilisation']}, io wait {w['io_wait_s']} s, "
                                        f"overlap {w['overlap']}, {w['device']} gpus={w['gpu_ids']}"))
+    for uri in s.get("profiles", []):
+        rows.append(("profile", uri))
     for name, where in sorted(s.get("placements", {}).items()):
         if name not in s["workers"]:  # e.g. it loaded after the others had taken every shard
             rows.append((f"worker {name}", "loaded, no shard committed (late to a small job, or its shards "

@@ -33,6 +33,7 @@ from engine.io.storage import Storage, StorageError, relative_to
 from engine.models.device import resolve_device
 from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
 from engine.runtime.plan import Layout, Shard
+from engine.runtime.profiling import RoundProfiler
 from engine.runtime.stream import ShardStream, ShardTask
 
 
@@ -86,7 +87,9 @@ class ShardProcessor:
         self._numerics: dict | None = None
         self._prepare_lock = threading.Lock()  # shards arrive on several threads; prepare one at a time
         session = self.synth.session(spec.resources.batch_size, stream=True, admission=spec.resources.admission)
-        self.stream = ShardStream(session, self.start_rows, self.finalise, io_queue=io_queue)
+        prof = spec.profile
+        profiler = RoundProfiler(prof.rounds, prof.skip, prof.trace, self.device) if prof.rounds else None
+        self.stream = ShardStream(session, self.start_rows, self.finalise, io_queue=io_queue, profiler=profiler)
 
     def warmup(self) -> None:
         """Decode a batch and a half with the job's settings at its batch size, and run the codec
@@ -250,8 +253,25 @@ class ShardProcessor:
             "data": self.layout.data(shard), **self.info(),
             "storage_retries": self.storage.retries,  # this worker's, so far (transient failures ridden out)
         }
+        profile = self.stream.profiler.take() if self.stream.profiler else None
+        if profile is not None:  # finished with this shard's rounds: written once, named in this record
+            record["profile"] = self.write_profile(profile)
         self.storage.write_bytes(self.layout.commit(shard), json.dumps(record, indent=1).encode())
         return record
+
+    def write_profile(self, profile: dict) -> str:
+        """Write a finished decode-loop profile under `_profiles/` (and its Chrome trace, if
+        kept); returns the profile's URI."""
+        trace = profile.pop("trace_gz", None)
+        name = f"{self.worker_id}-{os.getpid()}"
+        profile = {"worker": self.worker_id, "pid": os.getpid(), "device": self.device,
+                   "batch_size": self.spec.resources.batch_size, **profile}
+        if trace is not None:
+            profile["trace"] = self.layout.profile(f"{name}.trace.json.gz")
+            self.storage.write_bytes(profile["trace"], trace)
+        uri = self.layout.profile(f"{name}.json")
+        self.storage.write_bytes(uri, json.dumps(profile, indent=1).encode())
+        return uri
 
     def codec_stream(self):
         """On CUDA, the codec runs on a CUDA stream of its own, so its kernels interleave with

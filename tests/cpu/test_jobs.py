@@ -129,9 +129,15 @@ def test_job_reads_and_writes_s3(local_ray, kit_dir, s3_endpoint, s3_bucket, tmp
     storage.write_bytes(f"s3://{s3_bucket}/manifests/part-1.csv", b"id,text\ncsv1,From a CSV file.\n")
     spec = job_spec(kit_dir, [f"s3://{s3_bucket}/manifests/"], f"s3://{s3_bucket}/runs/one",
                     storage={"endpoint_url": s3_endpoint, "region": "us-east-1"},
-                    decoding={"gamma": "auto"})
+                    decoding={"gamma": "auto"}, profile={"rounds": 2})
     summary = JobRunner(spec, progress=False).run()
     assert summary["gamma_auto"] and all(d["reason"] for d in summary["gamma_auto"])
+    # each worker that decoded profiled its first 2 rounds, written beside the data
+    assert 1 <= len(summary["profiles"]) <= 2
+    for uri in summary["profiles"]:
+        assert uri.startswith(f"s3://{s3_bucket}/runs/one/_profiles/w")
+        profile = json.loads(storage.read_bytes(uri))
+        assert profile["rounds"] == 2 and profile["top_ops"] and profile["round_ms"]["mean"] > 0
     rows = read_output(spec)
     assert sorted(r["id"] for r in rows) == ["csv1"] + [f"u{i:03d}" for i in range(5)]
     assert all(audio_ok(r) for r in rows)

@@ -4,6 +4,7 @@ decoded shards in memory."""
 
 from __future__ import annotations
 
+import os
 import resource
 import threading
 import time
@@ -216,3 +217,41 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path)
         processor.close()
     assert len(records) == 2
     assert seen["step"] == {"decode"} and seen["codec"] == {"shard-io"}  # the job ran where it warmed up
+
+
+def test_a_worker_profiles_the_rounds_asked_and_writes_them_with_a_shard(kit_dir, tmp_path):
+    """`profile`: rounds `skip ..` of the decode loop, its own ops only, reduced to figures per
+    round and named by the commit record of the shard decoded when it finished; a profile
+    asking for more rounds than the worker runs ends when the batch runs empty."""
+    import gzip
+    import json
+
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(8))
+    figures = {}
+    for name, profile in (("some", {"rounds": 3, "skip": 2, "trace": True}), ("all", {"rounds": 100_000})):
+        spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / name),
+                        decoding={"method": "exact", "max_new_tokens": 12, "seed": 1},
+                        resources={"workers": 1, "batch_size": 4, "rows_per_shard": 4}, profile=profile)
+        processor = ShardProcessor(spec)
+        try:
+            records = run_shards(processor, spec)
+        finally:
+            processor.close()
+        named = [r["profile"] for r in records if "profile" in r]
+        assert len(named) == 1 and named[0] == str(tmp_path / name / "_profiles" / f"w0-{os.getpid()}.json")
+        figures[name] = (json.loads(Path(named[0]).read_text()), sum(r["decode_rounds"] for r in records))
+    some, _ = figures["some"]
+    assert (some["rounds"], some["skipped_rounds"], some["worker"]) == (3, 2, "w0")
+    spread = some["round_ms"]
+    assert 0 < spread["median"] <= spread["max"] and spread["mean"] <= spread["max"]
+    assert 0 < some["in_torch_ops_ms_per_round"] <= spread["mean"]
+    assert some["between_ops_ms_per_round"] == pytest.approx(spread["mean"] - some["in_torch_ops_ms_per_round"],
+                                                             abs=1e-3)
+    names = [op["name"] for op in some["top_ops"]]
+    assert any(n.startswith("aten::") for n in names) and some["torch_ops_per_round"] > 10
+    assert "device_ms_per_round" not in some  # CPU: no device figures
+    trace = json.loads(gzip.decompress(Path(some["trace"]).read_bytes()))
+    assert sum(e.get("name") == "pcg_synth.round" for e in trace["traceEvents"]) == 3
+    everything, rounds_run = figures["all"]
+    assert everything["asked_rounds"] == 100_000 and everything["rounds"] == rounds_run > 3
+    assert "trace" not in everything

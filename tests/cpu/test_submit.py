@@ -110,6 +110,7 @@ def test_every_job_spec_field_is_documented_in_the_readme():
         ModelPair,
         ModelsSpec,
         OutputSpec,
+        ProfileSpec,
         ResourcesSpec,
         StorageOptions,
         SweepSpec,
@@ -120,7 +121,7 @@ def test_every_job_spec_field_is_documented_in_the_readme():
     for prefix, model in [("models", ModelsSpec), ("decoding", DecodingSettings), ("input", InputSpec),
                           ("output", OutputSpec), ("storage", StorageOptions), ("resources", ResourcesSpec),
                           ("augment", AugmentSpec), ("augment.prompts[]", VoicePromptSpec),
-                          ("sweep", SweepSpec), ("sweep.model_pairs[]", ModelPair)]:
+                          ("sweep", SweepSpec), ("sweep.model_pairs[]", ModelPair), ("profile", ProfileSpec)]:
         for name in model.model_fields:
             assert f"`{prefix}.{name}`" in readme, f"{prefix}.{name} is not documented"
 

@@ -107,3 +107,24 @@ def test_a_cuda_graph_worker_records_its_graphs_on_its_decode_thread(kit_dir, tm
         assert manager is not None and cudagraph_trees.get_manager(index, False) is None
     finally:
         processor.close()
+
+
+def test_a_decode_loop_profile_on_cuda_has_device_time_and_runtime_calls(kit_dir):
+    """`profile.rounds` on a GPU: the kernels' device time and the CUDA runtime calls (launches,
+    the round's sync) per round, besides the host's ops."""
+    from engine.runtime.profiling import RoundProfiler
+
+    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="bfloat16")
+    settings = DecodingSettings(method="pcg", max_new_tokens=32)
+    session = synth.session(4)
+    session.submit([(settings, synth.prepare(i, text, settings)[1]) for i, text in enumerate(TEXTS)])
+    profiler = RoundProfiler(5, skip=1, device="cuda")
+    while not session.idle:
+        with profiler.round():
+            session.step()
+    profiler.finish()
+    profile = profiler.take()
+    assert profile["rounds"] == 5 and profile["device_ms_per_round"] > 0
+    calls = profile["cuda_runtime_per_round"]
+    assert any("Launch" in name and c["calls"] >= 1 for name, c in calls.items())
+    assert profile["in_torch_ops_ms_per_round"] <= profile["round_ms"]["mean"]
