@@ -38,13 +38,26 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
-def _words(seed: torch.Tensor, position: torch.Tensor, purpose: int, lane: torch.Tensor):
+def seed_key(seed: torch.Tensor) -> torch.Tensor:
+    """The hash state after a row's seed (its two 32-bit halves), the part of every draw that
+    depends on the seed alone: a decoder computes it once per row and draws with
+    `keyed_uniform`, two of the six mixing rounds fewer per draw."""
     seed = seed.long()
     h = mix32((seed & MASK32) ^ GOLDEN)
-    h = mix32(h ^ ((seed >> 32) & MASK32))
-    h = mix32(h ^ (position.long() & MASK32))
-    h = mix32(h ^ ((purpose * 0x10001 + lane.long()) & MASK32))
-    return mix32(h ^ 0x68E31DA4), mix32(h ^ 0x1B56C4E9)
+    return mix32(h ^ ((seed >> 32) & MASK32))
+
+
+def keyed_uniform(
+    key: torch.Tensor, position: torch.Tensor, purpose: int, lane: torch.Tensor | int = 0
+) -> torch.Tensor:
+    """`uniform` from a row's `seed_key` (the same numbers). A Python int `lane` stays on the
+    host: no tensor is made for it (on CUDA that would be a copy to the device, and a wait for
+    it, per draw)."""
+    lane_word = (purpose * 0x10001 + (lane if isinstance(lane, int) else lane.long())) & MASK32
+    h = mix32(key ^ (position.long() & MASK32))
+    h = mix32(h ^ lane_word)
+    hi, lo = mix32(h ^ 0x68E31DA4), mix32(h ^ 0x1B56C4E9)
+    return ((hi >> 5) * 67108864 + (lo >> 6)).double() / 9007199254740992.0
 
 
 def uniform(
@@ -58,7 +71,4 @@ def uniform(
         purpose: which decision (module constants).
         lane: extra index, e.g. the thinning trial.
     """
-    if not torch.is_tensor(lane):
-        lane = torch.tensor(lane, device=position.device)
-    hi, lo = _words(seed, position, purpose, lane)
-    return ((hi >> 5) * 67108864 + (lo >> 6)).double() / 9007199254740992.0
+    return keyed_uniform(seed_key(seed), position, purpose, lane)

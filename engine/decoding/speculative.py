@@ -29,7 +29,7 @@ import torch
 
 from engine.config import Warp, decoding_default
 from engine.decoding import rng
-from engine.decoding.admission import AdmissionQueue
+from engine.decoding.admission import OVERTAKE, AdmissionQueue
 from engine.decoding.sampling import RowWarp, host_flags, penalised_logits, sample_one, warp_penalised
 from engine.decoding.verify import Block, Rule, judge_rows
 from engine.models.llama import LlamaLM
@@ -111,6 +111,7 @@ class SpeculativeDecoder:
         self.seq_len = torch.zeros(b, dtype=torch.long, device=dev)
         self.limit = torch.zeros(b, dtype=torch.long, device=dev)
         self.seeds = torch.zeros(b, dtype=torch.long, device=dev)
+        self.keys = torch.zeros(b, dtype=torch.long, device=dev)  # rng.seed_key of each row's seed
         # per-row sampling settings: device copies for the maths, host copies for decisions
         self.temperature = torch.ones(b, dtype=torch.float32, device=dev)  # 1 for greedy rows
         self.top_k = torch.zeros(b, dtype=torch.long, device=dev)
@@ -184,7 +185,9 @@ class SpeculativeDecoder:
         self.seq_len[rows] = lens
         budget = torch.tensor([r.max_new_tokens for r in requests], device=self.device)
         self.limit[rows] = torch.clamp(lens + budget, max=self.max_len)
-        self.seeds[rows] = torch.tensor([r.seed for r in requests], device=self.device)
+        seeds = torch.tensor([r.seed for r in requests], device=self.device)
+        self.seeds[rows] = seeds
+        self.keys[rows] = rng.seed_key(seeds)
         self.set_warps(slots, rows, requests)
         for slot, r in zip(slots, requests):
             self.rules[slot] = r.rule
@@ -250,8 +253,9 @@ class SpeculativeDecoder:
                             logits_at="last")[:, 0]  # [b, V]
         seen = self.seen[rows] if warp.any_penalty else None
         histories, tokens, probs = [seen], [], []
+        keys = self.keys[rows]
         for i in range(g):
-            x, pi = self.choose(logits, seen, warp, rng.uniform(self.seeds[rows], lens + i, rng.DRAFT))
+            x, pi = self.choose(logits, seen, warp, rng.keyed_uniform(keys, lens + i, rng.DRAFT))
             if pi is not None:
                 probs.append(pi)
             tokens.append(x)
@@ -288,9 +292,9 @@ class SpeculativeDecoder:
         target_probs = None if warp.all_greedy else warp_penalised(penalised, warp)
         argmax = penalised.argmax(-1) if warp.any_greedy else None
         mixed = warp.greedy if warp.any_greedy and not warp.all_greedy else None
-        seeds = self.seeds[rows]
+        seeds, keys = self.seeds[rows], self.keys[rows]
         if g:
-            block = Block(drafts, draft_probs, target_probs, argmax, seeds, lens, mixed)
+            block = Block(drafts, draft_probs, target_probs, argmax, seeds, lens, mixed, keys)
             verdict = judge_rows([self.rules[s] for s in active], block)
             accepted, next_token = verdict.num_accepted, verdict.next_token
             new = torch.cat([drafts, next_token[:, None]], 1)
@@ -300,7 +304,7 @@ class SpeculativeDecoder:
             if warp.all_greedy:
                 next_token = argmax[:, 0]
             else:
-                next_token = sample_one(target_probs[:, 0], rng.uniform(seeds, lens, rng.BONUS))
+                next_token = sample_one(target_probs[:, 0], rng.keyed_uniform(keys, lens, rng.BONUS))
                 if mixed is not None:
                     next_token = torch.where(mixed, argmax[:, 0], next_token)
             accepted, new = torch.zeros_like(lens), next_token[:, None]
@@ -367,7 +371,7 @@ class SpeculativeDecoder:
         if self.free and self.queue:
             take = min(len(self.free), len(self.queue))
             slots, self.free = sorted(self.free[:take]), self.free[take:]
-            batch = self.queue.pop(take)
+            batch = self.queue.pop(take, self.main_rule(), OVERTAKE * self.batch)
             self.admit(slots, batch)
             self.owner.update(zip(slots, batch))
         if not self.owner:
@@ -384,6 +388,16 @@ class SpeculativeDecoder:
                 self.rules[slot] = None
                 self.free.append(slot)
         return done
+
+    def main_rule(self):
+        """The acceptance rule most of the batch's rows use (the first queued row's when the
+        batch is empty), which admission prefers (`AdmissionQueue.pop`); None without a draft."""
+        if not self.gamma:
+            return None
+        rules = [self.rules[s] for s in self.owner]
+        if not rules:
+            return self.queue.peek().rule
+        return max(dict.fromkeys(rules), key=rules.count)
 
     def reset(self) -> None:
         """Drop every queued and decoding row (after an error left the batch in doubt)."""

@@ -37,6 +37,8 @@ class Block:
         base_pos: `[B]` sequence position of the first draft token.
         greedy_rows: `[B]` bool, which rows are greedy when the block mixes greedy and sampled
             rows (then both probabilities and argmaxes are given); None otherwise.
+        keys: `[B]` the seeds' `rng.seed_key` (computed from `seeds` when not given; a decoder
+            keeps them per row).
     """
 
     draft_tokens: torch.Tensor
@@ -46,6 +48,11 @@ class Block:
     seeds: torch.Tensor
     base_pos: torch.Tensor
     greedy_rows: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.keys is None:
+            self.keys = rng.seed_key(self.seeds)
 
     @property
     def gamma(self) -> int:
@@ -62,19 +69,19 @@ class Block:
         pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
         return Block(pick(self.draft_tokens), pick(self.draft_probs), pick(self.target_probs),
                      pick(self.target_argmax), pick(self.seeds), pick(self.base_pos),
-                     pick(self.greedy_rows))
+                     pick(self.greedy_rows), pick(self.keys))
 
     def uniform(self, purpose: int, slot: torch.Tensor | int, lanes: int = 0) -> torch.Tensor:
         """Uniforms for the decisions at draft slot `slot`: an int, `[B]` or `[1 or B, k]`.
         Returns the broadcast shape (`[B]` or `[B, k]`), plus `[lanes]` when `lanes > 0`."""
-        slot = torch.as_tensor(slot, device=self.seeds.device)
-        lead = (-1,) + (1,) * max(slot.dim() - 1, 0)
+        dims = slot.dim() if torch.is_tensor(slot) else 0  # an int slot stays on the host
+        lead = (-1,) + (1,) * max(dims - 1, 0)
         pos = self.base_pos.view(lead) + slot
-        seed = self.seeds.view(lead)
+        key = self.keys.view(lead)
         if lanes:
             lane = torch.arange(lanes, device=pos.device)
-            return rng.uniform(seed[..., None], pos[..., None], purpose, lane)
-        return rng.uniform(seed, pos, purpose)
+            return rng.keyed_uniform(key[..., None], pos[..., None], purpose, lane)
+        return rng.keyed_uniform(key, pos, purpose)
 
 
 @dataclass

@@ -110,3 +110,47 @@ def test_a_later_submission_waits_for_the_rows_of_an_earlier_one(synth64, kit_gr
     (decoder,) = session.scheduler.decoders.values()
     assert sorted(r.key for r in decoder.owner.values()) == [("old", 3), ("old", 5)]  # the two longest
     session.reset()
+
+
+def test_rows_of_the_batchs_rule_go_first_and_none_is_overtaken_past_the_limit():
+    q = AdmissionQueue()
+    q.extend(SimpleNamespace(name=f"{r}{i}", rule=r, priority=0, submission=0) for i, r in enumerate("ABABABAB"))
+    assert [r.name for r in q.pop(2, "A", limit=3)] == ["A0", "A2"]  # B1 overtaken by A2
+    assert [r.name for r in q.pop(2, "A", limit=3)] == ["A4", "A6"]  # B1 by 3 now, B3 by 2, B5 by 1
+    assert [r.name for r in q.pop(1, "A", limit=3)] == ["B1"]  # due: before any other row
+    q.extend([SimpleNamespace(name="A8", rule="A", priority=0, submission=1)])
+    assert [r.name for r in q.pop(1, "A", limit=3)] == ["A8"]  # B3 reaches 3
+    assert [r.name for r in q.pop(1, "A", limit=3)] == ["B3"]
+    assert [r.name for r in q.pop(5, "A", limit=3)] == ["B5", "B7"]
+    assert not q and not q.overtaken
+
+
+def test_a_batch_takes_its_main_rules_rows_first_and_no_codes_change(synth64, kit_groups):
+    """pcg and exact rows queued alternately: the batch starts with the first row's rule and
+    keeps to it (each rule present in a round costs its own verification); every row's codes
+    are those it gets in a batch of its own rule."""
+    pcg = DecodingSettings(method="pcg", theta=kit_groups.theta, max_new_tokens=40, seed=4)
+    exact = pcg.model_copy(update={"method": "exact"})
+    settings = [(pcg, exact)[i % 2] for i in range(6)]
+    items = [SynthesisItem(text=t, id=f"r{i}") for i, t in enumerate(TEXTS)]
+    decoder = synth64.decoder(pcg, 2)
+    requests = [synth64.prepare(i, items[i], s)[1] for i, s in enumerate(settings)]
+    for r, s in zip(requests, settings):
+        r.rule, r.priority = synth64.rule(s), 0  # arrival order
+    decoder.submit(requests)
+    decoder.advance()
+    assert sorted(r.key for r in decoder.owner.values()) == [0, 2]  # not [0, 1]: both pcg
+    decoder.reset()
+
+    session = synth64.session(2, admission="arrival")
+    session.submit([(s, synth64.prepare(i, items[i], s)[1]) for i, s in enumerate(settings)])
+    mixed = {}
+    while not session.idle:
+        for request, row in session.step():
+            mixed[request.key] = row.tokens
+    alone = {}
+    for method in (pcg, exact):
+        mine = [i for i, s in enumerate(settings) if s is method]
+        results, _ = synth64.synthesize([items[i] for i in mine], method, batch_size=2, admission="arrival")
+        alone.update({i: r.codes for i, r in zip(mine, results)})
+    assert mixed == alone and all(alone.values())

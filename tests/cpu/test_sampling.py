@@ -26,6 +26,26 @@ def test_uniforms_are_uniform_and_streams_independent():
     assert 0.0 <= float(big) < 1.0
 
 
+def test_draws_stay_what_they_were_and_a_seed_key_draws_the_same():
+    """A row's codes are reproducible across versions only if its uniforms are: these values
+    were drawn by the original one-function hash. A decoder draws from each row's `seed_key`
+    (the seed's part of the hash, computed once), with host-side int lanes: the same numbers."""
+    seeds, pos = torch.tensor([[0], [1], [2**62 + 5]]), torch.tensor([[3, 1000]])
+    pinned = {(rng.BONUS, 0): ["0x1.fb79a65552d40p-1", "0x1.7155173e1f0cep-1", "0x1.e26c3fee94facp-3",
+                               "0x1.6dd1521733e0ap-1", "0x1.212e913da6876p-1", "0x1.36b743bd23750p-3"],
+              (rng.RECOVER, 5): ["0x1.17597129dc8d9p-1", "0x1.81b0623157d52p-2", "0x1.11214ae179400p-10",
+                                 "0x1.7b0fac37ad128p-2", "0x1.86e3ba21d670cp-3", "0x1.f86adc70fb3bcp-1"]}
+    for (purpose, lane), values in pinned.items():
+        expect = torch.tensor([float.fromhex(v) for v in values], dtype=torch.float64).view(3, 2)
+        assert torch.equal(rng.uniform(seeds, pos, purpose, lane), expect)
+        key = rng.seed_key(seeds)
+        assert torch.equal(rng.keyed_uniform(key, pos, purpose, lane), expect)
+        assert torch.equal(rng.keyed_uniform(key, pos, purpose, torch.tensor(lane)), expect)
+    lanes = torch.arange(4)
+    assert torch.equal(rng.keyed_uniform(rng.seed_key(seeds)[..., None], pos[..., None], rng.RECOVER, lanes),
+                       rng.uniform(seeds[..., None], pos[..., None], rng.RECOVER, lanes))
+
+
 def test_sample_from_follows_probs_and_never_picks_zero_mass():
     probs = torch.tensor([0.1, 0.0, 0.5, 0.0, 0.4])
     u = rng.uniform(torch.arange(100_000), torch.zeros(100_000, dtype=torch.long), rng.BONUS)

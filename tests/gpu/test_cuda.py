@@ -128,3 +128,26 @@ def test_a_decode_loop_profile_on_cuda_has_device_time_and_runtime_calls(kit_dir
     calls = profile["cuda_runtime_per_round"]
     assert any("Launch" in name and c["calls"] >= 1 for name, c in calls.items())
     assert profile["in_torch_ops_ms_per_round"] <= profile["round_ms"]["mean"]
+
+
+def test_random_draws_on_cuda_do_not_wait_for_the_device():
+    """A decode round draws a dozen times; each draw used to copy its int lane to the device and
+    wait for the copy. Draws from a row's seed key with host-side ints now queue no sync."""
+    from engine.decoding import rng
+    from engine.decoding.verify import Block
+
+    seeds = torch.tensor([3, 2**40 + 7], device="cuda")
+    pos = torch.tensor([10, 20], device="cuda")
+    key = rng.seed_key(seeds)
+    block = Block(torch.zeros(2, 3, dtype=torch.long, device="cuda"), None, None, None, seeds, pos, keys=key)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        u = rng.keyed_uniform(key, pos, rng.BONUS)
+        v = block.uniform(rng.BONUS, 3)
+        w = block.uniform(rng.RECOVER, pos - pos, lanes=4)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(u.cpu(), rng.uniform(seeds.cpu(), pos.cpu(), rng.BONUS))
+    assert torch.equal(v.cpu(), rng.uniform(seeds.cpu(), pos.cpu() + 3, rng.BONUS))
+    assert w.shape == (2, 4)
