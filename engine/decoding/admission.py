@@ -18,12 +18,6 @@ Policies:
     longest_first  submissions (a job worker's shards, a call's items) in order; within one,
                    the highest estimate first, ties in arrival order (the default)
     arrival        first queued, first admitted
-
-Either way a decoder that holds rows of several acceptance rules (an augmentation corpus's pcg
-and exact variants) admits rows of its batch's main rule first: every rule present in a round
-runs its own verification (about 300 more torch ops a round on the kit, each a kernel launch on
-a GPU, where a round is bound by the host), so a batch of one rule is cheaper than a mixed one.
-A row may be overtaken that way by at most `OVERTAKE` batches of rows, so no shard waits long.
 """
 
 from __future__ import annotations
@@ -33,7 +27,6 @@ import itertools
 import unicodedata
 from collections.abc import Iterable
 
-OVERTAKE = 2  # batches of rows of the batch's rule that may be admitted ahead of a queued row
 CODES_PER_SECOND = 50  # X-codec2: 16 kHz audio, one code per 320 samples
 CHARS_PER_SECOND = 15.0  # a typical speaking rate in letters (spaces and punctuation included)
 SYLLABIC_WEIGHT = 3.0  # a CJK character is a syllable: said ~3x slower than a letter
@@ -76,52 +69,18 @@ class AdmissionQueue:
     def __init__(self) -> None:
         self.heap: list[tuple[int, int, int, object]] = []
         self.counter = itertools.count()
-        self.overtaken: dict[int, int] = {}  # queue entry -> rows admitted ahead of it out of order
 
     def extend(self, requests: Iterable) -> None:
         """Queue requests (each knows its `submission` and `priority`)."""
         for r in requests:
             heapq.heappush(self.heap, (r.submission, -r.priority, next(self.counter), r))
 
-    def pop(self, n: int, rule: object = None, limit: int = 0) -> list:
-        """The next `n` requests (fewer if fewer are queued). With `rule`, requests of that
-        acceptance rule first (`request.rule`), in queue order, then the others; but a request
-        overtaken by `limit` or more requests that way goes first."""
-        n = min(n, len(self.heap))
-        if rule is None or n == len(self.heap):
-            entries = [heapq.heappop(self.heap) for _ in range(n)]
-            for e in entries:
-                self.overtaken.pop(e[2], None)
-            return [e[3] for e in entries]
-        order = sorted(self.heap)
-        due = [e for e in order if self.overtaken.get(e[2], 0) >= limit]
-        picked = {e[2] for e in due[:n]}
-        for wanted in (lambda e: e[3].rule is rule, lambda e: True):
-            for e in order:
-                if len(picked) == n:
-                    break
-                if e[2] not in picked and wanted(e):
-                    picked.add(e[2])
-        taken, left, ahead = [], [], 0
-        for e in reversed(order):  # who overtook whom: taken entries behind a queued one
-            if e[2] in picked:
-                taken.append(e[3])
-                ahead += 1
-                self.overtaken.pop(e[2], None)
-            else:
-                left.append(e)
-                if ahead:
-                    self.overtaken[e[2]] = self.overtaken.get(e[2], 0) + ahead
-        self.heap = left[::-1]  # a sorted list is a heap
-        return taken[::-1]
-
-    def peek(self):
-        """The request `pop(1)` would return."""
-        return self.heap[0][3]
+    def pop(self, n: int) -> list:
+        """The next `n` requests (fewer if fewer are queued)."""
+        return [heapq.heappop(self.heap)[3] for _ in range(min(n, len(self.heap)))]
 
     def clear(self) -> None:
         self.heap.clear()
-        self.overtaken.clear()
 
     def __len__(self) -> int:
         return len(self.heap)

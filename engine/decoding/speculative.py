@@ -29,7 +29,7 @@ import torch
 
 from engine.config import Warp, decoding_default
 from engine.decoding import rng
-from engine.decoding.admission import OVERTAKE, AdmissionQueue
+from engine.decoding.admission import AdmissionQueue
 from engine.decoding.sampling import RowWarp, host_flags, penalised_logits, sample_one, warp_penalised
 from engine.decoding.verify import Block, Rule, judge_rows
 from engine.models.llama import LlamaLM
@@ -371,7 +371,7 @@ class SpeculativeDecoder:
         if self.free and self.queue:
             take = min(len(self.free), len(self.queue))
             slots, self.free = sorted(self.free[:take]), self.free[take:]
-            batch = self.queue.pop(take, self.main_rule(), OVERTAKE * self.batch)
+            batch = self.queue.pop(take)
             self.admit(slots, batch)
             self.owner.update(zip(slots, batch))
         if not self.owner:
@@ -388,16 +388,6 @@ class SpeculativeDecoder:
                 self.rules[slot] = None
                 self.free.append(slot)
         return done
-
-    def main_rule(self):
-        """The acceptance rule most of the batch's rows use (the first queued row's when the
-        batch is empty), which admission prefers (`AdmissionQueue.pop`); None without a draft."""
-        if not self.gamma:
-            return None
-        rules = [self.rules[s] for s in self.owner]
-        if not rules:
-            return self.queue.peek().rule
-        return max(dict.fromkeys(rules), key=rules.count)
 
     def reset(self) -> None:
         """Drop every queued and decoding row (after an error left the batch in doubt)."""
