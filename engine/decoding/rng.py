@@ -56,7 +56,7 @@ def keyed_uniform(
     lane_word = (purpose * 0x10001 + (lane if isinstance(lane, int) else lane.long())) & MASK32
     h = mix32(key ^ (position.long() & MASK32))
     h = mix32(h ^ lane_word)
-    hi, lo = mix32(h ^ 0x68E31DA4), mix32(h ^ 0x1B56C4E9)
+    hi, lo = mix32(torch.stack([h ^ 0x68E31DA4, h ^ 0x1B56C4E9]))  # both words in one pass
     return ((hi >> 5) * 67108864 + (lo >> 6)).double() / 9007199254740992.0
 
 
