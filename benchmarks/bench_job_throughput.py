@@ -501,6 +501,11 @@ def table(intro: str, header: list[str], rows: list[list]) -> list[str]:
             + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows])
 
 
+def sections(doc: dict, key: str) -> list[tuple[str, dict]]:
+    """(workload, its summary's `key` section) for the workloads that have one (`probe`, `profile`)."""
+    return [(name, w["summary"][key]) for name, w in doc["workloads"].items() if key in w["summary"]]
+
+
 def markdown(doc: dict) -> str:
     m = doc["machine"]
     label = doc.get("models", {}).get("label", "tiny")
@@ -549,7 +554,7 @@ def markdown(doc: dict) -> str:
                    [[name, a, x["alone_slot_utilisation"], x["alone_before_drain"], x["alone_drain_share"],
                      x["job_slot_utilisation"], *x.get("job_empty_slots", {}).values()]
                     for name, a, x in drains if x.get("alone_before_drain") is not None])
-    probes = [(name, w["summary"]["probe"]) for name, w in doc["workloads"].items() if "probe" in w["summary"]]
+    probes = sections(doc, "probe")
     lines += table("Where decoding runs (`--probe`; arrival order): decoding alone in this process's main thread, on"
                    " a thread of its own (as a job worker's decode loop), in a fresh Ray actor process (a worker's "
                    "process without the job; twice, since a worker decodes its rows once after its warm-up, and the "
@@ -560,7 +565,7 @@ def markdown(doc: dict) -> str:
                    "the GIL, a lock, the device) and involuntary (other work took its core):",
                    ["workload", "run", "tokens/s", "CPU share", "waits per round", "preempted per round"],
                    [[name, PROBE_NAMES[k], *p[k].values()] for name, p in probes for k in p]) if probes else []
-    profiles = [(name, w["summary"]["profile"]) for name, w in doc["workloads"].items() if "profile" in w["summary"]]
+    profiles = sections(doc, "profile")
     lines += table("Where a round's time goes (`--profile`: the same rounds of every run profiled with torch.profiler, "
                    "on the decoding thread; figures per round in ms, medians over repetitions): the round's wall "
                    "time, inside torch ops and between them (Python, waits for the GIL), torch ops per round, and on "
