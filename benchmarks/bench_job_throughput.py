@@ -33,9 +33,11 @@ worker's own threads apart. `--admissions arrival` runs one order only. `--profi
 decode rounds of every run alike (a job's worker through its spec's `profile`, decoding alone
 around the same session steps) and tabulates where a round's time goes: inside torch ops or
 between them, and on CUDA the device time, syncs, launches and allocations.
-With `--before DIR` (the engine before the streaming worker: `mkdir /tmp/before14 && git archive
-22b6ad8 | tar -x -C /tmp/before14`) the job also runs with that code, in a subprocess, for the
-before/after table. Repetitions are interleaved (`--reps`); the machine's load is recorded.
+With `--before DIR` (an older engine, e.g. the one before the streaming worker: `mkdir
+/tmp/before14 && git archive 22b6ad8 | tar -x -C /tmp/before14`; `--before-label` names it) the
+jobs of temps48 and augment also run with that code, in a subprocess, for a before/after table
+(in arrival order where that code has admission orders). Repetitions are interleaved (`--reps`);
+the machine's load and OpenMP's wait policy (`OMP_WAIT_POLICY`, left as found) are recorded.
 
     .venv/bin/python benchmarks/bench_job_throughput.py [--before /tmp/before14] [--reps 1]
 
@@ -58,7 +60,10 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared cores: wait passively (tests do too)
+# OpenMP's wait policy is left as found (unset: GNU OpenMP's default, threads spin briefly between
+# ops), as a user's `pcg-synth generate` and job find it; the result file records it. Run the
+# script with nothing else on the machine, or with OMP_WAIT_POLICY=PASSIVE where cores are shared.
+OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -434,7 +439,7 @@ def run_before(before: Path, kit: Path, work: Path, threads: int, rep: int) -> d
     """The job phase with the engine at `before` (a subprocess importing that code)."""
     out = work / f"before-r{rep}.json"
     env = {**os.environ, "PYTHONPATH": str(before)}
-    cmd = [sys.executable, __file__, "--job-only", "--kit", str(kit), "--work", str(work / "before"),
+    cmd = [sys.executable, __file__, "--job-only", "--kit", str(kit), "--work", str(work / f"before-r{rep}"),
            "--threads", str(threads), "--rep", str(rep), "--json", str(out)]
     subprocess.run(cmd, env=env, check=True, cwd=str(before))
     return json.loads(out.read_text())
@@ -446,9 +451,13 @@ def job_only(args) -> None:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    from engine.config import ResourcesSpec
+
+    # arrival order, as the table's row says, where that engine has admission orders
+    admission = "arrival" if "admission" in ResourcesSpec.model_fields else None
     doc = {"engine": str(Path(engine.__file__).parent)}
     for name, spec in specs(kit_models(Path(args.kit)), work, args.threads, before=True):
-        doc[name] = run_job(spec, args.rep)
+        doc[name] = run_job(spec, args.rep, admission)
     Path(args.json).write_text(json.dumps(doc))
 
 
@@ -514,7 +523,8 @@ def markdown(doc: dict) -> str:
     lines = [f"Job throughput on {'the tiny kit' if label == 'tiny' else label}: {where}, torch {m['torch']}, "
              f"models.dtype {doc['dtype']['models.dtype']} "
              f"({doc['dtype']['resolved']} here) for jobs and decoding alone, {m['date']}; load average (1 min) "
-             f"{doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end "
+             f"{doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end; "
+             f"OMP_WAIT_POLICY {doc.get('omp_wait_policy') or 'unset (the default)'} "
              "(other work shares these cores: compare figures within this file only).", "",
              "| workload | admission | run | slot utilisation | steady tokens/s | vs decoding alone "
              "| tokens/s inside decode rounds | io wait s | overlap | decoders |",
@@ -523,7 +533,8 @@ def markdown(doc: dict) -> str:
         summary = w["summary"]
         if "before" in summary:
             b = summary["before"]
-            lines.append(f"| {name} | arrival | job, before (22b6ad8) | {b['slot_utilisation']} | "
+            lines.append(f"| {name} | arrival | job, before ({doc.get('before_label') or 'before'}) | "
+                         f"{b['slot_utilisation']} | "
                          f"{b['tokens_per_s']} | {b['ratio']} | - | - | - | - |")
         for a in [a for a in ("arrival", "longest_first") if a in summary]:
             x = summary[a]
@@ -562,7 +573,11 @@ def markdown(doc: dict) -> str:
                    "(its decode loop and IO thread in this process, fed by as many threads as the job's window); and"
                    " the job. Tokens/s inside decode rounds, and the decoding thread over those rounds: its CPU time"
                    " as a share of their wall time, and its context switches per round, voluntary (it waited: for "
-                   "the GIL, a lock, the device) and involuntary (other work took its core):",
+                   "the GIL, a lock, the device, OpenMP's threads) and involuntary (other work took its core). On a "
+                   "CPU the two that decode on another thread of this process share it with the OpenMP threads of "
+                   "its main thread (decoding alone ran there), which a job worker's process does not "
+                   "(`engine/runtime/stream.py`, CPU threads): where the process then holds more OpenMP threads "
+                   "than cores, they sleep between ops, so those two rows are slower than a worker would be:",
                    ["workload", "run", "tokens/s", "CPU share", "waits per round", "preempted per round"],
                    [[name, PROBE_NAMES[k], *p[k].values()] for name, p in probes for k in p]) if probes else []
     profiles = sections(doc, "profile")
@@ -581,7 +596,8 @@ def markdown(doc: dict) -> str:
                  else f"in {orders[0]} order only (`--admissions`)") + ". Workloads: "
               + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
               "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)" + (
-                  "; the before code: `git archive 22b6ad8 | tar -x -C DIR`." if doc.get("before") else ".")]
+                  f"; the before code: `git archive {doc.get('before_label')} | tar -x -C DIR`."
+                  if doc.get("before") else ".")]
     if not doc.get("complete", True):
         done = min((len(v) for w in doc["workloads"].values() for k, v in w["runs"].items() if k != "before"),
                    default=0)
@@ -595,7 +611,8 @@ def main() -> None:
     ap.add_argument("--kit", default=str(ROOT / "kit"), help="the tiny kit (built if missing)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--before", help="an engine checkout from before the streaming worker (job runs with it too)")
+    ap.add_argument("--before", help="an older engine checkout (the jobs of temps48 and augment run with it too)")
+    ap.add_argument("--before-label", default="22b6ad8", help="the commit --before holds (for the tables)")
     ap.add_argument("--out", help=f"result-file stem (default {RESULT.relative_to(ROOT)} for the kit on a CPU, "
                                   "else job_throughput_<device>_<models>)")
     ap.add_argument("--preset", choices=["llasa-1b-shape"],
@@ -731,6 +748,7 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
            "dtype": {"models.dtype": dtype, "resolved": str(synth.target.model.dtype).replace("torch.", "")},
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
            "seconds": round(time.perf_counter() - t0, 1), "before": args.before,
+           "before_label": args.before_label if args.before else None, "omp_wait_policy": OMP_WAIT_POLICY,
            "complete": final, "admissions": list(admissions), "workloads": {}}
     for name, r in runs.items():
         if not all(r[f"job_{a}"] for a in admissions):

@@ -65,10 +65,11 @@ def device_name(device: str) -> str:
     return platform.processor() or platform.machine()
 
 
-def actual(device: str, dtype, compile: str = "none") -> dict:
-    """The environment this process decodes in (a worker's, for its commit records)."""
+def actual(device: str, dtype, compile: str = "none", threads: int | None = None) -> dict:
+    """The environment this process decodes in (a worker's, for its commit records; `threads`:
+    its decoding thread's torch threads, default the calling thread's)."""
     import torch
 
     return {"device": device.split(":")[0], "device_name": device_name(device),
             "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "compile": compile}
+            "threads": threads or torch.get_num_threads(), "compile": compile}

@@ -15,6 +15,16 @@ worker that dies loses exactly the shards it held and had not committed. Anythin
 runs the models (the worker's warm-up) runs on these threads too (`on_decode_thread`,
 `on_io_thread`): part of a thread's CUDA state is its own (CUDA-graph trees, BLAS handles), so
 a warm-up on another thread would leave the decode loop to pay for its own inside the job.
+
+CPU threads: the decode thread is the only one that runs torch ops on several threads (the
+worker's `torch_threads`); the IO thread runs its own (the codec, on a CPU worker) on one, and the
+models are loaded on a short-lived thread (`on_short_thread`). OpenMP gives every thread that
+runs a parallel op a team of helper threads that lives as long as that thread; once a process
+holds more such threads than it has cores, every team's threads stop spinning between ops and
+sleep at once (GNU OpenMP's throttled spinning), and each op then pays to wake them. Measured on
+the 2-core VM, the kit at batch 8 under the default OpenMP wait policy: decoding alone 440-457
+tokens/s on a thread whose process had no other team, 265-273 on one beside the team of the
+thread that had loaded the models (README, Job throughput).
 """
 
 from __future__ import annotations
@@ -80,6 +90,28 @@ class Counters:
         return out
 
 
+def own_threads(n: int) -> None:
+    """Give the calling thread's torch ops `n` CPU threads, for good. torch keeps one count per
+    thread (OpenMP's), set from a process-wide default on the thread's first parallel op; so the
+    thread takes the default first and then sets its own, and a later change of the default (by
+    another thread's `torch.set_num_threads`) no longer reaches it."""
+    import torch
+
+    torch.get_num_threads()  # the thread's count initialised from the default, now
+    torch.set_num_threads(n)
+
+
+def on_short_thread(fn: Callable):
+    """`fn()` on a thread that ends when it returns (its result, or its exception raised here).
+    Whatever OpenMP threads `fn`'s torch ops started end with it (model loading's, so that they do
+    not outlive it beside the decode thread's: module docstring)."""
+    call = Call(fn)
+    thread = threading.Thread(target=call.run, name="load", daemon=True)
+    thread.start()
+    thread.join()
+    return call.future.result()
+
+
 THREAD_USAGE = getattr(resource, "RUSAGE_THREAD", None)  # Linux
 
 
@@ -107,14 +139,20 @@ class ShardStream:
             commit record; `figures()` gives the pipeline's counters accrued since the last
             record, taken when called.
         io_queue: decoded shards that may wait for the IO thread (>= 1).
+        torch_threads: CPU threads of the decode thread's torch ops (default: as many as the
+            constructing thread has); the IO thread's run on one (module docstring).
         profiler: profiles some of the decode rounds (`runtime/profiling.py`); it finishes
             early when the batch runs empty, before the shard that emptied it is handed to the
             IO thread, so that shard's `finalise` finds the profile (`profiler.take()`).
     """
 
     def __init__(self, session: DecodeSession, start_rows: Callable, finalise: Callable, io_queue: int = 1,
-                 profiler: RoundProfiler | None = None) -> None:
+                 profiler: RoundProfiler | None = None, torch_threads: int | None = None) -> None:
+        import torch
+
         self.session, self.start_rows, self.finalise = session, start_rows, finalise
+        # the decode thread's torch threads (default: the constructing thread's); the IO thread's is 1
+        self.torch_threads = torch_threads or torch.get_num_threads()
         self.profiler = profiler
         self.inbox: queue.Queue = queue.Queue()
         self.io: queue.Queue = queue.Queue(maxsize=max(1, io_queue))
@@ -221,6 +259,7 @@ class ShardStream:
     # ---- decode thread ------------------------------------------------------------------------
 
     def decode_loop(self) -> None:
+        own_threads(self.torch_threads)
         while True:
             try:
                 task = self.inbox.get(block=self.session.idle)
@@ -313,6 +352,7 @@ class ShardStream:
     # ---- IO thread ----------------------------------------------------------------------------
 
     def io_loop(self) -> None:
+        own_threads(1)  # one OpenMP team per process: the decode thread's (module docstring)
         while True:
             task = self.io.get()
             if task is STOP:

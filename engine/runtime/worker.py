@@ -34,7 +34,7 @@ from engine.models.device import resolve_device
 from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
 from engine.runtime.plan import Layout, Shard
 from engine.runtime.profiling import RoundProfiler
-from engine.runtime.stream import ShardStream, ShardTask
+from engine.runtime.stream import ShardStream, ShardTask, on_short_thread
 
 
 @dataclass
@@ -70,13 +70,16 @@ class ShardProcessor:
         self.device = str(resolve_device(spec.resources.device))
         local = self.storage.local_dir
         draft = local(spec.models.draft) if spec.models.draft else None
-        self.synth = Synthesizer.load(local(spec.models.target), draft=draft, device=self.device,
-                                      dtype=spec.models.dtype, compile=spec.models.compile,
-                                      draft_weights=spec.models.draft_weights,
-                                      batch_size=spec.resources.batch_size)
-        if groups is not None:
-            self.synth.set_groups(groups)
-        self.codec = Xcodec2Codec.load(local(spec.models.codec), device=self.device)
+
+        def load() -> None:  # on a thread of its own, which ends here (runtime/stream.py: CPU threads)
+            self.synth = Synthesizer.load(local(spec.models.target), draft=draft, device=self.device,
+                                          dtype=spec.models.dtype, compile=spec.models.compile,
+                                          draft_weights=spec.models.draft_weights,
+                                          batch_size=spec.resources.batch_size)
+            if groups is not None:
+                self.synth.set_groups(groups)
+            self.codec = Xcodec2Codec.load(local(spec.models.codec), device=self.device)
+        on_short_thread(load)
         from engine.models.loading import checkpoint_revision
 
         dirs = {"target": local(spec.models.target), "draft": draft, "codec": local(spec.models.codec)}
@@ -107,7 +110,6 @@ class ShardProcessor:
 
     def info(self) -> dict:
         import ray
-        import torch
 
         gpus = ray.get_gpu_ids() if ray.is_initialized() else []
         node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
@@ -115,10 +117,10 @@ class ShardProcessor:
             from engine.runtime.numerics import actual
 
             self._numerics = actual(self.device, self.synth.target.model.dtype,
-                                    self.synth.target.model.compile_mode)
+                                    self.synth.target.model.compile_mode, threads=self.stream.torch_threads)
         return {"worker": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "node": node, "gpu_ids": [str(g) for g in gpus], "device": self.device,
-                "torch_threads": torch.get_num_threads(), "numerics": self._numerics}
+                "torch_threads": self.stream.torch_threads, "numerics": self._numerics}
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -154,7 +156,8 @@ class ShardProcessor:
             return load_voice_prompt(row.prompt_text or "", codes=row.prompt_codes, id=row.prompt_id)
         clip = relative_to(shard.manifest, row.prompt_audio)
         wave = read_clip(io.BytesIO(self.storage.read_bytes(clip)), name=clip)
-        codes = self.prompt_cache.encode(self.codec, wave)
+        # encoded on the IO thread, whose torch ops run on one CPU thread (runtime/stream.py)
+        codes = self.stream.on_io_thread(lambda: self.prompt_cache.encode(self.codec, wave)).result()
         return load_voice_prompt(row.prompt_text or "", codes=codes, id=row.prompt_id)
 
     # ---- processing ------------------------------------------------------------------------

@@ -10,13 +10,17 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import soundfile as sf
+import torch
 
 from engine import SynthesisItem, Synthesizer
+from engine.io.manifest import ManifestRow
 from engine.io.storage import Storage
 from engine.runtime.plan import make_plan
-from engine.runtime.stream import thread_clock
+from engine.runtime.stream import on_short_thread, own_threads, thread_clock
 from engine.runtime.summary import per_worker
 from engine.runtime.worker import ShardProcessor
 
@@ -199,7 +203,7 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path)
                     decoding={"method": "exact", "max_new_tokens": 4, "seed": 1},
                     resources={"workers": 1, "batch_size": 2, "rows_per_shard": 2})
     processor = ShardProcessor(spec)
-    seen: dict[str, set] = {"warmup": set(), "step": set(), "codec": set()}
+    seen: dict[str, set] = {"warmup": set(), "step": set(), "codec": set(), "encode": set()}
 
     def on(key, fn):  # the real function, noting which thread ran it
         def run(*args, **kwargs):
@@ -209,14 +213,77 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path)
     processor.synth.warmup = on("warmup", processor.synth.warmup)
     processor.stream.session.step = on("step", processor.stream.session.step)
     processor.codec.decode = on("codec", processor.codec.decode)
+    processor.codec.encode = on("encode", processor.codec.encode)
+    clip = tmp_path / "voice.wav"
+    sf.write(clip, np.sin(np.arange(8000) / 7.0).astype(np.float32) * 0.3, 16000)
+    shard = make_plan(spec, processor.storage).shards[0]
+    row = ManifestRow(id="v", text="With a voice.", prompt_text="A voice.", prompt_audio=str(clip))
     try:
         processor.warmup()
         assert seen["warmup"] == {"decode"} and seen["codec"] == {"shard-io"}
+        threads = {"decode": processor.stream.on_decode_thread(torch.get_num_threads).result(),
+                   "io": processor.stream.on_io_thread(torch.get_num_threads).result()}
+        assert processor.voice_prompt(shard, row).codes  # a clip is encoded on the IO thread
         records = run_shards(processor, spec)
     finally:
         processor.close()
     assert len(records) == 2
     assert seen["step"] == {"decode"} and seen["codec"] == {"shard-io"}  # the job ran where it warmed up
+    assert seen["encode"] == {"shard-io"}
+    # only the decode thread runs torch ops on several CPU threads (the constructing thread's count)
+    assert threads == {"decode": torch.get_num_threads(), "io": 1}
+    assert records[0]["torch_threads"] == records[0]["numerics"]["threads"] == torch.get_num_threads()
+
+
+def test_own_threads_outlast_a_later_change_of_the_default():
+    """torch sets a thread's count from a process-wide default at its first parallel op; a thread
+    that set its own before that would otherwise take whatever another thread set meanwhile."""
+    before = torch.get_num_threads()
+    set_here, changed, seen = threading.Event(), threading.Event(), []
+
+    def worker():
+        own_threads(2)
+        set_here.set()
+        changed.wait()
+        seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=worker)
+    t.start()
+    set_here.wait()
+    torch.set_num_threads(1)  # the default, changed by another thread (as the IO thread does)
+    changed.set()
+    t.join()
+    torch.set_num_threads(before)
+    assert seen == [2]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts threads in /proc (Linux)")
+def test_a_short_thread_takes_its_openmp_threads_with_it():
+    """Model loading runs on a short thread so that its OpenMP helpers end with it (otherwise they
+    outlive it beside the decode thread's, and on a small machine every team then sleeps between
+    ops: runtime/stream.py)."""
+    tasks = lambda: {t.name for t in Path("/proc/self/task").iterdir()}  # noqa: E731
+    before = tasks()
+    inside = []
+
+    def load():
+        torch.set_num_threads(2)
+        x = torch.ones(512, 512)
+        for _ in range(3):
+            (x @ x).sum()
+        inside.append(tasks() - before)
+        return 7
+
+    default = torch.get_num_threads()
+    try:
+        assert on_short_thread(load) == 7
+    finally:
+        torch.set_num_threads(default)
+    assert inside[0], "the parallel ops started no thread: nothing to check"
+    deadline = time.time() + 10
+    while tasks() - before and time.time() < deadline:
+        time.sleep(0.05)
+    assert not tasks() - before  # the short thread and its OpenMP helpers are gone
 
 
 def test_a_worker_profiles_the_rounds_asked_and_writes_them_with_a_shard(kit_dir, tmp_path):
