@@ -520,12 +520,13 @@ def markdown(doc: dict) -> str:
     label = doc.get("models", {}).get("label", "tiny")
     where = (f"{m['gpu']} (CUDA {m['cuda']}), host CPU {m['cpu']}" if m.get("gpu")
              else f"{m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} threads for decoding")
+    policy = ("" if "omp_wait_policy" not in doc  # files written before the script recorded it
+              else f"; OMP_WAIT_POLICY {doc['omp_wait_policy'] or 'unset (OpenMP default)'}")
     lines = [f"Job throughput on {'the tiny kit' if label == 'tiny' else label}: {where}, torch {m['torch']}, "
              f"models.dtype {doc['dtype']['models.dtype']} "
              f"({doc['dtype']['resolved']} here) for jobs and decoding alone, {m['date']}; load average (1 min) "
-             f"{doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end; "
-             f"OMP_WAIT_POLICY {doc.get('omp_wait_policy') or 'unset (the default)'} "
-             "(other work shares these cores: compare figures within this file only).", "",
+             f"{doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end "
+             f"(other work shares these cores: compare figures within this file only){policy}.", "",
              "| workload | admission | run | slot utilisation | steady tokens/s | vs decoding alone "
              "| tokens/s inside decode rounds | io wait s | overlap | decoders |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -533,7 +534,7 @@ def markdown(doc: dict) -> str:
         summary = w["summary"]
         if "before" in summary:
             b = summary["before"]
-            lines.append(f"| {name} | arrival | job, before ({doc.get('before_label') or 'before'}) | "
+            lines.append(f"| {name} | arrival | job, before ({doc.get('before_label', '22b6ad8')}) | "
                          f"{b['slot_utilisation']} | "
                          f"{b['tokens_per_s']} | {b['ratio']} | - | - | - | - |")
         for a in [a for a in ("arrival", "longest_first") if a in summary]:
@@ -596,7 +597,7 @@ def markdown(doc: dict) -> str:
                  else f"in {orders[0]} order only (`--admissions`)") + ". Workloads: "
               + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
               "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)" + (
-                  f"; the before code: `git archive {doc.get('before_label')} | tar -x -C DIR`."
+                  f"; the before code: `git archive {doc.get('before_label', '22b6ad8')} | tar -x -C DIR`."
                   if doc.get("before") else ".")]
     if not doc.get("complete", True):
         done = min((len(v) for w in doc["workloads"].values() for k, v in w["runs"].items() if k != "before"),
