@@ -21,10 +21,10 @@ worker's `torch_threads`); the IO thread runs its own (the codec, on a CPU worke
 models are loaded on a short-lived thread (`on_short_thread`). OpenMP gives every thread that
 runs a parallel op a team of helper threads that lives as long as that thread; once a process
 holds more such threads than it has cores, every team's threads stop spinning between ops and
-sleep at once (GNU OpenMP's throttled spinning), and each op then pays to wake them. Measured on
-the 2-core VM, the kit at batch 8 under the default OpenMP wait policy: decoding alone 440-457
-tokens/s on a thread whose process had no other team, 265-273 on one beside the team of the
-thread that had loaded the models (README, Job throughput).
+sleep almost at once (GNU OpenMP's throttled spinning), and each op then pays to wake them. On the
+2-core VM under OpenMP's default wait policy, decoding alone ran at 393.7 tokens/s on a process's
+main thread and at 268.6 on another thread beside the main thread's team
+(benchmarks/results/job_throughput_cpu_tiny_omp_default_probe.md; README, Job throughput).
 """
 
 from __future__ import annotations
