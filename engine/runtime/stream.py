@@ -195,10 +195,15 @@ class ShardStream:
     def start_threads(self) -> None:
         with self.lock:  # shards arrive on several threads: start one loop, once
             if not self.threads:
-                self.threads = [threading.Thread(target=self.decode_loop, name="decode", daemon=True),
-                                threading.Thread(target=self.io_loop, name="shard-io", daemon=True)]
-                for t in self.threads:
-                    t.start()
+                io_ready = threading.Event()
+                io = threading.Thread(target=self.io_loop, args=(io_ready,), name="shard-io", daemon=True)
+                io.start()
+                # the decode thread starts once the IO thread took its one CPU thread (which set
+                # torch's default to 1): its own count then sets the default back to the worker's
+                io_ready.wait()
+                decode = threading.Thread(target=self.decode_loop, name="decode", daemon=True)
+                decode.start()
+                self.threads = [decode, io]
 
     def submit(self, task: ShardTask) -> Future:
         """Queue a prepared shard (already `hold`); its future resolves to the commit record."""
@@ -351,8 +356,9 @@ class ShardStream:
 
     # ---- IO thread ----------------------------------------------------------------------------
 
-    def io_loop(self) -> None:
+    def io_loop(self, ready: threading.Event) -> None:
         own_threads(1)  # one OpenMP team per process: the decode thread's (module docstring)
+        ready.set()
         while True:
             task = self.io.get()
             if task is STOP:

@@ -8,6 +8,7 @@ import os
 import resource
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -223,6 +224,8 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path)
         assert seen["warmup"] == {"decode"} and seen["codec"] == {"shard-io"}
         threads = {"decode": processor.stream.on_decode_thread(torch.get_num_threads).result(),
                    "io": processor.stream.on_io_thread(torch.get_num_threads).result()}
+        with ThreadPoolExecutor(1) as fresh:  # torch's default for new threads is left as it was
+            threads["new"] = fresh.submit(torch.get_num_threads).result()
         assert processor.voice_prompt(shard, row).codes  # a clip is encoded on the IO thread
         records = run_shards(processor, spec)
     finally:
@@ -231,7 +234,7 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path)
     assert seen["step"] == {"decode"} and seen["codec"] == {"shard-io"}  # the job ran where it warmed up
     assert seen["encode"] == {"shard-io"}
     # only the decode thread runs torch ops on several CPU threads (the constructing thread's count)
-    assert threads == {"decode": torch.get_num_threads(), "io": 1}
+    assert threads == {"decode": torch.get_num_threads(), "io": 1, "new": torch.get_num_threads()}
     assert records[0]["torch_threads"] == records[0]["numerics"]["threads"] == torch.get_num_threads()
 
 
