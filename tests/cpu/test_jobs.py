@@ -76,6 +76,8 @@ def test_quickstart_job_end_to_end(local_ray, kit_dir, tmp_path, groups_cache, k
     assert empty["end_of_work"] > 0 and min(empty.values()) >= 0
     assert sum(empty.values()) == pytest.approx(1 - summary["utilisation"]["slot_utilisation"], abs=2e-4)
     assert all(0 < w["slot_utilisation"] <= 1 for w in summary["workers"].values())
+    # what the workers' processes found (conftest sets it for the tests and Ray workers inherit it)
+    assert {w["omp_wait_policy"] for w in summary["workers"].values()} == {os.environ["OMP_WAIT_POLICY"]}
     on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert on_disk["rows_ok"] == summary["rows_ok"]
     import datasets
