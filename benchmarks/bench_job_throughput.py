@@ -448,11 +448,10 @@ def run_before(before: Path, kit: Path, work: Path, threads: int, rep: int) -> d
 def job_only(args) -> None:
     """Subprocess mode: only the jobs, with whatever engine this interpreter imports."""
     import engine
+    from engine.config import ResourcesSpec
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    from engine.config import ResourcesSpec
-
     # arrival order, as the table's row says, where that engine has admission orders
     admission = "arrival" if "admission" in ResourcesSpec.model_fields else None
     doc = {"engine": str(Path(engine.__file__).parent)}

@@ -250,13 +250,15 @@ def test_own_threads_outlast_a_later_change_of_the_default():
         changed.wait()
         seen.append(torch.get_num_threads())
 
-    t = threading.Thread(target=worker)
+    t = threading.Thread(target=worker, daemon=True)
     t.start()
-    set_here.wait()
-    torch.set_num_threads(1)  # the default, changed by another thread (as the IO thread does)
-    changed.set()
-    t.join()
-    torch.set_num_threads(before)
+    try:
+        assert set_here.wait(60)
+        torch.set_num_threads(1)  # the default, changed by another thread (as the IO thread does)
+    finally:
+        changed.set()
+        t.join(60)
+        torch.set_num_threads(before)
     assert seen == [2]
 
 
@@ -265,7 +267,9 @@ def test_a_short_thread_takes_its_openmp_threads_with_it():
     """Model loading runs on a short thread so that its OpenMP helpers end with it (otherwise they
     outlive it beside the decode thread's, and on a small machine every team then sleeps between
     ops: runtime/stream.py)."""
-    tasks = lambda: {t.name for t in Path("/proc/self/task").iterdir()}  # noqa: E731
+    def tasks() -> set[str]:
+        return {t.name for t in Path("/proc/self/task").iterdir()}
+
     before = tasks()
     inside = []
 
