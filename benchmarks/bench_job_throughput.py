@@ -343,22 +343,9 @@ def rate(run: dict) -> float | None:
 
 def run_alone_in_thread(synth, spec, rows: list[dict], admission: str) -> dict:
     """`run_alone` on a thread of its own, as a job worker's decode loop runs."""
-    import threading
+    from engine.runtime.stream import on_short_thread
 
-    box: dict = {}
-
-    def target() -> None:
-        try:
-            box["out"] = run_alone(synth, spec, rows, admission)
-        except BaseException as exc:  # noqa: BLE001 - raised again on the calling thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="decode")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["out"]
+    return on_short_thread(lambda: run_alone(synth, spec, rows, admission), name="decode")
 
 
 class AloneActor:

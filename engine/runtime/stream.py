@@ -101,12 +101,12 @@ def own_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def on_short_thread(fn: Callable):
+def on_short_thread(fn: Callable, name: str = "load"):
     """`fn()` on a thread that ends when it returns (its result, or its exception raised here).
     Whatever OpenMP threads `fn`'s torch ops started end with it (model loading's, so that they do
     not outlive it beside the decode thread's: module docstring)."""
     call = Call(fn)
-    thread = threading.Thread(target=call.run, name="load", daemon=True)
+    thread = threading.Thread(target=call.run, name=name, daemon=True)
     thread.start()
     thread.join()
     return call.future.result()
