@@ -308,9 +308,13 @@ class LlamaLM(nn.Module):
         compiled = torch.compile(functools.partial(LlamaLM._step, self), dynamic=True,
                                  mode="reduce-overhead" if mode == "cudagraphs" else None)
         freeze = self.device.type == "cpu"
+        from torch.fx.experimental import _config as fx_config  # torch's shape settings
 
-        def run(*args):  # graphs compile lazily, at a shape's first call: freezing applies there
-            with torch._inductor.config.patch(freezing=freeze):
+        def run(*args):  # graphs compile lazily, at a shape's first call: these settings apply there
+            # No duck sizing: it gives equal sizes one symbol, so a graph first traced at a batch
+            # equal to the cache's KV-head count (or any other of its sizes) holds only at batch
+            # sizes equal to it, and the next batch size compiles again.
+            with torch._inductor.config.patch(freezing=freeze), fx_config.patch(use_duck_shape=False):
                 return compiled(*args)
         self._compiled = run
         self.compile_mode = mode
