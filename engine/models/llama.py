@@ -310,11 +310,13 @@ class LlamaLM(nn.Module):
         freeze = self.device.type == "cpu"
         from torch.fx.experimental import _config as fx_config  # torch's shape settings
 
+        no_duck = {"use_duck_shape": False} if hasattr(fx_config, "use_duck_shape") else {}  # not in every torch
+
         def run(*args):  # graphs compile lazily, at a shape's first call: these settings apply there
             # No duck sizing: it gives equal sizes one symbol, so a graph first traced at a batch
             # equal to the cache's KV-head count (or any other of its sizes) holds only at batch
             # sizes equal to it, and the next batch size compiles again.
-            with torch._inductor.config.patch(freezing=freeze), fx_config.patch(use_duck_shape=False):
+            with torch._inductor.config.patch(freezing=freeze), fx_config.patch(**no_duck):
                 return compiled(*args)
         self._compiled = run
         self.compile_mode = mode
