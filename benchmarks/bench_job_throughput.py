@@ -32,7 +32,9 @@ rounds run slower than decoding alone's, these tell the thread, a fresh process,
 worker's own threads apart. `--admissions arrival` runs one order only. `--profile N` profiles N
 decode rounds of every run alike (a job's worker through its spec's `profile`, decoding alone
 around the same session steps) and tabulates where a round's time goes: inside torch ops or
-between them, and on CUDA the device time, syncs, launches and allocations.
+between them, and on CUDA the device time, syncs, launches and allocations. `--compile` runs the
+jobs and decoding alone with that `models.compile` (on CUDA, `cudagraphs` replays each decode
+step as one CUDA graph: a round then launches a few graphs instead of thousands of kernels).
 With `--before DIR` (an older engine, e.g. the one before the streaming worker: `mkdir
 /tmp/before14 && git archive 22b6ad8 | tar -x -C /tmp/before14`; `--before-label` names it) the
 jobs of temps48 and augment also run with that code, in a subprocess, for a before/after table
@@ -506,11 +508,13 @@ def markdown(doc: dict) -> str:
     label = doc.get("models", {}).get("label", "tiny")
     where = (f"{m['gpu']} (CUDA {m['cuda']}), host CPU {m['cpu']}" if m.get("gpu")
              else f"{m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} threads for decoding")
+    compiled = f", models.compile {doc['compile']}" if doc.get("compile", "none") != "none" else ""
     policy = ("" if "omp_wait_policy" not in doc  # files written before the script recorded it
               else f"; OMP_WAIT_POLICY {doc['omp_wait_policy'] or 'unset (OpenMP default)'}")
     lines = [f"Job throughput on {'the tiny kit' if label == 'tiny' else label}: {where}, torch {m['torch']}, "
              f"models.dtype {doc['dtype']['models.dtype']} "
-             f"({doc['dtype']['resolved']} here) for jobs and decoding alone, {m['date']}; load average (1 min) "
+             f"({doc['dtype']['resolved']} here){compiled} for jobs and decoding alone, {m['date']}; "
+             f"load average (1 min) "
              f"{doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end "
              f"(other work shares these cores: compare figures within this file only){policy}.", "",
              "| workload | admission | run | slot utilisation | steady tokens/s | vs decoding alone "
@@ -610,6 +614,9 @@ def main() -> None:
     ap.add_argument("--draft", help="its draft checkpoint directory (e.g. distilled by benchmarks/llasa_1b_shape.sh)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the job's worker then takes one GPU)")
     ap.add_argument("--batch", type=int, default=8, help="batch size of the jobs and of decoding alone")
+    ap.add_argument("--compile", default="none", choices=["none", "inductor", "cudagraphs"],
+                    help="models.compile of the jobs and of decoding alone (cudagraphs: CUDA graph replay of "
+                         "the decode step, which takes the host's launches out of a round)")
     ap.add_argument("--scale", type=int, default=1, help="temps48's and lengths48's rows times this")
     ap.add_argument("--workloads", help="comma-separated subset (default: all; names as in the result file)")
     ap.add_argument("--probe", action="store_true",
@@ -636,6 +643,8 @@ def main() -> None:
     from engine.kit import build_kit
 
     admissions = admissions_of(args)
+    if args.before and args.compile != "none":
+        sys.exit("--before runs the older engine's jobs uncompiled: leave out --compile")
     torch.set_num_threads(args.threads)
     kit = Path(args.kit)
     if not (kit / "kit.json").exists():
@@ -654,6 +663,9 @@ def main() -> None:
 
             profile = ProfileSpec(rounds=args.profile, skip=args.profile_skip)
             workloads = [(name, spec.model_copy(update={"profile": profile})) for name, spec in workloads]
+        if args.compile != "none":
+            workloads = [(name, spec.model_copy(update={"models": spec.models.model_copy(
+                update={"compile": args.compile})})) for name, spec in workloads]
         if args.workloads:
             wanted = args.workloads.split(",")
             unknown = set(wanted) - {name for name, _ in workloads}
@@ -662,7 +674,8 @@ def main() -> None:
             workloads = [(name, spec) for name, spec in workloads if name in wanted]
         rows = {name: job_rows(spec, work) for name, spec in workloads}
         dtype = workloads[0][1].models.dtype  # as the jobs (and `generate`'s default): auto
-        synth = Synthesizer.load(models["target"], draft=models["draft"], device=args.device, dtype=dtype)
+        synth = Synthesizer.load(models["target"], draft=models["draft"], device=args.device, dtype=dtype,
+                                 compile=args.compile)
         for _, spec in workloads:  # as each job's worker warms up (`Synthesizer.warmup`)
             synth.warmup(spec.decoding, args.batch)
         runs = {name: {f"{run}_{a}": [] for run in ("alone", "job") for a in ADMISSIONS} | {"before": []}
@@ -733,6 +746,7 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
            "machine": describe(args.device), "threads": args.threads, "reps": args.reps,
            "models": {"label": label, **models},
            "dtype": {"models.dtype": dtype, "resolved": str(synth.target.model.dtype).replace("torch.", "")},
+           "compile": args.compile,
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
            "seconds": round(time.perf_counter() - t0, 1), "before": args.before,
            "before_label": args.before_label if args.before else None, "omp_wait_policy": OMP_WAIT_POLICY,
