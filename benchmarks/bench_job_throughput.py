@@ -614,6 +614,7 @@ def main() -> None:
     ap.add_argument("--draft", help="its draft checkpoint directory (e.g. distilled by benchmarks/llasa_1b_shape.sh)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the job's worker then takes one GPU)")
     ap.add_argument("--batch", type=int, default=8, help="batch size of the jobs and of decoding alone")
+    # engine.config.COMPILE_MODES, not imported before parsing: --job-only may run an older engine
     ap.add_argument("--compile", default="none", choices=["none", "inductor", "cudagraphs"],
                     help="models.compile of the jobs and of decoding alone (cudagraphs: CUDA graph replay of "
                          "the decode step, which takes the host's launches out of a round)")

@@ -8,6 +8,7 @@ safetensors load directly; `tests/cpu/test_llama_parity.py` pins the logits agai
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Literal
@@ -307,16 +308,19 @@ class LlamaLM(nn.Module):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         compiled = torch.compile(functools.partial(LlamaLM._step, self), dynamic=True,
                                  mode="reduce-overhead" if mode == "cudagraphs" else None)
-        freeze = self.device.type == "cpu"
         from torch.fx.experimental import _config as fx_config  # torch's shape settings
 
-        no_duck = {"use_duck_shape": False} if hasattr(fx_config, "use_duck_shape") else {}  # not in every torch
+        # Settings for the graphs, which compile lazily, at a shape's first call: made once and
+        # entered on every call (a step's host time: cheaper than making them every call). Inductor
+        # freezes the weights on CPU. No duck sizing: it gives equal sizes one symbol, so a graph
+        # first traced at a batch equal to the cache's KV-head count (or any other of its sizes)
+        # holds only at batch sizes equal to it, and the next batch size compiles again.
+        freezing = torch._inductor.config.patch(freezing=self.device.type == "cpu")
+        no_duck = fx_config.patch(use_duck_shape=False) if hasattr(fx_config, "use_duck_shape") \
+            else contextlib.nullcontext()  # a setting torch may rename
 
-        def run(*args):  # graphs compile lazily, at a shape's first call: these settings apply there
-            # No duck sizing: it gives equal sizes one symbol, so a graph first traced at a batch
-            # equal to the cache's KV-head count (or any other of its sizes) holds only at batch
-            # sizes equal to it, and the next batch size compiles again.
-            with torch._inductor.config.patch(freezing=freeze), fx_config.patch(**no_duck):
+        def run(*args):
+            with freezing, no_duck:
                 return compiled(*args)
         self._compiled = run
         self.compile_mode = mode
