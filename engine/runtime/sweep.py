@@ -88,24 +88,48 @@ def add_scaling(rows: list[dict]) -> None:
             r["scaling_efficiency"] = round((r["tokens_per_s"] or 0.0) / ref, 4) if ref else None
 
 
+def add_speedup(rows: list[dict]) -> None:
+    """Speedup over `ar`: a run's tokens/s over that of the `ar` run of the same repetition,
+    pair, worker count and batch size (None where the grid has no such `ar` run)."""
+    ar = {(r["repetition"], r["pair"], r["workers"], r["batch_size"]): r["tokens_per_s"]
+          for r in rows if r["method"] == "ar"}
+    for r in rows:
+        base = ar.get((r["repetition"], r["pair"], r["workers"], r["batch_size"]))
+        r["speedup_vs_ar"] = round((r["tokens_per_s"] or 0.0) / base, 4) if base else None
+
+
+def schedule(grid: list[dict], repetitions: int) -> list[tuple[int, dict]]:
+    """The order runs are measured in: a repetition of every point, then the next, the grid
+    reversed in every second one. A machine that drifts (another load, clocks, a VM's
+    neighbours) then touches every point alike, and the runs that `add_speedup` compares
+    run next to each other."""
+    order = []
+    for rep in range(repetitions):
+        order += [(rep, p) for p in (grid if rep % 2 == 0 else grid[::-1])]
+    return order
+
+
 def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True) -> dict:
     """Run (or resume) every point; returns the sweep document (also written as sweep.json)."""
     storage = Storage(spec.storage)
     root = spec.output.uri
-    rows = []
     grid = points(spec)
-    for n, p in enumerate(grid, 1):
-        for rep in range(spec.sweep.repetitions):
-            uri = join(root, "points", f"{point_id(p)}-r{rep}")
-            done = join(uri, "summary.json")
-            if storage.exists(done):
-                summary = json.loads(storage.read_bytes(done))
-            else:
-                if progress:
-                    print(f"[{n}/{len(grid)}] {point_id(p)} repetition {rep}", flush=True)
-                summary = JobRunner(point_spec(spec, p, uri), address, progress=False, warmup=True).run()
-            rows.append(result_row(p, rep, summary))
+    runs = schedule(grid, spec.sweep.repetitions)
+    rows = []
+    for n, (rep, p) in enumerate(runs, 1):
+        uri = join(root, "points", f"{point_id(p)}-r{rep}")
+        done = join(uri, "summary.json")
+        if storage.exists(done):
+            summary = json.loads(storage.read_bytes(done))
+        else:
+            if progress:
+                print(f"[{n}/{len(runs)}] {point_id(p)} repetition {rep}", flush=True)
+            summary = JobRunner(point_spec(spec, p, uri), address, progress=False, warmup=True).run()
+        rows.append(result_row(p, rep, summary))
+    position = {point_id(p): i for i, p in enumerate(grid)}
+    rows.sort(key=lambda r: (position[r["point"]], r["repetition"]))  # grid order, as before
     add_scaling(rows)
+    add_speedup(rows)
     table = pa.Table.from_pylist(rows)
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
@@ -122,10 +146,11 @@ def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True) 
 
 
 def sweep_table(rows: list[dict]) -> str:
-    head = f"{'point':42s} {'tok/s':>9s} {'scaling':>8s} {'acc.len':>7s} {'slots':>6s}"
+    head = f"{'point':42s} {'tok/s':>9s} {'vs ar':>6s} {'scaling':>8s} {'acc.len':>7s} {'slots':>6s}"
     lines = [head, "-" * len(head)]
     for r in rows:
+        speedup = "-" if r["speedup_vs_ar"] is None else f"{r['speedup_vs_ar']:.2f}x"
         lines.append(f"{r['point'] + '-r' + str(r['repetition']):42s} {r['tokens_per_s'] or 0:9.1f} "
-                     f"{r['scaling_efficiency'] or 0:8.2f} {r['mean_accepted_length']:7.2f} "
+                     f"{speedup:>6s} {r['scaling_efficiency'] or 0:8.2f} {r['mean_accepted_length']:7.2f} "
                      f"{r['slot_utilisation'] or 0:6.2f}")
     return "\n".join(lines)

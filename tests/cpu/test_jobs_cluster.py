@@ -125,6 +125,7 @@ def test_sweep_over_worker_counts_produces_results_and_plots(cluster, kit_dir, t
     for r in table:
         assert r["tokens_per_s"] > 0 and r["rows"] == 6 and r["steady_s"] > 0
         assert r["method"] == "exact" and r["gamma"] == "2" and r["mean_accepted_length"] >= 1
+        assert r["speedup_vs_ar"] is None  # no `ar` point in this grid to compare with
         if r["workers"] == 1:
             assert r["scaling_efficiency"] == 1.0
         else:
@@ -134,3 +135,29 @@ def test_sweep_over_worker_counts_produces_results_and_plots(cluster, kit_dir, t
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     again = run_sweep(spec, progress=False)  # every point done: nothing re-measured
     assert [r["tokens_per_s"] for r in again["runs"]] == [r["tokens_per_s"] for r in doc["runs"]]
+
+
+def test_sweep_runs_repetitions_interleaved_and_compares_each_run_with_its_ar_run(kit_dir, tmp_path):
+    from engine.runtime.sweep import add_speedup, point_id, points, schedule
+
+    spec = job_spec(kit_dir, [str(tmp_path / "m.jsonl")], str(tmp_path / "sweep"), kind="sweep",
+                    sweep={"batch_sizes": [1, 4], "methods": ["ar", "pcg"], "thetas": [0.4, 0.5],
+                           "repetitions": 3})
+    grid = points(spec)
+    ids = [point_id(p) for p in grid]
+    assert ids == ["models-w1-b1-ar", "models-w1-b1-pcg-g3-t0.4", "models-w1-b1-pcg-g3-t0.5",
+                   "models-w1-b4-ar", "models-w1-b4-pcg-g3-t0.4", "models-w1-b4-pcg-g3-t0.5"]
+    order = [(rep, point_id(p)) for rep, p in schedule(grid, 3)]
+    assert order == [(0, i) for i in ids] + [(1, i) for i in reversed(ids)] + [(2, i) for i in ids]
+
+    rows = [{"repetition": rep, "pair": "models", "workers": 1, "batch_size": p["batch_size"],
+             "method": p["method"], "tokens_per_s": 10.0 * (rep + 1) * (1.5 if p["method"] == "pcg" else 1.0)}
+            for rep, p in schedule(grid, 3)]
+    rows.append({"repetition": 0, "pair": "other", "workers": 1, "batch_size": 1, "method": "pcg",
+                 "tokens_per_s": 12.0})  # a pair without an `ar` run: nothing to compare with
+    rows.append({"repetition": 1, "pair": "models", "workers": 1, "batch_size": 4, "method": "pcg",
+                 "tokens_per_s": None})  # a run that measured no steady window
+    add_speedup(rows)
+    # each run against the `ar` run of its own repetition (whose rate differs: 10, 20, 30)
+    assert [r["speedup_vs_ar"] for r in rows[:-2]] == [1.0 if r["method"] == "ar" else 1.5 for r in rows[:-2]]
+    assert rows[-2]["speedup_vs_ar"] is None and rows[-1]["speedup_vs_ar"] == 0.0
