@@ -31,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "work" / "llasa-1b-shape"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_job_throughput import interpreter  # noqa: E402  (the Python that ran this, as a reader types it)
 
 
 def manifest(path: Path, rows: int) -> Path:
@@ -164,8 +167,7 @@ def main() -> None:
     settings = {k: v for k, v in vars(args).items() if k not in ("kit", "out")}
     result = {
         "benchmark": "job_speedup", "machine": describe(args.device), "settings": settings,
-        "how": " ".join([".venv/bin/python" if sys.prefix.startswith(str(ROOT)) else Path(sys.executable).name,
-                         "benchmarks/bench_job_speedup.py", *sys.argv[1:]]),
+        "how": " ".join([interpreter(), "benchmarks/bench_job_speedup.py", *sys.argv[1:]]),
         "seconds": round(time.perf_counter() - t0, 1),
         "load_average": [load_start, round(os.getloadavg()[0], 2)],
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),  # as found (None: OpenMP's default)
