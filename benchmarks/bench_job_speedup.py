@@ -57,7 +57,7 @@ def job_spec(args, kit: Path, work: Path):
                   "gammas": [args.gamma], "thetas": [args.theta], "repetitions": args.reps},
         "input": {"manifests": [str(manifest(work / "rows.jsonl", args.rows))]},
         "output": {"uri": str(work / "out"), "audio_format": "flac"},
-        "resources": {"workers": 1, "cpus_per_worker": args.threads, "batch_size": args.batch_sizes[0],
+        "resources": {"workers": 1, "cpus_per_worker": args.threads,  # batch size: each point's
                       "rows_per_shard": args.rows_per_shard, "device": args.device,
                       "gpus_per_worker": 1 if args.device.startswith("cuda") else 0},
     })
