@@ -57,8 +57,12 @@ def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_g
     finally:
         processor.close()
     assert all(r["decoders"] == 1 for r in records)  # 4 temperatures, one batch
-    filled = sum(r["slot_rounds"] for r in records) / sum(r["slots"] for r in records)
-    assert filled > 0.75  # the old per-settings split left ~1 row per batch here
+    slots = sum(r["slots"] for r in records)
+    assert sum(r["split_slots"] for r in records) == 0  # no slot waited for another decoder's rows
+    # the old per-settings split left ~1 row of 8 per batch here; the rest of the empty slots is
+    # the end of the work, whose share depends on which rows the shards' arrival order leaves last
+    # (0.28 on a slow VM, under 0.25 on a fast one)
+    assert sum(r["slot_rounds"] for r in records) / slots > 0.5
     assert sum(r["decode_rounds"] for r in records) < sum(r["rounds"] for r in records) / 4
     # the decode thread over its rounds: CPU time within their wall time, switches counted
     assert all(isinstance(r["decode_waits"], int) and isinstance(r["decode_preempted"], int) for r in records)
