@@ -1,10 +1,12 @@
 """What int8 draft weights (`models.draft_weights: int8`, `Int8Linear`) buy on this CPU.
 
-Readings, draft weights native (bfloat16, prepacked) against int8, interleaved:
+Readings, draft weights native (in `dtype: auto`'s precision on this CPU: bfloat16 where it has
+native bf16 instructions, else float32; prepacked where oneDNN can) against int8, interleaved:
 
 1. the weights of one llasa-1b-shape draft step (3 layers' projections + the 65,537-row head),
-   each a distinct tensor so that none stays cached between calls, for 1, 2, 4, 8 rows: prepacked
-   bfloat16 (`PackedLinear`), `Int8Linear`, and ATen's weight-only `_weight_int8pack_mm`;
+   each a distinct tensor so that none stays cached between calls, for 1, 2, 4, 8 rows: native
+   (`PackedLinear`, or plain `F.linear` where prepacking is not supported), `Int8Linear`, and
+   ATen's weight-only `_weight_int8pack_mm`;
 2. a whole decode step (batch 1 and 8, 128 cached positions) of the llasa-1b-shape draft (layers
    0, 1, 15 of the preset's target) and of the tiny kit's draft (`--kit DIR`, default ./kit when
    it is one, else built into the cache), native and int8.
@@ -22,38 +24,49 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenM
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine.bench.presets import llasa_1b_shape, tiny_kit  # noqa: E402
 from engine.decoding.cost import forward_timer, interleaved_medians  # noqa: E402
-from engine.models.llama import PackedLinear  # noqa: E402
+from engine.models.device import auto_dtype  # noqa: E402
+from engine.models.llama import PackedLinear, prepack_supported  # noqa: E402
 from engine.models.loading import load_model  # noqa: E402
 from engine.models.quant import Int8Linear  # noqa: E402
 
 from machine import describe, write_result  # noqa: E402
 
 CPU = torch.device("cpu")
+NATIVE = auto_dtype(CPU)[0]
 LAYER = [(2048, 2048), (512, 2048), (512, 2048), (2048, 2048), (8192, 2048), (8192, 2048), (2048, 8192)]
+
+
+def native_label() -> str:
+    """The native reading's name: bf16_prepacked, float32_prepacked, bfloat16_plain, ..."""
+    short = "bf16" if NATIVE == torch.bfloat16 else str(NATIVE).removeprefix("torch.")
+    return f"{short}_{'prepacked' if prepack_supported(CPU, NATIVE) else 'plain'}"
 
 
 def matmuls(rows: list[int]) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
-    weights = [torch.randn(s, generator=gen).mul_(0.02).bfloat16() for s in LAYER * 3 + [(65537, 2048)]]
-    packed = [PackedLinear(w) for w in weights]
+    weights = [torch.randn(s, generator=gen).mul_(0.02).to(NATIVE) for s in LAYER * 3 + [(65537, 2048)]]
+    native = ([PackedLinear(w) for w in weights] if prepack_supported(CPU, NATIVE)
+              else [partial(F.linear, weight=w) for w in weights])
     int8 = [Int8Linear(w) for w in weights]
     pack8 = []
     for w in weights:
         scale = w.float().abs().amax(1) / 127
-        pack8.append(((w.float() / scale[:, None]).round().to(torch.int8), scale.bfloat16()))
+        pack8.append(((w.float() / scale[:, None]).round().to(torch.int8), scale.to(NATIVE)))
     out = []
     for n in rows:
-        x = torch.randn(n, 8192).bfloat16()
+        x = torch.randn(n, 8192).to(NATIVE)
         xs = {k: x[:, :k].contiguous() for k in (2048, 8192)}
-        fns = {"bf16_prepacked": lambda xs=xs: [m(xs[m.in_features]) for m in packed],
+        fns = {native_label(): lambda xs=xs: [m(xs[w.shape[1]]) for m, w in zip(native, weights)],
                "int8_linear": lambda xs=xs: [m(xs[m.in_features]) for m in int8],
                "aten_weight_int8pack_mm": lambda xs=xs: [torch.ops.aten._weight_int8pack_mm(xs[q.shape[1]], q, s)
                                                          for q, s in pack8]}
@@ -86,14 +99,16 @@ def main() -> None:
     doc = {"benchmark": "int8 against native draft weights: matmuls and decode steps",
            "how": "python benchmarks/bench_int8_draft.py " + " ".join(sys.argv[1:]),
            "machine": {**describe(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
-           "matmuls_one_draft_step_bf16": matmuls([int(r) for r in a.rows.split(",")])}
-    _, native = llasa_1b_shape(CPU, torch.bfloat16)
-    _, int8 = llasa_1b_shape(CPU, torch.bfloat16, draft_weights="int8")
+           "native_dtype": str(NATIVE).removeprefix("torch."),
+           f"matmuls_one_draft_step_{'bf16' if NATIVE == torch.bfloat16 else 'float32'}":
+               matmuls([int(r) for r in a.rows.split(",")])}
+    native = llasa_1b_shape(CPU, NATIVE)[1]  # the target is dropped at once (float32: 6 GB)
+    int8 = llasa_1b_shape(CPU, NATIVE, draft_weights="int8")[1]
     doc["steps"] = steps("llasa-1b-shape (layers 0, 1, 15)", native.model, int8.model)
     del native, int8
     kit = tiny_kit(a.kit)
-    doc["steps"] += steps("tiny kit", load_model(kit / "draft", CPU, "bfloat16").model,
-                          load_model(kit / "draft", CPU, "bfloat16", weights="int8").model)
+    doc["steps"] += steps("tiny kit", load_model(kit / "draft", CPU, NATIVE).model,
+                          load_model(kit / "draft", CPU, NATIVE, weights="int8").model)
     write_result(doc, a.out)
 
 

@@ -10,9 +10,10 @@ repetition at the same batch size (`speedup_vs_ar`), so a machine that drifts be
 touches the ratios little.
 
 Models: by default the target and distilled draft `benchmarks/llasa_1b_shape.sh` leaves in its
-work directory (Llasa-1B's shape, random weights; on a CPU the draft's weights in int8, as that
-script's bench uses them), the tiny kit's codec. Rows: the quickstart texts, cycled, every row
-`max_new_tokens` long in practice (the random-weight target rarely ends a row early).
+work directory (Llasa-1B's shape, random weights; on a CPU with VNNI or AMX int8 instructions the
+draft's weights in int8, as that script's bench uses them), the tiny kit's codec. Rows: the
+quickstart texts, cycled, every row `max_new_tokens` long in practice (the random-weight target
+rarely ends a row early).
 
     bash benchmarks/llasa_1b_shape.sh          # once: the target and its distilled draft (~45 min on 2 cores)
     .venv/bin/python benchmarks/bench_job_speedup.py [--reps 2] [--batch-sizes 1,2,4]
@@ -34,6 +35,8 @@ WORK = ROOT / "work" / "llasa-1b-shape"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_job_throughput import interpreter  # noqa: E402  (the Python that ran this, as a reader types it)
+
+from engine.models.quant import cpu_vnni  # noqa: E402
 
 
 def manifest(path: Path, rows: int) -> Path:
@@ -125,7 +128,7 @@ def main() -> None:
     ap.add_argument("--draft", default=str(WORK / "draft-kd"))
     ap.add_argument("--kit", default=str(ROOT / "kit"), help="the tiny kit, for its codec (built if missing)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--draft-weights", help="native or int8 (default: int8 on a CPU, native on a GPU)")
+    ap.add_argument("--draft-weights", help="native or int8 (default: int8 on a CPU with VNNI/AMX int8, else native)")
     ap.add_argument("--batch-sizes", default="1,2,4")
     ap.add_argument("--methods", default="ar,exact,pcg")
     ap.add_argument("--gamma", default="3", help="draft length (or auto)")
@@ -142,7 +145,7 @@ def main() -> None:
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     args.methods = args.methods.split(",")
     args.gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
-    args.draft_weights = args.draft_weights or ("native" if args.device.startswith("cuda") else "int8")
+    args.draft_weights = args.draft_weights or ("int8" if args.device == "cpu" and cpu_vnni() else "native")
     for name in ("target", "draft"):
         if not (Path(getattr(args, name)) / "config.json").is_file():
             sys.exit(f"no checkpoint at --{name} {getattr(args, name)}: run `bash benchmarks/llasa_1b_shape.sh` "

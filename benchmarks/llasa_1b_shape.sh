@@ -11,7 +11,7 @@
 # Every step is deterministic (fixed seeds, fixed step counts; no time budget). Rerunning resumes
 # the distillation from its last checkpoint. Overrides (environment): WORK (scratch dir), DEVICE,
 # DTYPE, SEEDS (target samples per training text), MAX_NEW (tokens per sample), STEPS, BATCH, LR,
-# LAYERS, DRAFT_WEIGHTS (the bench's draft: int8 on CPU, native on GPU), BATCHES, GAMMAS, THETAS, REPS, ITEMS (bench items per batch slot), COST_REPS, EVAL_TOKENS,
+# LAYERS, DRAFT_WEIGHTS (the bench's draft: int8 on a CPU with VNNI/AMX int8, else native), BATCHES, GAMMAS, THETAS, REPS, ITEMS (bench items per batch slot), COST_REPS, EVAL_TOKENS,
 # EVAL_TEXTS (a texts file; default: the built-in held-out texts), BENCH=0 (stop before the bench), OUT (result-file stem), TARGET (an existing
 # target directory instead of the preset: e.g. a tiny kit's target/, which is how the tests run
 # this chain in seconds).
@@ -24,7 +24,8 @@ if [ "$DEVICE" = cpu ]; then  # 2 cores: short samples, one epoch (a 2nd overfit
   DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-32}; MAX_NEW=${MAX_NEW:-128}; STEPS=${STEPS:-120}
   BATCH=${BATCH:-8}; LR=${LR:-3e-5}; BATCHES=${BATCHES:-1,2,4,8}; REPS=${REPS:-2}; ITEMS=${ITEMS:-1}
   CACHE=--cache-target; GEN_BATCH=32; CKPT=40
-  DRAFT_WEIGHTS=${DRAFT_WEIGHTS:-int8}  # the bench's draft: int8 halves its step's bytes (README)
+  # the bench's draft: int8 halves its step's bytes, where the CPU has VNNI/AMX int8 (README)
+  DRAFT_WEIGHTS=${DRAFT_WEIGHTS:-$($PY -c 'from engine.models.quant import cpu_vnni; print("int8" if cpu_vnni() else "native")')}
 else
   DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-16}; MAX_NEW=${MAX_NEW:-256}; STEPS=${STEPS:-1500}
   BATCH=${BATCH:-16}; LR=${LR:-1e-3}; BATCHES=${BATCHES:-1,2,4,8,16,32,64}; REPS=${REPS:-3}

@@ -170,7 +170,8 @@ class ModelsSpec(BaseModel):
         "How the draft stores its projections and head: native (in dtype) or int8 (CPU only, "
         "oneDNN: about half the bytes a draft step reads; acceptance may move a little, the "
         "target's distribution does not, since every rule corrects with the draft's "
-        "probabilities as computed). Needs compile none."))
+        "probabilities as computed). Needs compile none. Pays only on CPUs with VNNI or AMX int8 "
+        "instructions; on AVX2-only ones oneDNN's int8 kernel is slower than float32 (a warning says so)."))
 
     @model_validator(mode="after")
     def _int8_is_eager(self) -> ModelsSpec:

@@ -4,6 +4,7 @@ model (`org/name[@revision]`, `hf://...`) or an object-store URI (fetched to the
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from engine.io.storage import model_dir
 from engine.models.device import resolve_dtype
 from engine.models.llama import LlamaLM, LlamaShape, prepack_supported
 from engine.models.llasa import LlasaLayout
+from engine.models.quant import cpu_vnni
 
 HOW_TO_GET = (
     "Build the tiny kit with `pcg-synth kit build DIR`, pass a Hugging Face model id such as "
@@ -126,6 +128,9 @@ def ready_for_decoding(model: LlamaLM, prepack: bool | None = None, compile: str
     model.eval().requires_grad_(False)
     check_weights(weights, compile)
     if weights == "int8":
+        if not cpu_vnni():
+            warnings.warn("int8 weights on a CPU without VNNI/AMX int8 instructions (e.g. AVX2 only) run "
+                          "slower than native ones in oneDNN; draft_weights native is faster here", stacklevel=2)
         model.quantize_int8()
         return model
     if prepack is None:

@@ -37,12 +37,20 @@ def int8_supported(device: torch.device | str) -> bool:
             and hasattr(torch.ops.onednn, "qlinear_pointwise"))
 
 
+def cpu_vnni() -> bool:
+    """Whether this CPU has int8 dot-product instructions (VNNI, AMX int8), as torch detects them.
+    Without them oneDNN's int8 matmul is slower than float32: on the lab's AVX2-only EPYC a
+    llasa-1b-shape draft step took 1.28x float32's time at batch 1 and 1.50x at batch 8
+    (benchmarks/results/int8_draft_cpu_avx2.json), so int8 draft weights pay only with them."""
+    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    return any(caps.get(name) for name in VNNI)
+
+
 def weight_levels() -> int:
     """The largest weight magnitude in int8: 127 where the CPU sums uint8 x int8 products in
-    int32 (VNNI, AMX), else 63, so that the int16 pair sums of AVX2's kernel cannot saturate
+    int32 (`cpu_vnni`), else 63, so that the int16 pair sums of AVX2's kernel cannot saturate
     (see the module's docstring)."""
-    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
-    return 127 if any(caps.get(name) for name in VNNI) else 63
+    return 127 if cpu_vnni() else 63
 
 
 class Int8Linear(nn.Module):
