@@ -43,20 +43,16 @@ from machine import describe, write_result  # noqa: E402
 
 CPU = torch.device("cpu")
 NATIVE = auto_dtype(CPU)[0]
+NATIVE_NAME = "bf16" if NATIVE == torch.bfloat16 else str(NATIVE).removeprefix("torch.")  # as in result keys
 LAYER = [(2048, 2048), (512, 2048), (512, 2048), (2048, 2048), (8192, 2048), (8192, 2048), (2048, 8192)]
-
-
-def native_label() -> str:
-    """The native reading's name: bf16_prepacked, float32_prepacked, bfloat16_plain, ..."""
-    short = "bf16" if NATIVE == torch.bfloat16 else str(NATIVE).removeprefix("torch.")
-    return f"{short}_{'prepacked' if prepack_supported(CPU, NATIVE) else 'plain'}"
 
 
 def matmuls(rows: list[int]) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(s, generator=gen).mul_(0.02).to(NATIVE) for s in LAYER * 3 + [(65537, 2048)]]
-    native = ([PackedLinear(w) for w in weights] if prepack_supported(CPU, NATIVE)
-              else [partial(F.linear, weight=w) for w in weights])
+    packs = prepack_supported(CPU, NATIVE)
+    native = [PackedLinear(w) for w in weights] if packs else [partial(F.linear, weight=w) for w in weights]
+    label = f"{NATIVE_NAME}_{'prepacked' if packs else 'plain'}"  # bf16_prepacked, float32_prepacked, ...
     int8 = [Int8Linear(w) for w in weights]
     pack8 = []
     for w in weights:
@@ -66,7 +62,7 @@ def matmuls(rows: list[int]) -> list[dict]:
     for n in rows:
         x = torch.randn(n, 8192).to(NATIVE)
         xs = {k: x[:, :k].contiguous() for k in (2048, 8192)}
-        fns = {native_label(): lambda xs=xs: [m(xs[w.shape[1]]) for m, w in zip(native, weights)],
+        fns = {label: lambda xs=xs: [m(xs[w.shape[1]]) for m, w in zip(native, weights)],
                "int8_linear": lambda xs=xs: [m(xs[m.in_features]) for m in int8],
                "aten_weight_int8pack_mm": lambda xs=xs: [torch.ops.aten._weight_int8pack_mm(xs[q.shape[1]], q, s)
                                                          for q, s in pack8]}
@@ -100,8 +96,7 @@ def main() -> None:
            "how": "python benchmarks/bench_int8_draft.py " + " ".join(sys.argv[1:]),
            "machine": {**describe(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
            "native_dtype": str(NATIVE).removeprefix("torch."),
-           f"matmuls_one_draft_step_{'bf16' if NATIVE == torch.bfloat16 else 'float32'}":
-               matmuls([int(r) for r in a.rows.split(",")])}
+           f"matmuls_one_draft_step_{NATIVE_NAME}": matmuls([int(r) for r in a.rows.split(",")])}
     native = llasa_1b_shape(CPU, NATIVE)[1]  # the target is dropped at once (float32: 6 GB)
     int8 = llasa_1b_shape(CPU, NATIVE, draft_weights="int8")[1]
     doc["steps"] = steps("llasa-1b-shape (layers 0, 1, 15)", native.model, int8.model)
