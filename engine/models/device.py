@@ -15,11 +15,17 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     return torch.device(device)
 
 
-def cpu_bf16_instructions() -> list[str]:
-    """The native bfloat16 matrix instructions this CPU has (AVX512-BF16, AMX-BF16), as torch
-    detects them; empty where it has none (e.g. older x86, most ARM servers)."""
+def cpu_instructions(names: tuple[str, ...]) -> list[str]:
+    """Those of `names` (torch's names, e.g. `avx512_bf16`) this CPU has, as torch detects them;
+    empty where torch cannot tell."""
     caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
-    return [name for name in ("avx512_bf16", "amx_bf16") if caps.get(name)]
+    return [name for name in names if caps.get(name)]
+
+
+def cpu_bf16_instructions() -> list[str]:
+    """The native bfloat16 matrix instructions this CPU has (AVX512-BF16, AMX-BF16); empty where
+    it has none (e.g. older x86, most ARM servers)."""
+    return cpu_instructions(("avx512_bf16", "amx_bf16"))
 
 
 def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:

@@ -13,13 +13,14 @@ half-range before it is quantised to uint8 with a fixed scale, so a row's propos
 depend on which rows share its batch (integer products are exact, the rescaling is per row).
 A per-tensor dynamic scale, as `torch.ao`'s dynamic quantisation uses, would couple them.
 
-How many weight levels depends on the CPU (`weight_levels`). With VNNI or AMX int8 instructions
-oneDNN accumulates every uint8 x int8 product in int32, so weights use all of [-127, 127]. Without
-them (AVX2, AVX512 before VNNI) its kernel adds each pair of adjacent products in int16 with
-saturation first (`vpmaddubsw`), and 2 x 255 x 127 overflows int16: on the lab's AVX2-only EPYC a
-full-range layer's integer sums came back clipped (relative error 0.061 against the float product
-on the test's layer, where 7-bit weights give 0.015 and the exact integer sums). There weights use
-[-63, 63] (2 x 255 x 63 = 32,130 fits), as fbgemm's `reduce_range` does for the same reason.
+Weights use all of [-127, 127]. How many input levels depends on the CPU (`input_levels`). With
+VNNI or AMX int8 instructions oneDNN accumulates every uint8 x int8 product in int32, so a row
+takes uint8 128 +- 127. Without them (AVX2, AVX512 before VNNI) its kernel adds each pair of
+adjacent products in int16 with saturation first (`vpmaddubsw`), and 2 x 255 x 127 overflows
+int16: on the lab's AVX2-only EPYC a full-range layer's integer sums came back clipped (relative
+error 0.061 against the float product on the test's layer). There a row takes 64 +- 63 (uint8
+1..127; 2 x 127 x 127 = 32,258 fits), as fbgemm's `reduce_range` does for the same reason: the
+sums are exact and the test's layer is within 0.0193 of the float product.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-INPUT_LEVELS = 127  # inputs: uint8 128 +- 127 over the row's range
+from engine.models.device import cpu_instructions
+
+WEIGHT_LEVELS = 127  # weights: int8 in [-127, 127], one scale per output channel
 VNNI = ("avx512_vnni", "avx_vnni", "amx_int8")  # int32 accumulation of uint8 x int8 products
 
 
@@ -42,20 +45,19 @@ def cpu_vnni() -> bool:
     Without them oneDNN's int8 matmul is slower than float32: on the lab's AVX2-only EPYC a
     llasa-1b-shape draft step took 1.28x float32's time at batch 1 and 1.50x at batch 8
     (benchmarks/results/int8_draft_cpu_avx2.json), so int8 draft weights pay only with them."""
-    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
-    return any(caps.get(name) for name in VNNI)
+    return bool(cpu_instructions(VNNI))
 
 
-def weight_levels() -> int:
-    """The largest weight magnitude in int8: 127 where the CPU sums uint8 x int8 products in
-    int32 (`cpu_vnni`), else 63, so that the int16 pair sums of AVX2's kernel cannot saturate
-    (see the module's docstring)."""
+def input_levels() -> int:
+    """How far a row's uint8 input reaches either side of its zero point (`levels + 1`): 127
+    where the CPU sums uint8 x int8 products in int32 (`cpu_vnni`), else 63, so that the int16
+    pair sums of AVX2's kernel cannot saturate (see the module's docstring)."""
     return 127 if cpu_vnni() else 63
 
 
 class Int8Linear(nn.Module):
-    """`y = x W^T + b` with W in int8 (per-output-channel scale, magnitudes up to
-    `weight_levels()`) and x quantised per row.
+    """`y = x W^T + b` with W in int8 (per-output-channel scale) and x quantised per row to
+    uint8 `levels + 1 +- levels` (`input_levels()`).
 
     With `c` and `r` a row's midpoint and half-range, `x = c + r z` where `z` lies in [-1, 1];
     `W x = c (W 1) + r (W z)`, and `W z` runs as a uint8 x int8 product in oneDNN.
@@ -68,14 +70,14 @@ class Int8Linear(nn.Module):
                              " (use bfloat16 weights there)")
         w = weight.detach().float()
         self.out_features, self.in_features = w.shape
-        self.levels = weight_levels()
-        scale = (w.abs().amax(1) / self.levels).clamp(min=torch.finfo(torch.float32).tiny)
-        q = (w / scale[:, None]).round().clamp(-self.levels, self.levels).to(torch.int8)
+        self.levels = input_levels()
+        scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
+        q = (w / scale[:, None]).round().clamp(-WEIGHT_LEVELS, WEIGHT_LEVELS).to(torch.int8)
         self.register_buffer("weight", torch.ops.onednn.qlinear_prepack(q, None), persistent=False)
         # The kernel is asked for the bare integer sums (unit scales): how oneDNN rescales them
         # differs in the last bit between its kernels for 1-2 rows and for more, so the scales
         # are applied here, elementwise, to keep a row's result independent of its batch.
-        self.register_buffer("col_scale", scale / INPUT_LEVELS, persistent=False)
+        self.register_buffer("col_scale", scale / self.levels, persistent=False)
         self.register_buffer("unit", torch.ones(len(scale)), persistent=False)
         self.register_buffer("w_zero", torch.zeros(len(scale), dtype=torch.long), persistent=False)
         self.register_buffer("row_sum", (q.float() * scale[:, None]).sum(1), persistent=False)
@@ -90,8 +92,9 @@ class Int8Linear(nn.Module):
         xf = x.reshape(-1, self.in_features).float()
         hi, lo = xf.amax(-1, keepdim=True), xf.amin(-1, keepdim=True)
         mid, half = (hi + lo) / 2, ((hi - lo) / 2).clamp(min=torch.finfo(torch.float32).tiny)
-        z = ((xf - mid) / half * INPUT_LEVELS).round_().add_(128).to(torch.uint8)
-        sums = torch.ops.onednn.qlinear_pointwise(z, 1.0, 128, self.weight, self.unit, self.w_zero, None,
+        zero = self.levels + 1
+        z = ((xf - mid) / half * self.levels).round_().add_(zero).to(torch.uint8)
+        sums = torch.ops.onednn.qlinear_pointwise(z, 1.0, zero, self.weight, self.unit, self.w_zero, None,
                                                   1.0, 0, torch.float32, "none", [], "")
         y = sums * self.col_scale * half + mid * self.row_sum
         if self.bias is not None:
