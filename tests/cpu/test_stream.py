@@ -37,9 +37,18 @@ def manifest_with_temperatures(path: Path, n: int) -> tuple[Path, list[dict]]:
     return write_manifest(path, rows), rows
 
 
-def run_shards(processor: ShardProcessor, spec) -> list[dict]:
+def run_shards(processor: ShardProcessor, spec, together: bool = False) -> list[dict]:
+    """Submit every shard of the plan (all held at once, as an actor's window). `together`: the
+    decode thread starts its first round only once all are prepared, so every shard is admitted
+    before it and the rounds do not depend on how fast shards are read."""
     plan = make_plan(spec, processor.storage)
-    futures = [processor.submit(s) for s in plan.shards]  # all held at once, as an actor's window
+    gate = threading.Event()
+    if together:
+        processor.stream.on_decode_thread(gate.wait)
+    try:
+        futures = [processor.submit(s) for s in plan.shards]
+    finally:
+        gate.set()
     return [f.result(timeout=600) for f in futures]
 
 
@@ -50,19 +59,18 @@ def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_g
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
                     models={"dtype": "float64"},
                     decoding={"method": "pcg", "max_new_tokens": 20, "seed": 3},
-                    resources={"workers": 1, "batch_size": 8, "rows_per_shard": 4})
+                    resources={"workers": 1, "batch_size": 8, "rows_per_shard": 4, "admission": "arrival"})
     processor = ShardProcessor(spec, kit_groups)
     try:
-        records = run_shards(processor, spec)
+        records = run_shards(processor, spec, together=True)
     finally:
         processor.close()
     assert all(r["decoders"] == 1 for r in records)  # 4 temperatures, one batch
-    slots = sum(r["slots"] for r in records)
-    assert sum(r["split_slots"] for r in records) == 0  # no slot waited for another decoder's rows
-    # the old per-settings split left ~1 row of 8 per batch here; the rest of the empty slots is
-    # the end of the work, whose share depends on which rows the shards' arrival order leaves last
-    # (0.28 on a slow VM, under 0.25 on a fast one)
-    assert sum(r["slot_rounds"] for r in records) / slots > 0.5
+    # no slot waited for another decoder's rows, nor for a shard (all admitted before round one)
+    assert sum(r["split_slots"] + r["starved_slots"] for r in records) == 0
+    slot_rounds, slots = sum(r["slot_rounds"] for r in records), sum(r["slots"] for r in records)
+    # 4 rows per temperature: a decoder per temperature would fill at most 4 slots of 8
+    assert slot_rounds / slots > 0.5
     assert sum(r["decode_rounds"] for r in records) < sum(r["rounds"] for r in records) / 4
     # the decode thread over its rounds: CPU time within their wall time, switches counted
     assert all(isinstance(r["decode_waits"], int) and isinstance(r["decode_preempted"], int) for r in records)
@@ -79,6 +87,11 @@ def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_g
     synth.set_groups(kit_groups)
     items = [SynthesisItem(text=r["text"], id=r["id"], temperature=r["temperature"],
                            max_new_tokens=r.get("max_new_tokens")) for r in rows]
+    # the rest of the empty slots is the end of the work: exactly as many as one batch of these
+    # rows leaves when they are all given at once (the shards' split costs nothing)
+    together, one_batch = synth.synthesize(items, spec.decoding, batch_size=8, admission="arrival")
+    assert (slot_rounds, slots) == (one_batch.slot_rounds, one_batch.decode_rounds * 8)
+    assert {r.id: r.codes for r in together} == out
     results, _ = synth.synthesize(items, spec.decoding, batch_size=3, admission="arrival")
     assert {r.id: r.codes for r in results} == out  # seeds from ids, not from scheduling or order
 
