@@ -10,11 +10,9 @@ streamed one at a time from the source's safetensors and written in bounded shar
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -27,6 +25,8 @@ from engine.console import bar_disabled
 from engine.io.storage import model_dir
 from engine.models.llasa import LlasaLayout
 from engine.models.loading import (
+    DRAFT_INFO,
+    WEIGHT_SUFFIXES,
     LoadedModel,
     check_same_vocabulary,
     load_tokenizer,
@@ -35,10 +35,8 @@ from engine.models.loading import (
 )
 
 LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
 NOT_COPIED = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
               "README.md", ".gitattributes", "training.json", "train_log.jsonl"}
-DRAFT_INFO = "pcg_draft.json"
 DEFAULT_SHARD_BYTES = 2 * 1024**3
 
 
@@ -73,35 +71,11 @@ def check_layers(layers: Sequence[int], num_layers: int, source: Path) -> list[i
     return layers
 
 
-_TOKENIZERS: OrderedDict[str, object] = OrderedDict()  # content digest -> tokenizer
-
-
-def tokenizer_digest(path: Path) -> str:
-    """SHA-256 of a checkpoint's tokenizer-side files (everything but weights and configs)."""
-    digest = hashlib.sha256()
-    for f in sorted(Path(path).iterdir()):
-        if f.is_file() and f.name not in NOT_COPIED | {DRAFT_INFO} and not f.name.endswith(WEIGHT_SUFFIXES):
-            digest.update(f.name.encode() + b"\0" + f.read_bytes())
-    return digest.hexdigest()
-
-
-def cached_tokenizer(path: Path):
-    """The checkpoint's tokenizer, reused for identical tokenizer files: a Llasa tokenizer (65k
-    added tokens) takes seconds to load, and one command checks a target and its drafts."""
-    key = tokenizer_digest(path)
-    if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = load_tokenizer(path)
-        while len(_TOKENIZERS) > 4:
-            _TOKENIZERS.popitem(last=False)
-    _TOKENIZERS.move_to_end(key)
-    return _TOKENIZERS[key]
-
-
 def vocabulary_view(path: str | Path) -> LoadedModel:
     """Tokenizer, layout and config of a checkpoint without its weights (for vocabulary checks)."""
     path = model_dir(path)
     config = read_config(path)
-    tokenizer = cached_tokenizer(path)
+    tokenizer = load_tokenizer(path)
     layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
     return LoadedModel(path=path, model=None, tokenizer=tokenizer, layout=layout, config=config)
 

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from engine.cli import main as draft_cli
 from engine.draft.init import init_draft, vocabulary_view
-from engine.models.loading import load_model, safetensors_files
+from engine.models.loading import load_model, load_tokenizer, safetensors_files
 
 
 def all_tensors(path) -> dict:
@@ -103,6 +103,20 @@ def test_mismatched_vocabulary_is_refused_with_a_clear_error(kit_dir, tmp_path):
     with pytest.raises(ValueError, match="different tokenizer vocabularies: a draft must share"):
         init_draft(kit_dir / "target", tmp_path / "d", source=other)
     assert not (tmp_path / "d").exists()  # refused before writing anything
+
+
+def test_identical_tokenizer_files_load_once_and_changed_ones_anew(kit_dir, tmp_path):
+    target = load_tokenizer(kit_dir / "target")
+    assert load_tokenizer(kit_dir / "draft") is target  # the kit's draft carries the target's files
+    other = tmp_path / "other"
+    shutil.copytree(kit_dir / "draft", other)
+    (other / "pcg_draft.json").write_text("{}")  # how a draft was made: no part of its tokenizer
+    assert load_tokenizer(other) is target
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 4096}))
+    changed = load_tokenizer(other)
+    assert changed is not target and changed.model_max_length == 4096 != target.model_max_length
+    assert load_tokenizer(kit_dir / "target") is target
 
 
 @pytest.mark.parametrize("layers, message", [
