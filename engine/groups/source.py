@@ -13,7 +13,13 @@ from safetensors import safe_open
 
 from engine.io.storage import model_dir
 from engine.models.llasa import LlasaLayout
-from engine.models.loading import ModelLoadError, load_tokenizer, read_config, safetensors_files
+from engine.models.loading import (
+    WEIGHT_SUFFIXES,
+    ModelLoadError,
+    load_tokenizer,
+    read_config,
+    safetensors_files,
+)
 
 SOURCES = ("input_embeddings", "lm_head")
 
@@ -85,7 +91,6 @@ def embeddings_sha256(embeddings: torch.Tensor | np.ndarray) -> str:
 # ---- from object storage: only the rows the groups need ---------------------------------------
 
 ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".onnx")
 
 
 def safetensors_header(storage, uri: str) -> tuple[dict, int]:

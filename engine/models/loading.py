@@ -21,7 +21,7 @@ from engine.models.llama import LlamaLM, LlamaShape, prepack_supported
 from engine.models.llasa import LlasaLayout
 from engine.models.quant import cpu_vnni
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
 DRAFT_INFO = "pcg_draft.json"  # how a draft was made (engine/draft): no part of its tokenizer
 # files of a checkpoint that no tokenizer reads (configs, indexes, training records)
 NOT_TOKENIZER = {"config.json", "generation_config.json", "model.safetensors.index.json",
