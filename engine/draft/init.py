@@ -26,6 +26,7 @@ from engine.io.storage import model_dir
 from engine.models.llasa import LlasaLayout
 from engine.models.loading import (
     DRAFT_INFO,
+    NOT_COPIED,
     WEIGHT_SUFFIXES,
     LoadedModel,
     check_same_vocabulary,
@@ -35,8 +36,6 @@ from engine.models.loading import (
 )
 
 LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-NOT_COPIED = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
-              "README.md", ".gitattributes", "training.json", "train_log.jsonl"}
 DEFAULT_SHARD_BYTES = 2 * 1024**3
 
 

@@ -23,10 +23,10 @@ from engine.models.quant import cpu_vnni
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
 DRAFT_INFO = "pcg_draft.json"  # how a draft was made (engine/draft): no part of its tokenizer
-# files of a checkpoint that no tokenizer reads (configs, indexes, training records)
-NOT_TOKENIZER = {"config.json", "generation_config.json", "model.safetensors.index.json",
-                 "pytorch_model.bin.index.json", "README.md", ".gitattributes", "training.json",
-                 "train_log.jsonl", DRAFT_INFO}
+# a checkpoint's config, weight index and records: what a draft does not copy from its source
+NOT_COPIED = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
+              "README.md", ".gitattributes", "training.json", "train_log.jsonl"}
+NOT_TOKENIZER = NOT_COPIED | {"generation_config.json", DRAFT_INFO}  # files no tokenizer reads
 TOKENIZERS_KEPT = 4
 
 HOW_TO_GET = (
