@@ -172,9 +172,9 @@ def tokenizer_digest(path: Path) -> str:
 def load_tokenizer(path: Path):
     """The checkpoint's tokenizer, shared by every load of identical tokenizer files in this
     process (a target and its draft; every model a process loads again): transformers takes
-    4-8 s to build a Llasa tokenizer (65,549 added tokens) on the 2-core AVX2-only EPYC. The
-    engine only reads it (encodes without truncation or padding, so concurrent use never changes
-    its settings); callers must not modify it."""
+    4-8 s to build the kit's Llasa tokenizer (65,549 added tokens) on the 2-core AVX2-only
+    EPYC. The engine only reads it (encodes without truncation or padding, so concurrent use
+    never changes its settings); callers must not modify it."""
     from transformers import AutoTokenizer
 
     try:
