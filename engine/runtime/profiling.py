@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterator
 
 import torch
+from torch.autograd import DeviceType
 
 ROUND = "pcg_synth.round"  # the record_function label around each profiled round
 TOP_OPS = 25
@@ -49,10 +50,12 @@ class RoundProfiler:
 
     @contextlib.contextmanager
     def round(self) -> Iterator[None]:
-        """Wrap one round of the loop."""
+        """Wrap one round of the loop. Once the rounds asked for are recorded the profile is
+        `due`: the loop calls `finish()` then, outside the time it measures its rounds by (on a
+        GPU, reducing a profile's events took longer than the rounds themselves)."""
         if self.prof is None and self.done is None and self.rounds and self.seen >= self.skip:
             self.start()
-        if self.prof is None:
+        if self.prof is None or self.due:
             self.seen += 1
             yield
             return
@@ -60,8 +63,11 @@ class RoundProfiler:
             yield
         self.seen += 1
         self.profiled += 1
-        if self.profiled >= self.rounds:
-            self.finish()
+
+    @property
+    def due(self) -> bool:
+        """The rounds asked for are recorded and the profile waits for `finish()`."""
+        return self.prof is not None and self.profiled >= self.rounds
 
     def start(self) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -112,7 +118,8 @@ def device_us(event) -> float:
 
 def summarise(events, asked: int, skip: int, cuda: bool) -> dict:
     """Figures per round from the profiled rounds' events (times in milliseconds)."""
-    marks = [e for e in events if e.name == ROUND]
+    # the rounds' CPU-side marks (on CUDA each mark is also recorded on the device's timeline)
+    marks = [e for e in events if e.name == ROUND and e.device_type == DeviceType.CPU]
     walls, in_ops, op_counts, device = [], [], [], 0.0
     by_name: dict[str, list[float]] = {}  # name -> [calls, self us, total us]
     runtime: dict[str, list[float]] = {}  # CUDA runtime/driver calls: [calls, us]

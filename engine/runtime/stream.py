@@ -315,8 +315,8 @@ class ShardStream:
                 if task.remaining == 0:
                     self.decoding.remove(task)
                     finished.append(task)
-            if self.profiler and self.session.idle:
-                self.profiler.finish()  # the batch ran empty: the profile ends here
+            if self.profiler and (self.profiler.due or self.session.idle):
+                self.profiler.finish()  # its rounds recorded, or the batch ran empty: the profile ends here
             for task in finished:
                 self.hand_off(task)
 

@@ -346,3 +346,22 @@ def test_a_worker_profiles_the_rounds_asked_and_writes_them_with_a_shard(kit_dir
     everything, rounds_run = figures["all"]
     assert everything["asked_rounds"] == 100_000 and everything["rounds"] == rounds_run > 3
     assert "trace" not in everything
+
+
+def test_a_profile_is_reduced_between_rounds_not_inside_one():
+    """The round that completes a profile's rounds does not reduce it (on a GPU that took longer
+    than the rounds themselves, inside a round it would count as decoding time): the profile is
+    `due`, the loop calls `finish()` outside its timed round, and later rounds are not recorded."""
+    from engine.runtime.profiling import RoundProfiler
+
+    profiler = RoundProfiler(2, skip=1)
+    states = []
+    for _ in range(5):
+        with profiler.round():
+            torch.ones(8) @ torch.ones(8)
+        states.append((profiler.due, profiler.done is not None))
+        if profiler.due:
+            profiler.finish()
+    assert states == [(False, False), (False, False), (True, False), (False, True), (False, True)]
+    profile = profiler.take()
+    assert profile["rounds"] == 2 and profile["skipped_rounds"] == 1 and profile["torch_ops_per_round"] >= 1
