@@ -24,6 +24,7 @@ from engine.models.quant import Int8Linear
 LogitsAt = Literal["all", "last", "none", "hidden"]
 COMPILED_MAX_WIDTH = 16  # tokens per row up to which a compiled model runs its graph (not prefills)
 KV_BUCKET = 64  # a compiled step reads keys up to a multiple of this (bounded graph count)
+GROUPED_SCORES_BYTES = 256 * 2**20  # float32 scores one `grouped_attention` call holds at once
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,36 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)` in
+    plain torch ops, scores and softmax in float32: q `[b, H, T, D]`, keys/values `[b, H_kv, L,
+    D]` (query head h reads KV head h // (H / H_kv)), mask `[b, 1, T, L]` bool (True = attend).
+
+    Why on CUDA: torch 2.11 dispatches masked grouped-query attention to cuDNN's kernel on
+    Hopper (H100/H200); torch caches a cuDNN graph per shape, and a decode loop's key length
+    grows every round and every prompt length is new. Measured on an H100 (profiled decode
+    rounds, benchmarks/results/job_throughput_cuda_llasa_1b_shape_h100_probe.md) each such call
+    took 0.50 ms of host time, 13 times a matrix product's, and a process's first run decoded 7-17 %
+    slower than its second. These few ops set nothing up per shape, and the query heads of a KV
+    head share one batched product (the keys are not repeated per query head). Rows are taken in
+    chunks whose scores fit `GROUPED_SCORES_BYTES` (long prefills of many rows)."""
+    b, heads, t, d = q.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    qg = q.reshape(b, kv_heads, group * t, d).float() * d ** -0.5  # rows of one KV head together
+    attend = mask[:, :, None]  # [b, 1, 1, T, L] against scores [b, H_kv, group, T, L]
+    chunk = b if torch.compiler.is_compiling() else max(1, GROUPED_SCORES_BYTES // (heads * t * length * 4))
+    out = []
+    for i in range(0, b, chunk):
+        scores = torch.matmul(qg[i:i + chunk], keys[i:i + chunk].float().transpose(-1, -2))
+        n = scores.shape[0]
+        scores = torch.where(attend[i:i + chunk], scores.view(n, kv_heads, group, t, length), float("-inf"))
+        weights = scores.softmax(-1).view(n, kv_heads, group * t, length)
+        out.append(torch.matmul(weights, values[i:i + chunk].float()))
+    return (out[0] if len(out) == 1 else torch.cat(out)).to(q.dtype).view(b, heads, t, d)
+
+
 class Attention(nn.Module):
     def __init__(self, shape: LlamaShape) -> None:
         super().__init__()
@@ -95,6 +126,7 @@ class Attention(nn.Module):
         layer: int,
         slots: torch.Tensor | None,
         positions: torch.Tensor,  # [b, T]
+        grouped: bool = False,  # `grouped_attention` instead of torch's SDPA
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
@@ -104,7 +136,10 @@ class Attention(nn.Module):
         write_slots = slots if slots is not None else torch.arange(b, device=x.device)
         cache.write(layer, write_slots, positions, k, v)
         keys, values = cache.read(layer, slots, mask.shape[-1])  # [b, H_kv, kv_len, D]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        if grouped:
+            out = grouped_attention(q, keys, values, mask)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -213,6 +248,9 @@ class LlamaLM(nn.Module):
         self.packed_head: PackedLinear | None = None
         self._compiled = None
         self.compile_mode = "none"
+        # attention: `sdpa` (torch's dispatcher), `grouped` (`grouped_attention`), or `auto`:
+        # grouped on CUDA, SDPA elsewhere (a CPU's fused kernel, pinned against transformers)
+        self.attention = "auto"
 
     def prepack(self) -> None:
         """Store every projection and the head in oneDNN's blocked layout (see `PackedLinear`);
@@ -364,10 +402,11 @@ class LlamaLM(nn.Module):
         key_pos = torch.arange(kv_len, device=tokens.device)
         mask = key_pos[None, None, None, :] <= positions[:, None, :, None]  # [b, 1, T, kv_len]
         cos, sin = self.rope(positions)
+        grouped = self.attention == "grouped" or (self.attention == "auto" and tokens.is_cuda)
         x = self.model.embed_tokens(tokens)  # [b, T, h]
         for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
-            x = x + layer.self_attn(h, cos, sin, mask, cache, i, slots, positions)
+            x = x + layer.self_attn(h, cos, sin, mask, cache, i, slots, positions, grouped)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         if logits_at == "none":
             return None

@@ -1,5 +1,6 @@
 """Our Llama forward against transformers' LlamaForCausalLM: prefill, then incremental steps,
-rows of different lengths in one batch, GQA and llama3 rope scaling (the kit uses both)."""
+rows of different lengths in one batch, GQA and llama3 rope scaling (the kit uses both); with
+torch's SDPA (the CPU's default) and with `grouped_attention` (CUDA's)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+import engine.models.llama as llama
+from engine.models.llama import grouped_attention
 from engine.models.loading import ModelLoadError, load_model
 
 
@@ -17,12 +20,19 @@ def pair(kit_dir):
     return ours, ref
 
 
+@pytest.fixture(params=["sdpa", "grouped"])
+def attention(request, pair):
+    pair[0].model.attention = request.param
+    yield request.param
+    pair[0].model.attention = "auto"
+
+
 def reference_logits(ref, ids, columns):
     with torch.no_grad():
         return ref(torch.tensor([ids])).logits[0][:, columns]
 
 
-def test_prefill_and_incremental_match_transformers_with_ragged_rows(pair):
+def test_prefill_and_incremental_match_transformers_with_ragged_rows(pair, attention):
     ours, ref = pair
     model, columns = ours.model, ours.model.output_token_ids
     gen = torch.Generator().manual_seed(0)
@@ -50,7 +60,7 @@ def test_prefill_and_incremental_match_transformers_with_ragged_rows(pair):
             assert torch.allclose(logits[i], ref_logits, atol=1e-4, rtol=1e-4), (step, i)
 
 
-def test_cache_slots_let_rows_live_anywhere_in_the_batch(pair):
+def test_cache_slots_let_rows_live_anywhere_in_the_batch(pair, attention):
     ours, ref = pair
     model, columns = ours.model, ours.model.output_token_ids
     ids = list(range(700, 712))
@@ -59,6 +69,28 @@ def test_cache_slots_let_rows_live_anywhere_in_the_batch(pair):
     model(torch.tensor([ids[:-1]]), torch.arange(11)[None], cache, 16, slots=slot, logits_at="none")
     last = model(torch.tensor([ids[-1:]]), torch.tensor([[11]]), cache, 16, slots=slot)
     assert torch.allclose(last[0, 0], reference_logits(ref, ids, columns)[-1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_attention_is_torchs_masked_grouped_query_attention(monkeypatch, dtype):
+    """Query heads sharing a KV head, several query positions per row at per-row positions,
+    rows split into chunks (a scores budget of one row): torch's SDPA, computed in float32."""
+    gen = torch.Generator().manual_seed(1)
+    for b, heads, kv_heads, t, length, d in [(3, 8, 2, 1, 17, 16), (2, 4, 4, 5, 9, 8), (4, 6, 3, 7, 40, 16)]:
+        q = torch.randn(b, t, heads, d, generator=gen).to(dtype).transpose(1, 2)  # strided, as in the model
+        k, v = (torch.randn(b, kv_heads, length, d, generator=gen).to(dtype) for _ in range(2))
+        last = torch.randint(t - 1, length, (b, 1), generator=gen)
+        positions = last - torch.arange(t).flip(0)  # [b, T], each row's own
+        mask = torch.arange(length)[None, None, None, :] <= positions[:, None, :, None]
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                                enable_gqa=True)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2  # bfloat16: the output's own rounding
+        out = grouped_attention(q, k, v, mask)
+        assert out.dtype == dtype and out.shape == (b, heads, t, d)
+        assert torch.allclose(out.float(), ref, atol=tol, rtol=tol)
+        monkeypatch.setattr(llama, "GROUPED_SCORES_BYTES", heads * t * length * 4)
+        assert torch.equal(grouped_attention(q, k, v, mask), out)
+        monkeypatch.undo()
 
 
 def test_head_is_restricted_to_speech_and_end_of_speech(pair):

@@ -33,6 +33,24 @@ def test_cuda_logits_match_cpu(kit_dir):
     assert torch.allclose(out, ref, atol=2e-3, rtol=2e-3)
 
 
+def test_cuda_attention_is_grouped_with_no_per_shape_setup(kit_dir):
+    """On CUDA a forward attends with `grouped_attention`, not torch's SDPA (whose cuDNN kernel,
+    first on Hopper, builds a graph per new shape): no SDPA op in bfloat16 steps at growing key
+    lengths (its logits against the CPU's SDPA: `test_cuda_logits_match_cpu`)."""
+    from engine.models.loading import load_model
+
+    model = load_model(kit_dir / "target", device="cuda", dtype="bfloat16").model
+    cache = model.new_cache(2, 96)
+    model(torch.arange(700, 740, device="cuda").expand(2, -1), torch.arange(40, device="cuda").expand(2, -1),
+          cache, 40, logits_at="none")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for n in range(40, 48):
+            tokens, pos = torch.full((2, 1), 800 + n, device="cuda"), torch.full((2, 1), n, device="cuda")
+            logits = model(tokens, pos, cache, n + 1)
+    assert logits.shape == (2, 1, model.vocab_out) and torch.isfinite(logits).all()
+    assert not [e.name for e in prof.events() if "attention" in e.name], "a torch attention op ran"
+
+
 def test_sampled_pcg_runs_in_bfloat16(kit_dir):
     synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="bfloat16")
     results, summary = synth.synthesize(TEXTS, DecodingSettings(method="pcg", max_new_tokens=32), batch_size=4)
