@@ -695,6 +695,12 @@ def main() -> None:
                 for a in order:
                     runs[name][f"alone_{a}"].append(run_alone(synth, spec, rows[name], a))
                     print(name, "alone", a, runs[name][f"alone_{a}"][-1], flush=True)
+                for a in order:
+                    runs[name][f"job_{a}"].append(run_job(spec, rep, a))
+                    print(name, "job", a, runs[name][f"job_{a}"][-1], flush=True)
+                # the result so far after every workload's jobs: a run cut short (a lent GPU's
+                # time limit) still leaves the comparisons it finished; the probe comes after them
+                report(args, runs, models, label, dtype, synth, load_start, t0, out)
                 if args.probe:
                     runs[name]["alone_thread_arrival"].append(run_alone_in_thread(synth, spec, rows[name], "arrival"))
                     first, again = run_alone_in_actor(models, spec, rows[name], "arrival", args.device)
@@ -703,12 +709,7 @@ def main() -> None:
                     runs[name]["stream_in_process_arrival"].append(run_stream_in_process(spec, rep, "arrival"))
                     print(name, "alone on a thread / in an actor; the worker in this process",
                           [rate(runs[name][k][-1]) for k in PROBES[1:]], flush=True)
-                for a in order:
-                    runs[name][f"job_{a}"].append(run_job(spec, rep, a))
-                    print(name, "job", a, runs[name][f"job_{a}"][-1], flush=True)
-                # the result so far after every workload: a run cut short (a lent GPU's time
-                # limit) still leaves the workloads it finished
-                report(args, runs, models, label, dtype, synth, load_start, t0, out)
+                    report(args, runs, models, label, dtype, synth, load_start, t0, out)
             if args.before:
                 before = run_before(Path(args.before), kit, work, args.threads, rep)
                 for name, _ in workloads:
