@@ -95,15 +95,20 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     group = heads // kv_heads
     qg = q.reshape(b, kv_heads, group * t, d).float() * d ** -0.5  # rows of one KV head together
     attend = mask[:, :, None]  # [b, 1, 1, T, L] against scores [b, H_kv, group, T, L]
-    chunk = b if torch.compiler.is_compiling() else max(1, GROUPED_SCORES_BYTES // (heads * t * length * 4))
-    out = []
-    for i in range(0, b, chunk):
-        scores = torch.matmul(qg[i:i + chunk], keys[i:i + chunk].float().transpose(-1, -2))
+
+    def rows(qs, ks, vs, att):
+        scores = torch.matmul(qs, ks.float().transpose(-1, -2))  # [n, H_kv, group * T, L]
         n = scores.shape[0]
-        scores = torch.where(attend[i:i + chunk], scores.view(n, kv_heads, group, t, length), float("-inf"))
-        weights = scores.softmax(-1).view(n, kv_heads, group * t, length)
-        out.append(torch.matmul(weights, values[i:i + chunk].float()))
-    return (out[0] if len(out) == 1 else torch.cat(out)).to(q.dtype).view(b, heads, t, d)
+        scores = torch.where(att, scores.view(n, kv_heads, group, t, length), float("-inf"))
+        return torch.matmul(scores.softmax(-1).view(n, kv_heads, group * t, length), vs.float())
+
+    chunk = b if torch.compiler.is_compiling() else max(1, GROUPED_SCORES_BYTES // (heads * t * length * 4))
+    if chunk >= b:  # a decode step's rows: one pass (and the only one inside a compiled graph)
+        out = rows(qg, keys, values, attend)
+    else:
+        out = torch.cat([rows(qg[i:i + chunk], keys[i:i + chunk], values[i:i + chunk], attend[i:i + chunk])
+                         for i in range(0, b, chunk)])
+    return out.to(q.dtype).view(b, heads, t, d)
 
 
 class Attention(nn.Module):
