@@ -89,7 +89,8 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     took 0.50 ms of host time, 13 times a matrix product's, and a process's first run decoded 7-17 %
     slower than its second. These few ops set nothing up per shape, and the query heads of a KV
     head share one batched product (the keys are not repeated per query head). Rows are taken in
-    chunks whose scores fit `GROUPED_SCORES_BYTES` (long prefills of many rows)."""
+    chunks whose scores fit `GROUPED_SCORES_BYTES`, one row at a time where even one row's do not
+    (long prefills of many rows)."""
     b, heads, t, d = q.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
