@@ -1,0 +1,84 @@
+"""`load_tokenizer`'s fast path (no rebuild of the added tokens from the config) gives the tokenizer
+transformers' full load gives, for the kit's files and for a transformers-4-style checkpoint
+(config listing all 65,549 added tokens, `special_tokens_map.json`); files it cannot vouch for take
+the full load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from transformers import AutoTokenizer
+
+from engine.models.loading import added_tokens_in_backend, load_tokenizer
+
+MESSAGES = [
+    {"role": "user", "content": "Convert the text to speech:<|TEXT_UNDERSTANDING_START|>Hello there, Bob."
+                                "<|TEXT_UNDERSTANDING_END|>"},
+    {"role": "assistant", "content": "<|SPEECH_GENERATION_START|><|s_12|><|s_65535|>"},
+]
+TEXT = "hello <|s_5|> world<|eot_id|> <|begin_of_text|>x"
+
+
+def observable(tok, saved_to) -> dict:
+    """Everything of a tokenizer the engine or a user can see, its saved files included."""
+    ids = tok(TEXT)["input_ids"]
+    tok.save_pretrained(str(saved_to))
+    return {
+        "class": type(tok).__name__, "vocab": tok.get_vocab(), "len": len(tok),
+        "added": {i: repr(t) for i, t in tok.added_tokens_decoder.items()},
+        "special": tok.special_tokens_map, "special_ids": tok.all_special_ids,
+        "bos_eos_unk_pad": (tok.bos_token_id, tok.eos_token_id, tok.unk_token_id, tok.pad_token_id),
+        "chat": list(tok.apply_chat_template(MESSAGES, tokenize=True, continue_final_message=True)),
+        "encoded": ids, "decoded": (tok.decode(ids), tok.decode(ids, skip_special_tokens=True)),
+        "max_length": tok.model_max_length, "backend": tok.backend_tokenizer.to_str(),
+        "files": {f.name: f.read_bytes() for f in sorted(saved_to.iterdir())},
+    }
+
+
+def transformers4_copy(kit_dir, dst):
+    """The kit's tokenizer laid out as transformers 4 saved Llasa's: the config lists every added
+    token, the class is PreTrainedTokenizerFast, special tokens also in special_tokens_map.json."""
+    shutil.copytree(kit_dir / "target", dst, ignore=shutil.ignore_patterns("*.safetensors"))
+    backend = json.loads((dst / "tokenizer.json").read_text())["added_tokens"]
+    config = json.loads((dst / "tokenizer_config.json").read_text())
+    config.pop("backend", None)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["added_tokens_decoder"] = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in backend}
+    (dst / "tokenizer_config.json").write_text(json.dumps(config))
+    (dst / "special_tokens_map.json").write_text(json.dumps({"bos_token": config["bos_token"],
+                                                             "eos_token": config["eos_token"]}))
+    return dst
+
+
+def test_the_fast_load_equals_transformers_full_load(kit_dir, tmp_path):
+    for name, path in [("kit", kit_dir / "target"), ("transformers4", transformers4_copy(kit_dir, tmp_path / "t4"))]:
+        assert added_tokens_in_backend(path), name
+        fast = observable(load_tokenizer(path), tmp_path / f"{name}-fast")
+        full = observable(AutoTokenizer.from_pretrained(str(path)), tmp_path / f"{name}-full")
+        assert [k for k in full if fast[k] != full[k]] == [], name
+        assert fast["len"] == 66234 and len(fast["added"]) == 65549
+
+
+def test_a_config_naming_tokens_the_backend_lacks_takes_the_full_load(kit_dir, tmp_path):
+    path = transformers4_copy(kit_dir, tmp_path / "extra")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    extra = {"content": "<|only_in_the_config|>", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}
+    config["added_tokens_decoder"]["66234"] = extra
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert not added_tokens_in_backend(path)
+    assert load_tokenizer(path).convert_tokens_to_ids("<|only_in_the_config|>") == 66234
+
+    flags = transformers4_copy(kit_dir, tmp_path / "flags")  # same tokens, one flag differs
+    config = json.loads((flags / "tokenizer_config.json").read_text())
+    first = next(iter(config["added_tokens_decoder"]))
+    config["added_tokens_decoder"][first] = {**config["added_tokens_decoder"][first], "lstrip": True}
+    (flags / "tokenizer_config.json").write_text(json.dumps(config))
+    assert not added_tokens_in_backend(flags)
+
+    legacy = tmp_path / "legacy"  # a config without the list beside special_tokens_map.json
+    shutil.copytree(kit_dir / "target", legacy, ignore=shutil.ignore_patterns("*.safetensors"))
+    (legacy / "special_tokens_map.json").write_text(json.dumps({"pad_token": "<|end_of_text|>"}))
+    assert not added_tokens_in_backend(legacy)
+    assert load_tokenizer(legacy).pad_token == "<|end_of_text|>"
