@@ -92,3 +92,27 @@ def build_tokenizer(out_dir: Path, text_vocab_size: int = 1024):
     )
     fast.save_pretrained(str(out_dir))
     return fast
+
+
+def write_transformers4_layout(src: Path, dst: Path) -> Path:
+    """Copy a tokenizer saved by this transformers (`src`, e.g. the kit's target) to `dst` in the
+    layout transformers 4 saves: class `PreTrainedTokenizerFast`, every added token listed in the
+    config's `added_tokens_decoder`, the special tokens also in `special_tokens_map.json`. For
+    tests and benchmarks of tokenizer loading."""
+    import json
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (src / name).is_file():
+            shutil.copy(src / name, dst / name)
+    backend = json.loads((dst / "tokenizer.json").read_text())["added_tokens"]
+    config = json.loads((dst / "tokenizer_config.json").read_text())
+    config.pop("backend", None)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["added_tokens_decoder"] = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in backend}
+    (dst / "tokenizer_config.json").write_text(json.dumps(config))
+    specials = {k: config[k] for k in ("bos_token", "eos_token") if k in config}
+    (dst / "special_tokens_map.json").write_text(json.dumps(specials))
+    return dst

@@ -169,20 +169,17 @@ def tokenizer_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
-
-
 def added_tokens_in_backend(path: Path) -> bool:
     """Whether `tokenizer.json` already holds every added token the other tokenizer files name,
     with the same flags, so that transformers need not rebuild them from the config.
 
     transformers turns a config's `added_tokens_decoder` (or, without one, `tokenizer.json`'s
-    added tokens) into Python objects and deep-copies them: 3 of the 4.5 s a Llasa tokenizer
-    (65,549 added tokens) takes to load on the 2-core AVX2-only EPYC. Where this holds, loading
-    with an empty `added_tokens_decoder` gives the same tokenizer (same vocabulary, added tokens,
-    special tokens, encodings and saved files; `tests/cpu/test_draft_init.py`) in 1.4 s. Files
-    only the legacy path reads (`added_tokens.json`, or `special_tokens_map.json` beside a config
-    without `added_tokens_decoder`) mean no."""
+    added tokens) into Python objects and deep-copies them, which is most of a Llasa tokenizer's
+    load (65,549 added tokens). Where this holds, loading with an empty `added_tokens_decoder`
+    gives the same tokenizer (vocabulary, added and special tokens, encodings, chat template,
+    saved files: `tests/cpu/test_tokenizer_load.py`). Files only transformers' legacy path reads
+    (`added_tokens.json`, or `special_tokens_map.json` beside a config without
+    `added_tokens_decoder`) mean no."""
     path = Path(path)
     if not (path / "tokenizer.json").is_file() or (path / "added_tokens.json").exists():
         return False
@@ -192,22 +189,18 @@ def added_tokens_in_backend(path: Path) -> bool:
     if listed is None:
         return not (path / "special_tokens_map.json").exists()
     backend = json.loads((path / "tokenizer.json").read_text()).get("added_tokens", [])
-
-    def fields(token: dict) -> tuple:
-        return tuple(token.get(k) for k in ADDED_TOKEN_FIELDS)
-
-    return isinstance(listed, dict) and {int(i): fields(t) for i, t in listed.items()} == {
-        int(t["id"]): fields(t) for t in backend
-    }
+    # both hold the same six fields per token (content, flags); any other difference means no
+    return listed == {str(token.pop("id", None)): token for token in backend}
 
 
 def load_tokenizer(path: Path):
     """The checkpoint's tokenizer, shared by every load of identical tokenizer files in this
-    process (a target and its draft; every model a process loads again). Built without
-    transformers' copies of the added tokens where `added_tokens_in_backend` (1.4 s instead of
-    4.5 s for the kit's on the 2-core AVX2-only EPYC). The engine only reads it (encodes without
-    truncation or padding, so concurrent use never changes its settings); callers must not
-    modify it."""
+    process (a target and its draft; every model a process loads again), built without
+    transformers' copies of the added tokens where `added_tokens_in_backend`: in a fresh process
+    on the 2-core AVX2-only EPYC, 1.8 s instead of 3.5 s for the kit's files and 2.3 s instead of
+    3.7 s for them in transformers 4's layout (`benchmarks/results/tokenizer_load_cpu_avx2.json`).
+    The engine only reads it (encodes without truncation or padding, so concurrent use never
+    changes its settings); callers must not modify it."""
     from transformers import AutoTokenizer
 
     try:

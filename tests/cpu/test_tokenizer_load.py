@@ -1,7 +1,6 @@
 """`load_tokenizer`'s fast path (no rebuild of the added tokens from the config) gives the tokenizer
-transformers' full load gives, for the kit's files and for a transformers-4-style checkpoint
-(config listing all 65,549 added tokens, `special_tokens_map.json`); files it cannot vouch for take
-the full load."""
+transformers' full load gives, for the kit's files and in transformers 4's layout (the config lists
+all 65,549 added tokens, `special_tokens_map.json`); files it cannot vouch for take the full load."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import shutil
 
 from transformers import AutoTokenizer
 
+from engine.kit.tokenizer import write_transformers4_layout
 from engine.models.loading import added_tokens_in_backend, load_tokenizer
 
 MESSAGES = [
@@ -36,23 +36,9 @@ def observable(tok, saved_to) -> dict:
     }
 
 
-def transformers4_copy(kit_dir, dst):
-    """The kit's tokenizer laid out as transformers 4 saved Llasa's: the config lists every added
-    token, the class is PreTrainedTokenizerFast, special tokens also in special_tokens_map.json."""
-    shutil.copytree(kit_dir / "target", dst, ignore=shutil.ignore_patterns("*.safetensors"))
-    backend = json.loads((dst / "tokenizer.json").read_text())["added_tokens"]
-    config = json.loads((dst / "tokenizer_config.json").read_text())
-    config.pop("backend", None)
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config["added_tokens_decoder"] = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in backend}
-    (dst / "tokenizer_config.json").write_text(json.dumps(config))
-    (dst / "special_tokens_map.json").write_text(json.dumps({"bos_token": config["bos_token"],
-                                                             "eos_token": config["eos_token"]}))
-    return dst
-
-
 def test_the_fast_load_equals_transformers_full_load(kit_dir, tmp_path):
-    for name, path in [("kit", kit_dir / "target"), ("transformers4", transformers4_copy(kit_dir, tmp_path / "t4"))]:
+    t4 = write_transformers4_layout(kit_dir / "target", tmp_path / "t4")
+    for name, path in [("kit", kit_dir / "target"), ("transformers4", t4)]:
         assert added_tokens_in_backend(path), name
         fast = observable(load_tokenizer(path), tmp_path / f"{name}-fast")
         full = observable(AutoTokenizer.from_pretrained(str(path)), tmp_path / f"{name}-full")
@@ -61,7 +47,7 @@ def test_the_fast_load_equals_transformers_full_load(kit_dir, tmp_path):
 
 
 def test_a_config_naming_tokens_the_backend_lacks_takes_the_full_load(kit_dir, tmp_path):
-    path = transformers4_copy(kit_dir, tmp_path / "extra")
+    path = write_transformers4_layout(kit_dir / "target", tmp_path / "extra")
     config = json.loads((path / "tokenizer_config.json").read_text())
     extra = {"content": "<|only_in_the_config|>", "single_word": False, "lstrip": False, "rstrip": False,
              "normalized": False, "special": True}
@@ -70,7 +56,7 @@ def test_a_config_naming_tokens_the_backend_lacks_takes_the_full_load(kit_dir, t
     assert not added_tokens_in_backend(path)
     assert load_tokenizer(path).convert_tokens_to_ids("<|only_in_the_config|>") == 66234
 
-    flags = transformers4_copy(kit_dir, tmp_path / "flags")  # same tokens, one flag differs
+    flags = write_transformers4_layout(kit_dir / "target", tmp_path / "flags")  # same tokens, one flag differs
     config = json.loads((flags / "tokenizer_config.json").read_text())
     first = next(iter(config["added_tokens_decoder"]))
     config["added_tokens_decoder"][first] = {**config["added_tokens_decoder"][first], "lstrip": True}
@@ -80,5 +66,4 @@ def test_a_config_naming_tokens_the_backend_lacks_takes_the_full_load(kit_dir, t
     legacy = tmp_path / "legacy"  # a config without the list beside special_tokens_map.json
     shutil.copytree(kit_dir / "target", legacy, ignore=shutil.ignore_patterns("*.safetensors"))
     (legacy / "special_tokens_map.json").write_text(json.dumps({"pad_token": "<|end_of_text|>"}))
-    assert not added_tokens_in_backend(legacy)
-    assert load_tokenizer(legacy).pad_token == "<|end_of_text|>"
+    assert not added_tokens_in_backend(legacy)  # (the first case shows where a "no" leads)
