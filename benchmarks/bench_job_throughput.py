@@ -26,7 +26,9 @@ default, and `arrival`); ratios compare a job with decoding alone in the same or
 Both get the same CPU threads (`--threads`: torch threads here, `cpus_per_worker` there).
 `--probe` also runs decoding alone (arrival order) where a job worker decodes: on a thread of its
 own in this process, and twice in a fresh Ray actor process holding its own models (loaded and
-warmed up as a worker's); and the job's worker without Ray, in this process. Every run reports
+warmed up as a worker's); and the job's worker without Ray, in this process; and, in the main
+thread, with the attention the device does not use by default (torch's SDPA on CUDA,
+`grouped_attention` on a CPU; uncompiled models only). Every run reports
 its decoding thread's CPU share of the rounds and its context switches per round. Where a job's
 rounds run slower than decoding alone's, these tell the thread, a fresh process, Ray and the
 worker's own threads apart. `--admissions arrival` runs one order only. `--profile N` profiles N
@@ -293,9 +295,11 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
             **({"profile": profiler.take()} if profiler else {})}
 
 
-PROBES = ("alone_arrival", "alone_thread_arrival", "alone_actor_arrival", "alone_actor_again_arrival",
-          "stream_in_process_arrival")
+PROBES = ("alone_arrival", "alone_thread_arrival", "alone_other_attention_arrival", "alone_actor_arrival",
+          "alone_actor_again_arrival", "stream_in_process_arrival")
 PROBE_NAMES = {"alone_arrival": "alone, main thread", "alone_thread_arrival": "alone, own thread",
+               "alone_other_attention_arrival": "alone, main thread, the other attention (SDPA on CUDA, grouped "
+                                                "on a CPU)",
                "alone_actor_arrival": "alone, Ray actor (its first run)",
                "alone_actor_again_arrival": "alone, Ray actor (its second run)",
                "stream_in_process_arrival": "job's worker, no Ray",
@@ -355,6 +359,24 @@ def run_alone_in_thread(synth, spec, rows: list[dict], admission: str) -> dict:
     from engine.runtime.stream import on_short_thread
 
     return on_short_thread(lambda: run_alone(synth, spec, rows, admission), name="decode")
+
+
+def run_alone_other_attention(synth, spec, rows: list[dict], admission: str, batch: int) -> dict | None:
+    """`run_alone` with the attention the device does not use by default (`LlamaLM.attention`:
+    torch's SDPA on CUDA, `grouped_attention` on a CPU), after a warm-up with it, for a side-by-side
+    reading of the two; None for a compiled model (its graphs hold the default attention)."""
+    models = [m.model for m in (synth.target, synth.draft) if m is not None]
+    if any(m.compile_mode != "none" for m in models):
+        return None
+    other = "sdpa" if synth.device.type == "cuda" else "grouped"
+    try:
+        for m in models:
+            m.attention = other
+        synth.warmup(spec.decoding, batch)
+        return run_alone(synth, spec, rows, admission)
+    finally:
+        for m in models:
+            m.attention = "auto"
 
 
 class AloneActor:
@@ -628,8 +650,9 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=1, help="temps48's and lengths48's rows times this")
     ap.add_argument("--workloads", help="comma-separated subset (default: all; names as in the result file)")
     ap.add_argument("--probe", action="store_true",
-                    help="also decode alone (arrival order) on a thread and in a fresh Ray actor process (twice), "
-                         "and run the job's worker without Ray")
+                    help="also decode alone (arrival order) on a thread, with the other attention (SDPA on CUDA, "
+                         "grouped on a CPU) and in a fresh Ray actor process (twice), and run the job's worker "
+                         "without Ray")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile N decode rounds of every run (the job's worker: `profile.rounds`; decoding alone "
                          "alike) and report where a round's time goes")
@@ -703,6 +726,9 @@ def main() -> None:
                 report(args, runs, models, label, dtype, synth, load_start, t0, out)
                 if args.probe:
                     runs[name]["alone_thread_arrival"].append(run_alone_in_thread(synth, spec, rows[name], "arrival"))
+                    if args.compile == "none":
+                        runs[name]["alone_other_attention_arrival"].append(
+                            run_alone_other_attention(synth, spec, rows[name], "arrival", args.batch))
                     first, again = run_alone_in_actor(models, spec, rows[name], "arrival", args.device)
                     runs[name]["alone_actor_arrival"].append(first)
                     runs[name]["alone_actor_again_arrival"].append(again)
