@@ -361,13 +361,11 @@ def run_alone_in_thread(synth, spec, rows: list[dict], admission: str) -> dict:
     return on_short_thread(lambda: run_alone(synth, spec, rows, admission), name="decode")
 
 
-def run_alone_other_attention(synth, spec, rows: list[dict], admission: str, batch: int) -> dict | None:
+def run_alone_other_attention(synth, spec, rows: list[dict], admission: str, batch: int) -> dict:
     """`run_alone` with the attention the device does not use by default (`LlamaLM.attention`:
     torch's SDPA on CUDA, `grouped_attention` on a CPU), after a warm-up with it, for a side-by-side
-    reading of the two; None for a compiled model (its graphs hold the default attention)."""
+    reading of the two. Uncompiled models only: compiled graphs hold the default attention."""
     models = [m.model for m in (synth.target, synth.draft) if m is not None]
-    if any(m.compile_mode != "none" for m in models):
-        return None
     other = "sdpa" if synth.device.type == "cuda" else "grouped"
     try:
         for m in models:
