@@ -25,9 +25,8 @@ from engine.io.storage import cache_dir
 from engine.kit.build import KIT_VERSION, KitSpec, build_kit, layer_subset, llama_config, random_llama, save_checkpoint
 from engine.kit.tokenizer import build_tokenizer
 from engine.models.device import resolve_device, resolve_dtype
-from engine.models.llama import LlamaLM, LlamaShape
 from engine.models.llasa import LlasaLayout
-from engine.models.loading import LoadedModel, check_weights, load_model, ready_for_decoding, rope_tables
+from engine.models.loading import LoadedModel, check_weights, empty_model, load_model, ready_for_decoding
 
 PRESETS = ("tiny", "llasa-1b-shape")
 LLASA_VOCAB = 193_800
@@ -98,12 +97,7 @@ def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.dev
     """A `LoadedModel` from in-memory HF-named tensors (what `load_model` does from disk;
     `prepack` and `weights` as in `ready_for_decoding`)."""
     layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
-    inv_freq, scaling = rope_tables(config)
-    with torch.device("meta"):
-        model = LlamaLM(LlamaShape.from_config(config), layout.output_token_ids(), inv_freq, scaling)
-    model = model.to_empty(device=device).to(dtype)
-    model.output_token_ids = layout.output_token_ids().to(device)
-    model.inv_freq = inv_freq.to(device)
+    model = empty_model(config, layout, device, dtype)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in tensors.items():

@@ -215,7 +215,10 @@ class LlamaBody(nn.Module):
 
     def __init__(self, shape: LlamaShape) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        # weights come from a checkpoint: no random init (on the meta device, where models are built,
+        # nn.Embedding's normal_ would import torch's compiler stack, 1.5 s for a fresh process)
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size,
+                                         _weight=torch.empty(shape.vocab_size, shape.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_layers))
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from engine.config import DRAFT_WEIGHTS
 from engine.io.storage import model_dir
@@ -78,8 +79,56 @@ def read_config(path: Path) -> dict:
     return config
 
 
+ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+             "original_max_position_embeddings"}
+
+
+def rope_parameters(config: dict) -> dict | None:
+    """A config's rotary settings where they are of a kind `own_rope_tables` computes: `default`
+    or `llama3` (Llasa's), in transformers 5's layout (`rope_parameters`) or 4's (`rope_theta`
+    beside `rope_scaling`), with every key known. None for anything else."""
+    params = config.get("rope_parameters")
+    if params is None:
+        params = dict(config.get("rope_scaling") or {})
+        if "rope_theta" in config:
+            params.setdefault("rope_theta", config["rope_theta"])
+    if not isinstance(params, dict) or "rope_theta" not in params or set(params) - ROPE_KEYS:
+        return None
+    kind = params.get("rope_type", params.get("type", "default"))
+    return {**params, "rope_type": kind} if kind in ("default", "llama3") else None
+
+
+def own_rope_tables(config: dict) -> tuple[torch.Tensor, float] | None:
+    """Rotary inverse frequencies and cos/sin scaling for `rope_parameters`' kinds, computed as
+    transformers computes them (`tests/cpu/test_llama_parity.py` compares them bit for bit)
+    without importing transformers' Llama model, which costs a fresh process 1.4-1.7 s on the
+    2-core AVX2-only EPYC. None where `rope_parameters` is None."""
+    import math
+
+    params = rope_parameters(config)
+    if params is None:
+        return None
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    base = params["rope_theta"]
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
+    if params["rope_type"] == "llama3":
+        factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+        old_context = params["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+        smooth = (old_context / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_context / high) * ~(wavelen > old_context / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq, 1.0
+
+
 def rope_tables(config: dict) -> tuple[torch.Tensor, float]:
-    """Rotary inverse frequencies and cos/sin scaling exactly as transformers computes them."""
+    """Rotary inverse frequencies and cos/sin scaling exactly as transformers computes them:
+    `own_rope_tables` where it applies, transformers' own Llama rotary embedding otherwise."""
+    own = own_rope_tables(config)
+    if own is not None:
+        return own
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -193,28 +242,74 @@ def added_tokens_in_backend(path: Path) -> bool:
     return listed == {str(token.pop("id", None)): token for token in backend}
 
 
+BACKEND_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # names of transformers' tokenizers-backed class
+
+
+def backend_class_named(path: Path) -> bool:
+    """Whether transformers' `AutoTokenizer` builds this checkpoint's tokenizer as its generic
+    tokenizers-backed class (`TokenizersBackend`): `tokenizer_config.json` names that class
+    (Llasa's does), without custom code, for a Llama checkpoint or tokenizer files alone (model
+    types for which transformers registers no tokenizer class of its own). Then `load_tokenizer`
+    builds that class directly, without `AutoTokenizer`'s reading of the model config, which
+    imports most of transformers' model code (about 2 s for a fresh process on the 2-core
+    AVX2-only EPYC). `tests/cpu/test_tokenizer_load.py` checks that both give the same tokenizer,
+    of the same class, with the transformers installed."""
+    path = Path(path)
+    config_file, tokenizer_file = path / "config.json", path / "tokenizer_config.json"
+    if not tokenizer_file.is_file():
+        return False
+    tokenizer_config = json.loads(tokenizer_file.read_text())
+    model_type = json.loads(config_file.read_text()).get("model_type") if config_file.is_file() else None
+    return (tokenizer_config.get("tokenizer_class") in BACKEND_CLASSES and "auto_map" not in tokenizer_config
+            and model_type in ("llama", None))
+
+
 def load_tokenizer(path: Path):
     """The checkpoint's tokenizer, shared by every load of identical tokenizer files in this
     process (a target and its draft; every model a process loads again), built without
     transformers' copies of the added tokens where `added_tokens_in_backend`: in a fresh process
     on the 2-core AVX2-only EPYC, 1.8 s instead of 3.5 s for the kit's files and 2.3 s instead of
-    3.7 s for them in transformers 4's layout (`benchmarks/results/tokenizer_load_cpu_avx2.json`).
+    3.7 s for them in transformers 4's layout (`benchmarks/results/tokenizer_load_cpu_avx2.json`),
+    and as `TokenizersBackend` directly where `backend_class_named`.
     The engine only reads it (encodes without truncation or padding, so concurrent use never
     changes its settings); callers must not modify it."""
-    from transformers import AutoTokenizer
-
     try:
         key = tokenizer_digest(path)
         with _TOKENIZERS_LOCK:
             if key not in _TOKENIZERS:
+                if backend_class_named(path):
+                    from transformers import TokenizersBackend as loader
+                else:
+                    from transformers import AutoTokenizer as loader
                 fast = {"added_tokens_decoder": {}} if added_tokens_in_backend(path) else {}
-                _TOKENIZERS[key] = AutoTokenizer.from_pretrained(str(path), **fast)
+                _TOKENIZERS[key] = loader.from_pretrained(str(path), **fast)
                 while len(_TOKENIZERS) > TOKENIZERS_KEPT:
                     _TOKENIZERS.popitem(last=False)
             _TOKENIZERS.move_to_end(key)
             return _TOKENIZERS[key]
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}: cannot load its tokenizer ({exc}). {HOW_TO_GET}") from exc
+
+
+def empty_model(config: dict, layout: LlasaLayout, device: torch.device, dtype: torch.dtype) -> LlamaLM:
+    """The config's `LlamaLM` on `device` in `dtype`, its weights not yet set (built on the meta
+    device; the output ids are made before, as ops on meta tensors import torch's compiler stack,
+    1.5 s for a fresh process)."""
+    ids = layout.output_token_ids()
+    inv_freq, scaling = rope_tables(config)
+    with torch.device("meta"):
+        model = LlamaLM(LlamaShape.from_config(config), ids, inv_freq, scaling)
+    # what `model.to_empty(device=device).to(dtype)` does, with factory calls only: `to_empty`'s
+    # `empty_like` of meta tensors runs torch's Python reference ops, which import sympy (1 s)
+    for module in model.modules():
+        for tensors in (module._parameters, module._buffers):
+            for name, t in tensors.items():
+                if t is not None:
+                    new = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
+                    tensors[name] = nn.Parameter(new, t.requires_grad) if isinstance(t, nn.Parameter) else new
+    model.output_token_ids = ids.to(device)
+    model.inv_freq = inv_freq.to(device)
+    return model
 
 
 def load_model(
@@ -249,13 +344,7 @@ def load_model(
     dtype = resolve_dtype(dtype, device)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
     layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
-    shape = LlamaShape.from_config(config)
-    inv_freq, scaling = rope_tables(config)
-    with torch.device("meta"):
-        model = LlamaLM(shape, layout.output_token_ids(), inv_freq, scaling)
-    model = model.to_empty(device=device).to(dtype)
-    model.output_token_ids = layout.output_token_ids().to(device)
-    model.inv_freq = inv_freq.to(device)
+    model = empty_model(config, layout, device, dtype)
     load_weights(model, path, device)
     ready_for_decoding(model, prepack, compile, weights)
     return LoadedModel(path=path, model=model, tokenizer=tokenizer, layout=layout, config=config)

@@ -107,3 +107,52 @@ def test_missing_or_foreign_checkpoints_fail_clearly(tmp_path, kit_dir):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ModelLoadError, match="gpt2"):
         load_model(tmp_path)
+
+
+LLAMA3 = {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+          "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+BASE = {"model_type": "llama", "hidden_size": 128, "num_attention_heads": 4, "head_dim": 32,
+        "max_position_embeddings": 131072}
+
+
+def transformers_rope(config: dict) -> tuple[torch.Tensor, float]:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rotary = LlamaRotaryEmbedding(LlamaConfig(**config))
+    return rotary.inv_freq, float(rotary.attention_scaling)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_theta": 500000.0, "rope_scaling": LLAMA3},  # Llasa's (transformers 4's layout)
+    {"rope_parameters": {**LLAMA3, "rope_theta": 500000.0}},  # transformers 5's
+    {"rope_theta": 10000.0, "rope_scaling": {**LLAMA3, "factor": 8.0, "original_max_position_embeddings": 2048}},
+    {"rope_theta": 10000.0},  # default rope, no scaling
+    {"rope_theta": 10000.0, "rope_scaling": None},
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+    {"rope_theta": 10000.0, "rope_scaling": {"type": "default"}},
+    {"rope_theta": 10000.0, "head_dim": None, "hidden_size": 96, "num_attention_heads": 3},
+])
+def test_own_rope_tables_equal_transformers_bit_for_bit(rope):
+    from engine.models.loading import own_rope_tables
+
+    config = {**BASE, **rope}
+    ours = own_rope_tables(config)
+    assert ours is not None  # computed without transformers
+    ref = transformers_rope(config)
+    assert ours[0].dtype == ref[0].dtype and torch.equal(ours[0], ref[0]) and ours[1] == ref[1]
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_theta": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    {"rope_theta": 10000.0, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+    {"rope_parameters": {**LLAMA3, "rope_theta": 500000.0, "partial_rotary_factor": 0.5}},
+    {},  # no rope_theta: transformers' default applies
+])
+def test_other_ropes_take_transformers_tables(rope):
+    from engine.models.loading import own_rope_tables, rope_tables
+
+    config = {**BASE, **rope}
+    assert own_rope_tables(config) is None
+    ours, ref = rope_tables(config), transformers_rope(config)
+    assert torch.equal(ours[0], ref[0]) and ours[1] == ref[1]

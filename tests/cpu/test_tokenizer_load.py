@@ -1,4 +1,5 @@
-"""`load_tokenizer`'s fast path (no rebuild of the added tokens from the config) gives the tokenizer
+"""`load_tokenizer`'s fast path (no rebuild of the added tokens from the config; the
+tokenizers-backed class built directly, not through `AutoTokenizer`) gives the tokenizer
 transformers' full load gives, for the kit's files and in transformers 4's layout (the config lists
 all 65,549 added tokens, `special_tokens_map.json`); files it cannot vouch for take the full load."""
 
@@ -10,7 +11,7 @@ import shutil
 from transformers import AutoTokenizer
 
 from engine.kit.tokenizer import write_transformers4_layout
-from engine.models.loading import added_tokens_in_backend, load_tokenizer
+from engine.models.loading import added_tokens_in_backend, backend_class_named, load_tokenizer
 
 MESSAGES = [
     {"role": "user", "content": "Convert the text to speech:<|TEXT_UNDERSTANDING_START|>Hello there, Bob."
@@ -39,7 +40,7 @@ def observable(tok, saved_to) -> dict:
 def test_the_fast_load_equals_transformers_full_load(kit_dir, tmp_path):
     t4 = write_transformers4_layout(kit_dir / "target", tmp_path / "t4")
     for name, path in [("kit", kit_dir / "target"), ("transformers4", t4)]:
-        assert added_tokens_in_backend(path), name
+        assert added_tokens_in_backend(path) and backend_class_named(path), name
         fast = observable(load_tokenizer(path), tmp_path / f"{name}-fast")
         full = observable(AutoTokenizer.from_pretrained(str(path)), tmp_path / f"{name}-full")
         assert [k for k in full if fast[k] != full[k]] == [], name
@@ -67,3 +68,19 @@ def test_a_config_naming_tokens_the_backend_lacks_takes_the_full_load(kit_dir, t
     shutil.copytree(kit_dir / "target", legacy, ignore=shutil.ignore_patterns("*.safetensors"))
     (legacy / "special_tokens_map.json").write_text(json.dumps({"pad_token": "<|end_of_text|>"}))
     assert not added_tokens_in_backend(legacy)  # (the first case shows where a "no" leads)
+
+
+def test_other_tokenizer_classes_custom_code_or_model_types_go_through_autotokenizer(kit_dir, tmp_path):
+    t4 = write_transformers4_layout(kit_dir / "target", tmp_path / "t4")  # no config.json: tokenizer files alone
+    assert backend_class_named(t4) and backend_class_named(kit_dir / "target")
+    for name, change in [("class", {"tokenizer_class": "LlamaTokenizerFast"}),
+                         ("code", {"auto_map": {"AutoTokenizer": [None, "tok.MyTokenizer"]}})]:
+        path = tmp_path / name
+        shutil.copytree(t4, path)
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        (path / "tokenizer_config.json").write_text(json.dumps({**config, **change}))
+        assert not backend_class_named(path), name
+    other = tmp_path / "mistral"
+    shutil.copytree(t4, other)
+    (other / "config.json").write_text(json.dumps({"model_type": "mistral"}))
+    assert not backend_class_named(other)
