@@ -39,7 +39,9 @@ def observable(tok, saved_to) -> dict:
 
 def test_the_fast_load_equals_transformers_full_load(kit_dir, tmp_path):
     t4 = write_transformers4_layout(kit_dir / "target", tmp_path / "t4")
-    for name, path in [("kit", kit_dir / "target"), ("transformers4", t4)]:
+    hub = write_transformers4_layout(kit_dir / "target", tmp_path / "hub")  # as Llasa on the Hub: with
+    shutil.copy(kit_dir / "target" / "config.json", hub / "config.json")  # its Llama config beside
+    for name, path in [("kit", kit_dir / "target"), ("transformers4", t4), ("hub", hub)]:
         assert added_tokens_in_backend(path) and backend_class_named(path), name
         fast = observable(load_tokenizer(path), tmp_path / f"{name}-fast")
         full = observable(AutoTokenizer.from_pretrained(str(path)), tmp_path / f"{name}-full")
