@@ -267,10 +267,11 @@ def backend_class_named(path: Path) -> bool:
 def load_tokenizer(path: Path):
     """The checkpoint's tokenizer, shared by every load of identical tokenizer files in this
     process (a target and its draft; every model a process loads again), built without
-    transformers' copies of the added tokens where `added_tokens_in_backend`: in a fresh process
+    transformers' copies of the added tokens where `added_tokens_in_backend` (in a fresh process
     on the 2-core AVX2-only EPYC, 1.8 s instead of 3.5 s for the kit's files and 2.3 s instead of
-    3.7 s for them in transformers 4's layout (`benchmarks/results/tokenizer_load_cpu_avx2.json`),
-    and as `TokenizersBackend` directly where `backend_class_named`.
+    3.7 s for them in transformers 4's layout, transformers' modules imported beforehand:
+    `benchmarks/results/tokenizer_load_cpu_avx2.json`), and as `TokenizersBackend` directly where
+    `backend_class_named` (which spares most of those imports: `results/startup_cpu_avx2.json`).
     The engine only reads it (encodes without truncation or padding, so concurrent use never
     changes its settings); callers must not modify it."""
     try:
