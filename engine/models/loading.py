@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import warnings
 from collections import OrderedDict
@@ -103,8 +104,6 @@ def own_rope_tables(config: dict) -> tuple[torch.Tensor, float] | None:
     transformers computes them (`tests/cpu/test_llama_parity.py` compares them bit for bit)
     without importing transformers' Llama model, which costs a fresh process 1.4-1.7 s on the
     2-core AVX2-only EPYC. None where `rope_parameters` is None."""
-    import math
-
     params = rope_parameters(config)
     if params is None:
         return None
