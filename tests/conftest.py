@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -50,6 +51,27 @@ def kit_groups(kit_synth, groups_cache):
     from engine.groups.cache import get_groups
 
     return get_groups(kit_synth.speech_embeddings(), 0.4, cache_dir=groups_cache)
+
+
+@contextlib.contextmanager
+def ray_address_file_kept():
+    """Around a test that kills a `ray start` cluster: puts back the file where `ray start`
+    records the latest cluster (`/tmp/ray/ray_current_cluster`) as it was. Left naming the dead
+    cluster, Ray's own address discovery keeps trying it: `ray.init()` without an address waits
+    for it, and so does Ray Train's placement-group cleaner (its State API calls), which stalled
+    every `draft train --workers` run of later test sessions on this machine by 12 s and
+    logged a traceback."""
+    from ray._private.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    before = path.read_bytes() if path.is_file() else None
+    try:
+        yield
+    finally:
+        if before is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_bytes(before)
 
 
 def free_port() -> int:

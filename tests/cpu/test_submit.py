@@ -18,7 +18,7 @@ import yaml
 
 from engine.cli import main
 
-from conftest import free_port
+from conftest import free_port, ray_address_file_kept
 from jobhelpers import job_spec, read_output, texts, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,10 +52,11 @@ def start_head() -> tuple[subprocess.Popen, str]:
 def ray_head():
     if ray.is_initialized():
         ray.shutdown()
-    head, address = start_head()
-    yield address
-    os.killpg(head.pid, signal.SIGKILL)  # its whole session (gcs, raylet, dashboard): a SIGTERM
-    head.wait(timeout=60)  # makes `ray start --block` shut down gracefully, ~30 s of nothing
+    with ray_address_file_kept():
+        head, address = start_head()
+        yield address
+        os.killpg(head.pid, signal.SIGKILL)  # its whole session (gcs, raylet, dashboard): a SIGTERM
+        head.wait(timeout=60)  # makes `ray start --block` shut down gracefully, ~30 s of nothing
 
 
 def test_submit_runs_the_job_on_the_cluster_and_status_reports_it(ray_head, kit_dir, tmp_path, capsys):
@@ -126,7 +127,13 @@ def test_every_job_spec_field_is_documented_in_the_readme():
             assert f"`{prefix}.{name}`" in readme, f"{prefix}.{name} is not documented"
 
 
-def test_run_starts_a_fresh_local_cluster_after_a_ray_head_died(kit_dir, tmp_path):
+@pytest.fixture
+def address_file_kept():
+    with ray_address_file_kept():
+        yield
+
+
+def test_run_starts_a_fresh_local_cluster_after_a_ray_head_died(kit_dir, tmp_path, address_file_kept):
     """A `ray start` cluster that died leaves its address behind in Ray's session files; Ray's
     own default would try to join it and hang. `pcg-synth run` must start a fresh one."""
     if ray.is_initialized():
@@ -134,6 +141,9 @@ def test_run_starts_a_fresh_local_cluster_after_a_ray_head_died(kit_dir, tmp_pat
     head, _ = start_head()
     os.killpg(head.pid, signal.SIGKILL)  # dies uncleanly: its records stay
     head.wait(timeout=60)
+    from ray._private.utils import read_ray_address
+
+    assert read_ray_address(None), "the dead head's address is still recorded"
     manifest = write_manifest(tmp_path / "m.jsonl", texts(2))
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), resources={"workers": 1})
     spec_file = tmp_path / "job.yaml"

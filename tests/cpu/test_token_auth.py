@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, ray_address_file_kept
 
 BIN = Path(sys.executable).parent
 
@@ -62,6 +62,11 @@ def started_with(token: str) -> list[int]:
 
 @pytest.fixture
 def token_cluster(tmp_path):
+    with ray_address_file_kept():
+        yield from started_token_cluster(tmp_path)
+
+
+def started_token_cluster(tmp_path):
     token = uuid.uuid4().hex + uuid.uuid4().hex
     env = env_with(token, tmp_path)
     port, dash = free_port(), free_port()
