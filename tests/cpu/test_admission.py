@@ -62,7 +62,8 @@ def synth64(kit_dir, kit_groups):
 
 
 def test_longest_first_admits_the_longest_texts_first_and_changes_no_codes(synth64, kit_groups):
-    settings = DecodingSettings(method="pcg", theta=kit_groups.theta, max_new_tokens=300, seed=4)
+    # 120 tokens: four rows meet end-of-speech (by 42 tokens) and two run to the budget, as at 300
+    settings = DecodingSettings(method="pcg", theta=kit_groups.theta, max_new_tokens=120, seed=4)
     decoder = synth64.decoder(settings, 2)
     requests = [synth64.prepare(i, t, settings)[1] for i, t in enumerate(TEXTS)]
     for r in requests:
@@ -76,6 +77,7 @@ def test_longest_first_admits_the_longest_texts_first_and_changes_no_codes(synth
     runs = {a: synth64.synthesize(items, settings, admission=a)[0] for a in ("arrival", "longest_first")}
     codes = {a: {r.id: r.codes for r in results} for a, results in runs.items()}
     assert codes["arrival"] == codes["longest_first"]
+    assert {r.finish_reason for r in runs["arrival"]} == {"eos", "length"}  # rows end both ways
     assert all(codes["arrival"].values())
 
 
