@@ -93,14 +93,20 @@ def test_quickstart_job_end_to_end(local_ray, kit_dir, tmp_path, groups_cache, k
         assert 0 < abs(samples).max() <= 1.0
 
 
-def test_a_finished_job_rerun_prints_its_figures_again(local_ray, kit_dir, tmp_path, groups_cache, kit_groups,
-                                                       capsys):
-    spec = job_spec(kit_dir, [str(write_manifest(tmp_path / "m.jsonl", texts(4)))], str(tmp_path / "out"),
+@pytest.fixture(scope="module")
+def finished_job(local_ray, kit_dir, tmp_path_factory, groups_cache, kit_groups):
+    """A finished job's spec and summary, for the tests that run something into its output
+    (none of them writes rows there)."""
+    root = tmp_path_factory.mktemp("finished")
+    spec = job_spec(kit_dir, [str(write_manifest(root / "m.jsonl", texts(4)))], str(root / "out"),
                     decoding={"method": "pcg"}, models={"groups_cache": str(groups_cache)})
-    first = JobRunner(spec).run()
-    capsys.readouterr()
+    return spec, JobRunner(spec).run()
+
+
+def test_a_finished_job_rerun_prints_its_figures_again(finished_job, capsys):
+    spec, first = finished_job
     again = JobRunner(spec).run()
-    assert again == first == json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert again == first == json.loads((Path(spec.output.uri) / "summary.json").read_text())
     out = capsys.readouterr().out
     assert "were committed before; nothing to run" in out
     assert f"{first['throughput']['tokens_per_s']} tok/s" in out  # the first run's figures, not nulls
@@ -190,12 +196,12 @@ def test_bad_specs_fail_before_any_work(kit_dir, tmp_path):
         JobSpec.load(tmp_path / "spec.yaml")
 
 
-def test_rerun_into_an_output_of_another_job_is_refused(local_ray, kit_dir, tmp_path):
-    manifest = write_manifest(tmp_path / "m.jsonl", texts(2))
-    JobRunner(job_spec(kit_dir, [str(manifest)], str(tmp_path / "out")), progress=False).run()
-    other = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), decoding={"seed": 2})
+def test_rerun_into_an_output_of_another_job_is_refused(finished_job):
+    spec, first = finished_job
+    other = spec.model_copy(update={"decoding": spec.decoding.model_copy(update={"seed": 2})})
     with pytest.raises(ValueError, match="holds another job"):
         JobRunner(other, progress=False).run()
+    assert json.loads((Path(spec.output.uri) / "summary.json").read_text()) == first  # untouched
 
 
 def test_interrupted_job_resumes_without_redoing_committed_shards(local_ray, kit_dir, tmp_path):
