@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 import ray
 import yaml
+from ray._private.utils import read_ray_address
 
 from engine.cli import main
 
@@ -29,7 +30,6 @@ def start_head(jobs_api: bool = True) -> tuple[subprocess.Popen, str]:
     PATH by the job server, as on a real cluster node, without an activated virtualenv); returns
     the process and, once it answers, the Jobs API address (`jobs_api`), else the GCS address
     once the head has recorded it as the latest cluster (no dashboard: starts sooner)."""
-    from ray._private.utils import read_ray_address
     from ray.job_submission import JobSubmissionClient
 
     bindir = str(Path(sys.executable).parent)
@@ -39,20 +39,25 @@ def start_head(jobs_api: bool = True) -> tuple[subprocess.Popen, str]:
                              f"--dashboard-port={dash}", "--num-cpus=2", f"--include-dashboard={str(jobs_api).lower()}",
                              "--block"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    address = f"http://127.0.0.1:{dash}"
+    jobs = f"http://127.0.0.1:{dash}"
+
+    def answer() -> str | None:
+        if jobs_api:
+            JobSubmissionClient(jobs)
+            return jobs
+        recorded = read_ray_address(None) or ""
+        return recorded if recorded.endswith(f":{port}") else None
+
     deadline = time.time() + 120
     while True:
         try:
-            if jobs_api:
-                JobSubmissionClient(address)
-                return head, address
-            recorded = read_ray_address(None) or ""
-            if recorded.endswith(f":{port}"):
-                return head, recorded
-            raise RuntimeError("not recorded yet")
+            address = answer()
         except Exception:  # noqa: BLE001 - not up yet
-            assert head.poll() is None and time.time() < deadline, "the Ray head did not start"
-            time.sleep(1 if jobs_api else 0.2)
+            address = None
+        if address:
+            return head, address
+        assert head.poll() is None and time.time() < deadline, "the Ray head did not start"
+        time.sleep(1 if jobs_api else 0.2)
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +153,6 @@ def test_run_starts_a_fresh_local_cluster_after_a_ray_head_died(kit_dir, tmp_pat
     head, gcs = start_head(jobs_api=False)
     os.killpg(head.pid, signal.SIGKILL)  # dies uncleanly: its records stay
     head.wait(timeout=60)
-    from ray._private.utils import read_ray_address
-
     assert read_ray_address(None) == gcs  # the dead head is still recorded as the latest cluster
     manifest = write_manifest(tmp_path / "m.jsonl", texts(2))
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), resources={"workers": 1})
