@@ -93,9 +93,9 @@ def kit_description(root: Path) -> dict:
 
 def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.device,
                        dtype: torch.dtype, label: str, prepack: bool | None = None,
-                       weights: str = "native") -> LoadedModel:
+                       weights: str = "native", fuse: bool = True) -> LoadedModel:
     """A `LoadedModel` from in-memory HF-named tensors (what `load_model` does from disk;
-    `prepack` and `weights` as in `ready_for_decoding`)."""
+    `prepack`, `weights` and `fuse` as in `ready_for_decoding`)."""
     layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
     model = empty_model(config, layout, device, dtype)
     params = dict(model.named_parameters())
@@ -103,7 +103,7 @@ def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.dev
         for name, value in tensors.items():
             params[name].copy_(value)
         model.head.copy_(tensors["model.embed_tokens.weight"][layout.output_token_ids()])  # tied
-    ready_for_decoding(model, prepack, weights=weights)
+    ready_for_decoding(model, prepack, weights=weights, fuse=fuse)
     return LoadedModel(path=Path(label), model=model, tokenizer=tokenizer, layout=layout, config=config)
 
 
@@ -111,7 +111,7 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
                    draft_layers: tuple[int, ...] = LLASA_1B_DRAFT_LAYERS,
                    vocab_size: int = LLASA_VOCAB, save_to: Path | None = None,
                    middle: float = LLASA_1B_MIDDLE_SCALE, prepack: bool | None = None,
-                   draft_weights: str = "native") -> tuple[LoadedModel, LoadedModel]:
+                   draft_weights: str = "native", fuse: bool = True) -> tuple[LoadedModel, LoadedModel]:
     """(target, draft) with Llasa-1B's shape and random weights (deterministic from spec.seed).
 
     Args:
@@ -123,6 +123,7 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
         middle: scale of the middle layers' residual writes (`middle_scale`).
         prepack: as in `ready_for_decoding` (None: where supported).
         draft_weights: the draft's `weights` in `ready_for_decoding`.
+        fuse: as in `ready_for_decoding` (both models).
     """
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_tokenizer(Path(tmp) / "tok", spec.text_vocab_size)
@@ -137,10 +138,11 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
         if save_to is not None:
             save_checkpoint(Path(save_to) / "target", t_cfg, tensors, Path(tmp) / "tok")
             save_checkpoint(Path(save_to) / "draft", d_cfg, draft_tensors, Path(tmp) / "tok")
-        target = model_from_tensors(t_cfg, tensors, tokenizer, device, dtype, "llasa-1b-shape/target", prepack)
+        target = model_from_tensors(t_cfg, tensors, tokenizer, device, dtype, "llasa-1b-shape/target", prepack,
+                                    fuse=fuse)
         draft = model_from_tensors(d_cfg, draft_tensors, tokenizer, device, dtype,
                                    f"llasa-1b-shape/draft(layers {','.join(map(str, draft_layers))})", prepack,
-                                   draft_weights)
+                                   draft_weights, fuse)
     return target, draft
 
 

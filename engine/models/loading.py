@@ -179,13 +179,16 @@ def check_weights(weights: str, compile: str) -> None:
 
 
 def ready_for_decoding(model: LlamaLM, prepack: bool | None = None, compile: str = "none",
-                       weights: str = "native") -> LlamaLM:
-    """Inference mode, and weights prepacked for oneDNN where that is supported (`prepack`
-    None: automatically, unless the step is compiled; see `PackedLinear` for why and what it
-    bought), and the decode step compiled (`LlamaLM.compile_step`) unless `compile` is none.
-    `weights` `int8` stores projections and head in int8 instead (`Int8Linear`, CPU, eager)."""
+                       weights: str = "native", fuse: bool = True) -> LlamaLM:
+    """Inference mode, projections fused (`LlamaLM.fuse_projections`, unless `fuse` is False),
+    weights prepacked for oneDNN where that is supported (`prepack` None: automatically, unless
+    the step is compiled; see `PackedLinear` for why and what it bought), and the decode step
+    compiled (`LlamaLM.compile_step`) unless `compile` is none. `weights` `int8` stores
+    projections and head in int8 instead (`Int8Linear`, CPU, eager)."""
     model.eval().requires_grad_(False)
     check_weights(weights, compile)
+    if fuse:
+        model.fuse_projections()
     if weights == "int8":
         if not cpu_vnni():
             warnings.warn("int8 weights on a CPU without VNNI/AMX int8 instructions (e.g. AVX2 only) run "
@@ -320,6 +323,7 @@ def load_model(
     prepack: bool | None = None,
     compile: str = "none",
     weights: str = "native",
+    fuse: bool = True,
 ) -> LoadedModel:
     """Load a Llasa-style Llama from a local directory, restricted to speech + end-of-speech.
 
@@ -332,6 +336,7 @@ def load_model(
         prepack: store the projections in oneDNN's layout (None: on CPU where supported).
         compile: `none`, `inductor` or `cudagraphs` (`LlamaLM.compile_step`).
         weights: `native` (the dtype's weights) or `int8` (`Int8Linear`; a draft on CPU).
+        fuse: fuse each layer's q/k/v and gate/up projections (`LlamaLM.fuse_projections`).
 
     Raises:
         ModelLoadError: missing/incomplete directory, not a Llama model.
@@ -346,7 +351,7 @@ def load_model(
     layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
     model = empty_model(config, layout, device, dtype)
     load_weights(model, path, device)
-    ready_for_decoding(model, prepack, compile, weights)
+    ready_for_decoding(model, prepack, compile, weights, fuse)
     return LoadedModel(path=path, model=model, tokenizer=tokenizer, layout=layout, config=config)
 
 

@@ -4,12 +4,14 @@ torch's SDPA (the CPU's default) and with `grouped_attention` (CUDA's)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
 import engine.models.llama as llama
-from engine.models.llama import grouped_attention
+from engine.models.llama import LlamaLM, LlamaShape, grouped_attention
 from engine.models.loading import ModelLoadError, load_model
 
 
@@ -91,6 +93,41 @@ def test_grouped_attention_is_torchs_masked_grouped_query_attention(monkeypatch,
         monkeypatch.setattr(llama, "GROUPED_SCORES_BYTES", heads * t * length * 4)
         assert torch.equal(grouped_attention(q, k, v, mask), out)
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_projections_compute_what_the_separate_ones_do(bias):
+    """`fuse_projections` (every decoding model's): one q/k/v product and one gate/up product
+    per layer give the separate projections' logits, biases included, and keep the weights."""
+    shape = LlamaShape(vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                       attention_bias=bias, mlp_bias=bias, max_position_embeddings=4096)
+    gen = torch.Generator().manual_seed(3)
+    plain = LlamaLM(shape, torch.arange(100, 300), 1.0 / 10000 ** (torch.arange(0, 16, 2) / 16))
+    for p in plain.parameters():
+        p.data = torch.randn(p.shape, generator=gen) * 0.2
+    fused = copy.deepcopy(plain)
+    fused.fuse_projections()
+    assert fused.fused and not plain.fused
+    attn = fused.model.layers[1].self_attn
+    assert not hasattr(attn, "q_proj") and (attn.qkv_proj.bias is not None) == bias  # no second copy
+    assert torch.equal(attn.qkv_proj.weight[:64], plain.model.layers[1].self_attn.q_proj.weight)
+    assert fused.num_parameters() == plain.num_parameters()
+    assert fused.step_weight_bytes() == plain.step_weight_bytes()
+    tokens = torch.randint(0, 300, (3, 7), generator=gen)
+    logits = []
+    for m in (plain, fused):
+        cache = m.new_cache(4, 16)
+        slots = torch.tensor([3, 0, 2])
+        first = m(tokens[:, :5], torch.arange(5).expand(3, -1), cache, 8, slots=slots)
+        step = m(tokens[:, 5:], torch.tensor([[5, 6], [2, 3], [4, 5]]), cache, 8, slots=slots)
+        logits.append(torch.cat([first, step], 1))
+    assert torch.allclose(logits[1], logits[0], atol=1e-5, rtol=1e-5)
+    fused.fuse_projections()  # already fused: nothing changes
+    assert fused.model.layers[1].self_attn is attn
+    plain.prepack()
+    with pytest.raises(ValueError, match="before prepacking"):
+        plain.fuse_projections()
 
 
 def test_head_is_restricted_to_speech_and_end_of_speech(pair):
