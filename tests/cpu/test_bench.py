@@ -133,8 +133,8 @@ def test_llasa_shape_builder_makes_a_working_target_and_draft(tmp_path):
     assert target.model.vocab_out == 65_537 and target.model.model.embed_tokens.weight.shape[0] == 70_000
     assert len(draft.model.model.layers) == 3
     # the draft's layers are the target's layers 0, 1 and 3
-    assert torch.equal(draft.model.model.layers[2].mlp.up_proj.weight.to_dense(),
-                       target.model.model.layers[3].mlp.up_proj.weight.to_dense())
+    assert torch.equal(draft.model.model.layers[2].mlp.gate_up_proj.weight.to_dense(),
+                       target.model.model.layers[3].mlp.gate_up_proj.weight.to_dense())
     saved = load_model(tmp_path / "target", "cpu", "float32")  # --save-preset: the same weights on disk
     assert torch.equal(saved.model.head, target.model.head)
     results, summary = Synthesizer(target, draft).synthesize(
