@@ -9,7 +9,7 @@ times measured here:
 
 1. one decode forward (1 token per row, 128 cached positions, logits of the last position) of
    each model, fused and separate, timed in turns (`interleaved_medians`), at several batch sizes;
-2. whole decoding of the tiny kit (`ar` and `pcg`, the kit's texts, batch 8), fused and separate
+2. whole decoding of the tiny kit (`ar` and `pcg`, the quickstart's texts, batch 8), fused and separate
    synthesizers in turns, with the codes each gives.
 
     python benchmarks/bench_fused_projections.py --out benchmarks/results/fused_projections_cpu.json
