@@ -9,7 +9,7 @@ times measured here:
 
 1. one decode forward (1 token per row, 128 cached positions, logits of the last position) of
    each model, fused and separate, timed in turns (`interleaved_medians`), at several batch sizes;
-2. whole decoding of the tiny kit (`ar` and `pcg`, the quickstart's texts, batch 8), fused and separate
+2. whole decoding of the tiny kit (`ar` and `pcg`, `BENCH_TEXTS`: the quickstart's texts, batch 8), fused and separate
    synthesizers in turns, with the codes each gives.
 
     python benchmarks/bench_fused_projections.py --out benchmarks/results/fused_projections_cpu.json
@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import DecodingSettings, Synthesizer  # noqa: E402
 from engine.bench.presets import llasa_1b_shape, tiny_kit  # noqa: E402
+from engine.bench.texts import BENCH_TEXTS  # noqa: E402
 from engine.decoding.cost import forward_timer, interleaved_medians  # noqa: E402
 from engine.models.device import auto_dtype  # noqa: E402
 from engine.models.llama import LlamaLM, prepack_supported  # noqa: E402
@@ -84,9 +85,7 @@ def decoding(kit: Path, reps: int, batch: int) -> list[dict]:
         target = load_model(kit / "target", fuse=fuse)
         draft = load_model(kit / "draft", tokenizer=target.tokenizer, fuse=fuse)
         synths["fused" if fuse else "separate"] = Synthesizer(target, draft)
-    texts = [t.strip() for t in (Path(__file__).resolve().parents[1] / "jobs" / "quickstart-texts.txt")
-             .read_text().splitlines() if t.strip()]
-    texts = (texts * 4)[:3 * batch]
+    texts = (BENCH_TEXTS * 3)[:3 * batch]
     out = []
     for method in ("ar", "pcg"):
         settings = DecodingSettings(method=method, theta=0.4, max_new_tokens=100, temperature=0.8, seed=0)

@@ -342,10 +342,6 @@ class LlamaLM(nn.Module):
                 layer.mlp.fuse()
 
     @property
-    def fused(self) -> bool:
-        return self.model.layers[0].self_attn.qkv_proj is not None
-
-    @property
     def prepacked(self) -> bool:
         return self.packed_head is not None
 
