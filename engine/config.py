@@ -331,6 +331,11 @@ class SweepSpec(BaseModel):
     model_pairs: list[ModelPair] = Field(default_factory=list, description=(
         "Target/draft pairs to compare (default: models.target and models.draft)."))
     repetitions: int = Field(1, ge=1, description="Runs per point (results keep each; plots use the median).")
+    reuse_workers: bool = Field(True, description=(
+        "Keep workers loaded from one point to the next of the same model pair: a point takes "
+        "them, with its own decoding settings and batch size, and warms them up again, instead "
+        "of loading the models anew (false: every point starts and loads its own workers, each "
+        "measured in a fresh process). Results record `workers_reused` per run."))
 
     @model_validator(mode="after")
     def _values(self) -> SweepSpec:
@@ -374,6 +379,20 @@ class JobSpec(BaseModel):
         if (self.kind == "sweep") != (self.sweep is not None):
             raise ValueError("kind: sweep goes with a `sweep` section (and only then)")
         return self
+
+    @property
+    def worker_key(self) -> str:
+        """What a loaded synthesis worker depends on besides the job's decoding, batch size,
+        shards and output: the models and how they load (groups aside: each job ships its own),
+        the storage they come from, and where the worker runs (device, CPUs and so its torch
+        threads, GPUs). Workers of equal keys serve each other's jobs (a sweep's points)."""
+        import json
+
+        return json.dumps({"models": self.models.model_dump(mode="json", exclude={"groups", "groups_cache"}),
+                           "storage": self.storage.model_dump(mode="json"),
+                           "resources": self.resources.model_dump(
+                               mode="json", include={"device", "cpus_per_worker", "gpus_per_worker"})},
+                          sort_keys=True)
 
     @classmethod
     def load(cls, path: str | Path) -> JobSpec:

@@ -31,6 +31,17 @@ class SynthesisWorker:
     def info(self) -> dict:
         return self.processor.info()
 
+    def configure(self, spec_json: str, groups: SpeechGroups | None, worker_id: str,
+                  warmup: bool = False) -> dict:
+        """Serve another job with the models already loaded (a sweep's next point: its decoding
+        settings, batch size, shards and output); called only while the worker holds no shard.
+        Returns `info()`, as a new worker's first call does."""
+        spec = JobSpec.model_validate_json(spec_json)
+        self.processor = self.processor.reuse(spec, groups, worker_id)
+        if warmup:
+            self.processor.warmup()
+        return self.processor.info()
+
     def process(self, shard: Shard, attempt: int) -> dict:
         return self.processor.process(shard, attempt)
 

@@ -15,7 +15,7 @@ from engine.console import bar_disabled
 from engine.io.storage import Storage, StorageError
 from engine.runtime.connect import init_ray
 from engine.runtime.plan import Layout, Plan, make_plan
-from engine.runtime.pool import JobFailed, WorkerPool
+from engine.runtime.pool import IdleWorkers, JobFailed, WorkerPool
 from engine.runtime.summary import progress_postfix, summarize, summary_table
 
 
@@ -154,13 +154,15 @@ class JobRunner:
         warmup: workers warm up and start together (for throughput measurements).
         allow_numerics_change: resume an output written under another numerics environment
             (`runtime/numerics.py`); the difference is recorded in `_job.json` and the summary.
+        idle: workers kept loaded between this driver's jobs (`pool.IdleWorkers`: a sweep's
+            points); None: the job starts its own workers and retires them at its end.
     """
 
     def __init__(self, spec: JobSpec, address: str | None = None, progress: bool = True,
                  on_commit: Callable[[dict], None] | None = None, warmup: bool = False,
-                 allow_numerics_change: bool = False) -> None:
+                 allow_numerics_change: bool = False, idle: IdleWorkers | None = None) -> None:
         self.spec, self.address, self.progress, self.on_commit = spec, address, progress, on_commit
-        self.warmup, self.allow_numerics_change = warmup, allow_numerics_change
+        self.warmup, self.allow_numerics_change, self.idle = warmup, allow_numerics_change, idle
         self.storage = Storage(spec.storage)
         self.layout = Layout(spec.output.uri)
 
@@ -218,7 +220,7 @@ class JobRunner:
                 tqdm.write(f"{spec.name}: {text}", file=sys.stderr)
 
             pool = WorkerPool(spec, ray.put(groups) if groups is not None else None, commit, self.warmup,
-                              notify=notify)
+                              notify=notify, idle=self.idle)
             try:
                 report = pool.run(todo)
             finally:

@@ -44,6 +44,45 @@ def request_capacity(bundles: list[dict]) -> bool:
         return False
 
 
+class IdleWorkers:
+    """Loaded workers kept between the jobs one driver runs (a sweep's points). A job whose
+    `JobSpec.worker_key` matches takes them instead of starting new ones and gives back, when
+    it ends, those it leaves alive and idle; a job of another key first retires the kept ones
+    (it needs their CPUs and GPUs). Every worker made while this exists is made with at least
+    `concurrency` threads (`max_concurrency`), enough for the largest shard window of the jobs
+    that will share it.
+
+    Args:
+        concurrency: the actors' `max_concurrency` (shard window + 2 of the most demanding job).
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.key: str | None = None
+        self.actors: list = []
+
+    def take(self, key: str, concurrency: int):
+        """A kept worker for a job of `key` needing `concurrency` threads, or None."""
+        if key != self.key:
+            self.close()
+            self.key = key
+        if concurrency > self.concurrency or not self.actors:
+            return None
+        return self.actors.pop()
+
+    def give(self, key: str, actor) -> None:
+        if key == self.key:
+            self.actors.append(actor)
+        else:
+            ray.kill(actor, no_restart=True)
+
+    def close(self) -> None:
+        """Retire every kept worker."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+
+
 class JobFailed(RuntimeError):
     """The job cannot go on (e.g. workers fail to start); committed shards are kept."""
 
@@ -54,6 +93,7 @@ class PoolReport:
     failed: dict[str, str] = field(default_factory=dict)  # shard id -> last error
     retries: int = 0
     replaced: int = 0
+    reused: int = 0  # workers that served this job with models loaded for a previous one (`IdleWorkers`)
     capacity_waits: list[dict] = field(default_factory=list)  # {"waited_s", "outcome"} per wait
     first_dispatch: float | None = None  # time.monotonic() of the first shard handed out
     last_commit: float | None = None
@@ -76,11 +116,15 @@ class WorkerPool:
         on_commit: called with each commit record as it arrives.
         warmup: workers warm up after loading, and no shard is handed out before every first
             worker is ready (throughput measurements: nobody starts early).
+        idle: loaded workers to take before starting new ones, and to give the workers back to
+            at the end (a sweep's points); None: every worker is started for this job and
+            retired at its end.
     """
 
     def __init__(self, spec: JobSpec, groups_ref, on_commit: Callable[[dict], None],
-                 warmup: bool = False, notify: Callable[[str], None] | None = None) -> None:
-        self.spec, self.groups_ref, self.on_commit = spec, groups_ref, on_commit
+                 warmup: bool = False, notify: Callable[[str], None] | None = None,
+                 idle: IdleWorkers | None = None) -> None:
+        self.spec, self.groups_ref, self.on_commit, self.idle = spec, groups_ref, on_commit, idle
         self.notify = notify or (lambda text: print(text, file=sys.stderr, flush=True))
         self.warmup = warmup
         self.spec_json = spec.model_dump_json()
@@ -97,14 +141,25 @@ class WorkerPool:
         self.rng = random.Random()
         self.target = spec.resources.workers
         self.report = PoolReport()
+        self.kept: set[int] = set()  # slots of workers taken from `idle`
 
     def start_worker(self) -> None:
         slot = self.next_id
         self.next_id += 1
-        actor = SynthesisWorker.options(**worker_options(self.spec)).remote(
-            self.spec_json, self.groups_ref, f"w{slot}", self.warmup)
-        self.actors[slot] = actor
-        self.starting[actor.info.remote()] = (slot, time.monotonic())
+        options = worker_options(self.spec)
+        kept = None
+        if self.idle is not None:
+            kept = self.idle.take(self.spec.worker_key, options["max_concurrency"])
+            options["max_concurrency"] = max(options["max_concurrency"], self.idle.concurrency)
+        if kept is not None:  # loaded already: it takes this job's settings (and warms up for them)
+            self.kept.add(slot)
+            self.actors[slot] = kept
+            ready = kept.configure.remote(self.spec_json, self.groups_ref, f"w{slot}", self.warmup)
+        else:
+            self.actors[slot] = SynthesisWorker.options(**options).remote(
+                self.spec_json, self.groups_ref, f"w{slot}", self.warmup)
+            ready = self.actors[slot].info.remote()
+        self.starting[ready] = (slot, time.monotonic())
 
     def retire(self, slot: int) -> None:
         actor = self.actors.pop(slot, None)
@@ -182,6 +237,7 @@ class WorkerPool:
         self.target = min(self.spec.resources.workers, len(self.pending))  # workers the job runs on
         for _ in range(self.target):
             self.start_worker()
+        finished = False
         try:
             barrier = self.warmup
             while self.work_left() or self.inflight:
@@ -229,9 +285,14 @@ class WorkerPool:
                     self.on_started(ref)
                 else:
                     self.on_finished(ref)
+            finished = True
         finally:
+            starting = {slot for slot, _ in self.starting.values()}
             for slot in list(self.actors):
-                self.retire(slot)
+                if self.idle is not None and finished and slot not in starting:
+                    self.idle.give(self.spec.worker_key, self.actors.pop(slot))  # idle: no shard held
+                else:
+                    self.retire(slot)
             if self.waiting_since is not None:
                 request_capacity([])
         return self.report
@@ -254,7 +315,10 @@ class WorkerPool:
                 raise JobFailed(f"worker w{slot} failed to start: {first_line(exc)}") from None
             self.replace()  # died while loading (process killed, node lost): replaced like any other
             return
+        except RayTaskError as exc:  # a kept worker refused this job's settings
+            raise JobFailed(f"worker w{slot} could not take this job: {first_line(exc)}") from None
         self.report.placements[info["worker"]] = {k: info[k] for k in ("node", "host", "gpu_ids", "device")}
+        self.report.reused += slot in self.kept
         self.free.extend([slot] * self.window)
 
     def room_back(self, slot: int) -> None:

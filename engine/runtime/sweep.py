@@ -3,8 +3,10 @@
 A point fixes workers, batch size, method, gamma, theta and a target/draft pair, and runs the
 job's manifests through the normal pipeline into `<output>/points/<point>/`, with workers warmed
 up and started together; its throughput is measured from the first shard handed out to the last
-committed (model loading excluded). Results: `<output>/sweep.parquet` (one row per run),
-`sweep.json`, and plots in `<output>/plots/`. Completed points are skipped on a rerun.
+committed (model loading excluded). Workers stay loaded from one point to the next of the same
+pair (`sweep.reuse_workers`): a point takes them with its own settings and warms them up again.
+Results: `<output>/sweep.parquet` (one row per run), `sweep.json`, and plots in
+`<output>/plots/`. Completed points are skipped on a rerun.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import pyarrow.parquet as pq
 
 from engine.config import JobSpec, ModelPair
 from engine.io.storage import Storage, join
+from engine.runtime.actors import worker_options
 from engine.runtime.job import JobRunner
+from engine.runtime.pool import IdleWorkers
 
 
 def points(spec: JobSpec) -> list[dict]:
@@ -71,6 +75,7 @@ def result_row(p: dict, rep: int, summary: dict) -> dict:
             "acceptance_per_position": summary["acceptance_per_position"],
             "slot_utilisation": summary["utilisation"]["slot_utilisation"],
             "worker_busy_fraction": summary["utilisation"]["worker_busy_fraction"],
+            "workers_reused": summary["shards"].get("workers_reused", 0),
             "gamma_auto": json.dumps(summary["gamma_auto"]) if summary["gamma_auto"] else None}
 
 
@@ -115,17 +120,25 @@ def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True) 
     root = spec.output.uri
     grid = points(spec)
     runs = schedule(grid, spec.sweep.repetitions)
+    specs = {(rep, point_id(p)): point_spec(spec, p, join(root, "points", f"{point_id(p)}-r{rep}"))
+             for rep, p in runs}
+    concurrency = max(worker_options(s)["max_concurrency"] for s in specs.values())
+    idle = IdleWorkers(concurrency) if spec.sweep.reuse_workers else None
     rows = []
-    for n, (rep, p) in enumerate(runs, 1):
-        uri = join(root, "points", f"{point_id(p)}-r{rep}")
-        done = join(uri, "summary.json")
-        if storage.exists(done):
-            summary = json.loads(storage.read_bytes(done))
-        else:
-            if progress:
-                print(f"[{n}/{len(runs)}] {point_id(p)} repetition {rep}", flush=True)
-            summary = JobRunner(point_spec(spec, p, uri), address, progress=False, warmup=True).run()
-        rows.append(result_row(p, rep, summary))
+    try:
+        for n, (rep, p) in enumerate(runs, 1):
+            point = specs[(rep, point_id(p))]
+            done = join(point.output.uri, "summary.json")
+            if storage.exists(done):
+                summary = json.loads(storage.read_bytes(done))
+            else:
+                if progress:
+                    print(f"[{n}/{len(runs)}] {point_id(p)} repetition {rep}", flush=True)
+                summary = JobRunner(point, address, progress=False, warmup=True, idle=idle).run()
+            rows.append(result_row(p, rep, summary))
+    finally:
+        if idle is not None:
+            idle.close()
     position = {point_id(p): i for i, p in enumerate(grid)}
     rows.sort(key=lambda r: (position[r["point"]], r["repetition"]))  # grid order, as before
     add_scaling(rows)

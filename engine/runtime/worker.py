@@ -48,6 +48,46 @@ class Prepared:
     origin: dict
 
 
+@dataclass
+class WorkerModels:
+    """What a worker loads once and keeps: target + draft, codec, their revisions, and the
+    voice-prompt cache. A sweep hands them from one of its points to the next
+    (`ShardProcessor.reuse`) when their `JobSpec.worker_key` is the same."""
+
+    key: str
+    synth: Synthesizer
+    codec: object  # Xcodec2Codec
+    revisions: dict
+    prompt_cache: object  # PromptCache
+
+    @classmethod
+    def load(cls, spec: JobSpec, storage: Storage, device: str) -> WorkerModels:
+        from engine.codec.prompts import PromptCache
+        from engine.codec.xcodec2 import Xcodec2Codec
+        from engine.models.loading import checkpoint_revision
+
+        local = storage.local_dir
+        draft = local(spec.models.draft) if spec.models.draft else None
+        loaded = {}
+
+        def load() -> None:  # on a thread of its own, which ends here (runtime/stream.py: CPU threads)
+            loaded["synth"] = Synthesizer.load(local(spec.models.target), draft=draft, device=device,
+                                               dtype=spec.models.dtype, compile=spec.models.compile,
+                                               draft_weights=spec.models.draft_weights,
+                                               batch_size=spec.resources.batch_size)
+            loaded["codec"] = Xcodec2Codec.load(local(spec.models.codec), device=device)
+        on_short_thread(load)
+        dirs = {"target": local(spec.models.target), "draft": draft, "codec": local(spec.models.codec)}
+        revisions = {k: checkpoint_revision(v) for k, v in dirs.items() if v is not None}
+        return cls(spec.worker_key, loaded["synth"], loaded["codec"], revisions, PromptCache())
+
+
+def check_reusable(models: WorkerModels, spec: JobSpec) -> None:
+    if models.key != spec.worker_key:
+        raise ValueError(f"job {spec.name}: this worker loaded other models, or for other resources, than "
+                         "the job's (JobSpec.worker_key); it needs a worker of its own")
+
+
 class ShardProcessor:
     """Models, codec and groups of one worker, and the shard -> Parquet + commit pipeline.
 
@@ -57,34 +97,24 @@ class ShardProcessor:
         worker_id: a label for the summary's per-worker figures.
         storage: where to read and write (default: `Storage(spec.storage)`).
         io_queue: decoded shards that may wait for the writer before decoding blocks.
+        models: models loaded before (`reuse`); None loads them.
     """
 
     def __init__(self, spec: JobSpec, groups: SpeechGroups | None = None, worker_id: str = "w0",
-                 storage: Storage | None = None, io_queue: int = 2) -> None:
-        from engine.codec.prompts import PromptCache
-        from engine.codec.xcodec2 import Xcodec2Codec
-
+                 storage: Storage | None = None, io_queue: int = 2, models: WorkerModels | None = None) -> None:
         self.spec, self.worker_id = spec, worker_id
         self.storage = storage or Storage(spec.storage)
         self.layout = Layout(spec.output.uri)
         self.device = str(resolve_device(spec.resources.device))
-        local = self.storage.local_dir
-        draft = local(spec.models.draft) if spec.models.draft else None
-
-        def load() -> None:  # on a thread of its own, which ends here (runtime/stream.py: CPU threads)
-            self.synth = Synthesizer.load(local(spec.models.target), draft=draft, device=self.device,
-                                          dtype=spec.models.dtype, compile=spec.models.compile,
-                                          draft_weights=spec.models.draft_weights,
-                                          batch_size=spec.resources.batch_size)
-            if groups is not None:
-                self.synth.set_groups(groups)
-            self.codec = Xcodec2Codec.load(local(spec.models.codec), device=self.device)
-        on_short_thread(load)
-        from engine.models.loading import checkpoint_revision
-
-        dirs = {"target": local(spec.models.target), "draft": draft, "codec": local(spec.models.codec)}
-        self.revisions = {k: checkpoint_revision(v) for k, v in dirs.items() if v is not None}
-        self.prompt_cache = PromptCache()
+        if models is None:
+            models = WorkerModels.load(spec, self.storage, self.device)
+        check_reusable(models, spec)
+        self.models = models
+        self.synth, self.codec, self.revisions = models.synth, models.codec, models.revisions
+        self.prompt_cache = models.prompt_cache
+        self.synth.batch_size = spec.resources.batch_size
+        if groups is not None:
+            self.synth.set_groups(groups)
         self._read_whole = lru_cache(maxsize=2)(self._parse_file)
         self._codec_stream = None
         self._numerics: dict | None = None
@@ -93,6 +123,15 @@ class ShardProcessor:
         prof = spec.profile
         profiler = RoundProfiler(prof.rounds, prof.skip, prof.trace, self.device) if prof.rounds else None
         self.stream = ShardStream(session, self.start_rows, self.finalise, io_queue=io_queue, profiler=profiler)
+
+    def reuse(self, spec: JobSpec, groups: SpeechGroups | None = None, worker_id: str = "w0") -> ShardProcessor:
+        """This worker's models for another job (a sweep's next point: other decoding settings,
+        batch size, data): closes this processor's threads and returns a new processor on the
+        same models. Raises ValueError if the job needs other models (`JobSpec.worker_key`),
+        before anything changes."""
+        check_reusable(self.models, spec)
+        self.close()
+        return ShardProcessor(spec, groups, worker_id, models=self.models)
 
     def warmup(self) -> None:
         """Decode a batch and a half with the job's settings at its batch size, and run the codec

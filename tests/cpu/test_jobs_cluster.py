@@ -4,6 +4,7 @@ placement one worker per GPU, a worker process killed mid-job, a node removed mi
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 
@@ -11,7 +12,9 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from engine.runtime.actors import worker_options
 from engine.runtime.job import JobRunner
+from engine.runtime.pool import IdleWorkers
 from engine.runtime.summary import summary_table
 
 from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
@@ -108,6 +111,57 @@ def test_a_node_removed_mid_job_leaves_the_rest_to_finish(cluster, kit_dir, tmp_
     assert_each_row_once(spec, 12)
 
 
+@ray.remote(num_cpus=0)
+class Stub:
+    """An actor that answers `configure` like a kept worker (only for IdleWorkers' bookkeeping)."""
+
+    def configure(self, *args) -> dict:
+        return {}
+
+
+def test_idle_workers_keep_the_workers_of_one_key_and_retire_the_rest(cluster):
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    idle = IdleWorkers(concurrency=4)
+    a, b, c = Stub.remote(), Stub.remote(), Stub.remote()
+    assert idle.take("A", 4) is None  # nothing kept yet
+    idle.give("A", a)
+    idle.give("A", b)
+    assert idle.take("A", 5) is None  # a job needing more threads than they were made with
+    assert idle.take("A", 4) is b
+    idle.give("B", c)  # another key than the kept ones': retired at once
+    assert idle.take("B", 4) is None  # a job of key B: the kept worker of key A is retired
+    for gone in (a, c):
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(gone.configure.remote(), timeout=30)
+    assert ray.get(b.configure.remote(), timeout=30) == {}  # taken, so not retired by the keeper
+
+
+def test_a_kept_worker_that_died_between_jobs_is_replaced_and_the_next_job_reuses_it(cluster, kit_dir, tmp_path):
+    gpu_nodes(cluster, count=1, gpus=1)
+    spec = gpu_spec(kit_dir, tmp_path, rows=4, workers=1, dtype="float64")
+    idle = IdleWorkers(worker_options(spec)["max_concurrency"])
+    dead = Stub.remote()
+    ray.kill(dead, no_restart=True)  # kept after a job, lost before the next (a node gone between points)
+    assert idle.take(spec.worker_key, 0) is None
+    idle.give(spec.worker_key, dead)
+    try:
+        summary = JobRunner(spec, progress=False, idle=idle).run()
+        assert summary["shards"]["workers_reused"] == 0 and summary["shards"]["workers_replaced"] == 1
+        assert summary["shards"]["committed"] == summary["shards"]["total"] == 2
+        assert_each_row_once(spec, 4)
+        assert len(idle.actors) == 1  # the replacement, kept for the next job
+        other = spec.model_copy(update={
+            "output": spec.output.model_copy(update={"uri": str(tmp_path / "again")}),
+            "resources": spec.resources.model_copy(update={"batch_size": 2})})
+        again = JobRunner(other, progress=False, idle=idle).run()
+        assert again["shards"]["workers_reused"] == 1 and again["shards"]["workers_replaced"] == 0
+        commits = [json.loads(f.read_text()) for f in (tmp_path / "again" / "_commits").glob("*.json")]
+        assert len(commits) == 2 and {c["batch_size"] for c in commits} == {2}  # the new job's settings
+        assert comparable(read_output(other)) == comparable(read_output(spec))  # as a fresh worker decodes
+    finally:
+        idle.close()
+
+
 def test_sweep_over_worker_counts_produces_results_and_plots(cluster, kit_dir, tmp_path):
     import pyarrow.parquet as pq
 
@@ -133,6 +187,17 @@ def test_sweep_over_worker_counts_produces_results_and_plots(cluster, kit_dir, t
     assert {p.rsplit("/", 1)[-1] for p in doc["plots"]} == {"throughput_vs_workers.png", "throughput_vs_batch.png"}
     for p in doc["plots"]:
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # workers stay loaded between points (run order w1 b2, w1 b4, w2 b2, w2 b4): one worker
+    # started for the first point, one more for the first with two; every other one was kept
+    reused = {r["point"]: r["workers_reused"] for r in table}
+    assert reused == {"models-w1-b2-exact-g2": 0, "models-w1-b4-exact-g2": 1,
+                      "models-w2-b2-exact-g2": 1, "models-w2-b4-exact-g2": 2}
+    outputs = {}  # and decode as fresh ones do: every point, whatever its workers, the same codes
+    for r in table:
+        rows = read_output(spec.model_copy(update={"output": spec.output.model_copy(
+            update={"uri": str(tmp_path / "sweep" / "points" / f"{r['point']}-r0")})}))
+        outputs[r["point"]] = sorted((x["id"], tuple(x["codes"]), x["finish_reason"]) for x in rows)
+    assert len(next(iter(outputs.values()))) == 6 and len(set(map(tuple, outputs.values()))) == 1
     again = run_sweep(spec, progress=False)  # every point done: nothing re-measured
     assert [r["tokens_per_s"] for r in again["runs"]] == [r["tokens_per_s"] for r in doc["runs"]]
 

@@ -365,3 +365,39 @@ def test_a_profile_is_reduced_between_rounds_not_inside_one():
     assert states == [(False, False), (False, False), (True, False), (False, True), (False, True)]
     profile = profiler.take()
     assert profile["rounds"] == 2 and profile["skipped_rounds"] == 1 and profile["torch_ops_per_round"] >= 1
+
+
+def test_loaded_models_serve_another_job_as_fresh_ones_and_other_models_are_refused(kit_dir, tmp_path):
+    """A sweep's next point on the same worker (`ShardProcessor.reuse`): other batch size, other
+    output, the same codes as before; a job needing the models in another precision is refused
+    before the worker changes, which still serves its job."""
+    from jobhelpers import read_output
+
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(6))
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "a"),
+                    decoding={"method": "exact", "max_new_tokens": 8, "seed": 1},
+                    resources={"workers": 1, "batch_size": 2, "rows_per_shard": 3})
+
+    def job(output: str, **resources):
+        return spec.model_copy(update={"output": spec.output.model_copy(update={"uri": str(tmp_path / output)}),
+                                       "resources": spec.resources.model_copy(update=resources)})
+
+    def codes(s) -> list:
+        return sorted((r["id"], tuple(r["codes"])) for r in read_output(s))
+
+    processor = ShardProcessor(spec)
+    try:
+        run_shards(processor, spec)
+        models = processor.models
+        processor = processor.reuse(job("b", batch_size=4), worker_id="w1")
+        assert processor.models is models and processor.synth.batch_size == 4
+        records = run_shards(processor, processor.spec)
+        assert {r["worker"] for r in records} == {"w1"} and {r["batch_size"] for r in records} == {4}
+        assert codes(processor.spec) == codes(spec) and len(codes(spec)) == 6
+        other = processor.spec.model_copy(update={"models": spec.models.model_copy(update={"dtype": "float64"})})
+        with pytest.raises(ValueError, match="other models"):
+            processor.reuse(other)
+        again = run_shards(processor, processor.spec)  # still serving: threads not closed by the refusal
+        assert [r["generated_tokens"] for r in again] == [r["generated_tokens"] for r in records]
+    finally:
+        processor.close()
