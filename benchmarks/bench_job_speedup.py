@@ -1,8 +1,9 @@
 """A synthesis job against plain AR: the same rows through whole jobs with `ar`, `exact` and `pcg`.
 
 `pcg-synth bench` measures decoding; this measures what a user's job gets: each point is a real
-job (`kind: sweep`, `engine/runtime/sweep.py`) on a local Ray cluster, its worker loaded and
-warmed up before the clock starts, then the job's manifest decoded, codec-decoded, encoded as
+job (`kind: sweep`, `engine/runtime/sweep.py`) on a local Ray cluster, its worker loaded (or
+kept loaded from the previous point: `sweep.reuse_workers`) and warmed up before the clock
+starts, then the job's manifest decoded, codec-decoded, encoded as
 FLAC and written as Parquet shards, its `steady.tokens_per_s` taken from the first shard handed
 out to the last one committed. Methods and batch sizes run as one grid, repetitions interleaved
 (every second one in reverse order), and each run is compared with the `ar` run of its own
@@ -37,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_job_throughput import interpreter  # noqa: E402  (the Python that ran this, as a reader types it)
 
 from engine.models.quant import cpu_vnni  # noqa: E402
+
+from machine import write_result_pair  # noqa: E402
 
 
 def manifest(path: Path, rows: int) -> Path:
@@ -177,11 +180,7 @@ def main() -> None:
         "points": summarise(doc["runs"]),
         "runs": doc["runs"],
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
-    print(f"written: {out}.json, {out}.md")
+    write_result_pair(out, result, markdown(result))
 
 
 if __name__ == "__main__":

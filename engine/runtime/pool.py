@@ -77,8 +77,8 @@ class IdleWorkers:
             ray.kill(actor, no_restart=True)
 
     def close(self) -> None:
-        """Retire every kept worker."""
-        for actor in self.actors:
+        """Retire every kept worker (gone with Ray already if this process left it)."""
+        for actor in self.actors if ray.is_initialized() else []:
             ray.kill(actor, no_restart=True)
         self.actors = []
 

@@ -119,8 +119,9 @@ class Stub:
         return {}
 
 
-def test_idle_workers_keep_the_workers_of_one_key_and_retire_the_rest(cluster):
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+def test_idle_workers_keep_one_key_and_a_kept_worker_that_died_is_replaced(cluster, kit_dir, tmp_path):
+    gpu_nodes(cluster, count=1, gpus=1)
+    # the keeper's bookkeeping
     idle = IdleWorkers(concurrency=4)
     a, b, c = Stub.remote(), Stub.remote(), Stub.remote()
     assert idle.take("A", 4) is None  # nothing kept yet
@@ -134,10 +135,9 @@ def test_idle_workers_keep_the_workers_of_one_key_and_retire_the_rest(cluster):
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(gone.configure.remote(), timeout=30)
     assert ray.get(b.configure.remote(), timeout=30) == {}  # taken, so not retired by the keeper
+    ray.kill(b)
 
-
-def test_a_kept_worker_that_died_between_jobs_is_replaced_and_the_next_job_reuses_it(cluster, kit_dir, tmp_path):
-    gpu_nodes(cluster, count=1, gpus=1)
+    # a worker kept after one job and lost before the next
     spec = gpu_spec(kit_dir, tmp_path, rows=4, workers=1, dtype="float64")
     idle = IdleWorkers(worker_options(spec)["max_concurrency"])
     dead = Stub.remote()
