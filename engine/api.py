@@ -161,6 +161,12 @@ class Synthesizer:
         update = {"gamma": choice.gamma} if choice.gamma else {"method": "ar", "gamma": 1}
         return settings.model_copy(update=update), choice
 
+    def forget_measurements(self) -> None:
+        """Drop what `gamma: auto` measured (its pilots' acceptance and step times), so the next
+        rows measure again, as in a freshly loaded synthesizer (a job worker kept for a sweep's
+        next point: that point's choice is its own)."""
+        self._gamma.clear()
+
     def _pilot(self, settings: DecodingSettings, requests: list[Request], batch: int) -> tuple:
         """(acceptance per draft position, host seconds per round, step times per candidate
         gamma at `batch`) from a short decode of a few of `requests` at gamma `PILOT_GAMMA`."""

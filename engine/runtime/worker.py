@@ -127,10 +127,12 @@ class ShardProcessor:
     def reuse(self, spec: JobSpec, groups: SpeechGroups | None = None, worker_id: str = "w0") -> ShardProcessor:
         """This worker's models for another job (a sweep's next point: other decoding settings,
         batch size, data): closes this processor's threads and returns a new processor on the
-        same models. Raises ValueError if the job needs other models (`JobSpec.worker_key`),
-        before anything changes."""
+        same models, with nothing measured for the last job kept (`gamma: auto`'s pilots).
+        Raises ValueError if the job needs other models (`JobSpec.worker_key`), before anything
+        changes."""
         check_reusable(self.models, spec)
         self.close()
+        self.synth.forget_measurements()  # a `gamma: auto` choice is the new job's own
         return ShardProcessor(spec, groups, worker_id, models=self.models)
 
     def warmup(self) -> None:

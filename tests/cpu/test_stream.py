@@ -389,8 +389,10 @@ def test_loaded_models_serve_another_job_as_fresh_ones_and_other_models_are_refu
     try:
         run_shards(processor, spec)
         models = processor.models
+        processor.synth._gamma[("measured", 2)] = (0.5, 0.0, {})  # as a `gamma: auto` pilot leaves it
         processor = processor.reuse(job("b", batch_size=4), worker_id="w1")
         assert processor.models is models and processor.synth.batch_size == 4
+        assert processor.synth._gamma == {}  # the next job measures for itself
         records = run_shards(processor, processor.spec)
         assert {r["worker"] for r in records} == {"w1"} and {r["batch_size"] for r in records} == {4}
         assert codes(processor.spec) == codes(spec) and len(codes(spec)) == 6
