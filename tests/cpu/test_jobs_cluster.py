@@ -170,6 +170,7 @@ def test_sweep_over_worker_counts_produces_results_and_plots(cluster, kit_dir, t
     gpu_nodes(cluster, count=2, gpus=1)
     manifest = write_manifest(tmp_path / "m.jsonl", texts(6))
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "sweep"), kind="sweep",
+                    models={"dtype": "float64"},  # codes independent of the rows beside them: comparable across points
                     sweep={"workers": [1, 2], "batch_sizes": [2, 4], "methods": ["exact"], "gammas": [2]},
                     resources={"gpus_per_worker": 1, "cpus_per_worker": 1, "rows_per_shard": 1, "device": "cpu"})
     doc = run_sweep(spec, progress=False)

@@ -374,7 +374,7 @@ def test_loaded_models_serve_another_job_as_fresh_ones_and_other_models_are_refu
     from jobhelpers import read_output
 
     manifest = write_manifest(tmp_path / "m.jsonl", texts(6))
-    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "a"),
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "a"), models={"dtype": "float64"},
                     decoding={"method": "exact", "max_new_tokens": 8, "seed": 1},
                     resources={"workers": 1, "batch_size": 2, "rows_per_shard": 3})
 
@@ -396,7 +396,7 @@ def test_loaded_models_serve_another_job_as_fresh_ones_and_other_models_are_refu
         records = run_shards(processor, processor.spec)
         assert {r["worker"] for r in records} == {"w1"} and {r["batch_size"] for r in records} == {4}
         assert codes(processor.spec) == codes(spec) and len(codes(spec)) == 6
-        other = processor.spec.model_copy(update={"models": spec.models.model_copy(update={"dtype": "float64"})})
+        other = processor.spec.model_copy(update={"models": spec.models.model_copy(update={"dtype": "float32"})})
         with pytest.raises(ValueError, match="other models"):
             processor.reuse(other)
         again = run_shards(processor, processor.spec)  # still serving: threads not closed by the refusal
