@@ -26,7 +26,8 @@ default, and `arrival`); ratios compare a job with decoding alone in the same or
 Both get the same CPU threads (`--threads`: torch threads here, `cpus_per_worker` there).
 `--probe` also runs decoding alone (arrival order) where a job worker decodes: on a thread of its
 own in this process, and twice in a fresh Ray actor process holding its own models (loaded and
-warmed up as a worker's); and the job's worker without Ray, in this process; and, in the main
+warmed up as a worker's); and the job's worker without Ray, in this process; and the job twice
+on one worker kept loaded between the runs (`IdleWorkers`), measuring the second; and, in the main
 thread, with the attention the device does not use by default (torch's SDPA on CUDA,
 `grouped_attention` on a CPU; uncompiled models only). Every run reports
 its decoding thread's CPU share of the rounds and its context switches per round. Where a job's
@@ -160,21 +161,23 @@ def job_rows(spec, work: Path) -> list[dict]:
     return [json.loads(x) for x in Path(uri).read_text().splitlines() if x.strip()]
 
 
-def run_job(spec, rep: int, admission: str | None = None) -> dict:
+def run_job(spec, rep: int, admission: str | None = None, idle=None, tag: str = "") -> dict:
     """One job run into a fresh output; the figures that matter (`admission`: None for code
-    that has no such setting)."""
+    that has no such setting). `idle`: workers kept loaded from a previous run (`IdleWorkers`),
+    and Ray left running for the next."""
     import ray
 
     from engine.runtime.job import JobRunner
 
-    out = spec.output.model_copy(update={"uri": f"{spec.output.uri}-r{rep}-{admission or 'before'}"})
+    out = spec.output.model_copy(update={"uri": f"{spec.output.uri}-r{rep}-{admission or 'before'}{tag}"})
     update = {"output": out}
     if admission is not None:
         update["resources"] = spec.resources.model_copy(update={"admission": admission})
     spec = spec.model_copy(update=update)
     start = time.perf_counter()
-    summary = JobRunner(spec, address="local", progress=False, warmup=True).run()
-    ray.shutdown()
+    summary = JobRunner(spec, address="local", progress=False, warmup=True, idle=idle).run()
+    if idle is None:
+        ray.shutdown()
     u, steady = summary["utilisation"], summary["steady"]
     workers = summary["workers"].values()
     return {"rows_ok": summary["rows_ok"], "generated_tokens": summary["generated_tokens"],
@@ -187,7 +190,26 @@ def run_job(spec, rep: int, admission: str | None = None) -> dict:
             # the steady window apart: rounds (at what rate), writing (codec, audio, Parquet, upload)
             **decode_figures(workers), "finalise_s": round(sum(w.get("finalise_s", 0.0) for w in workers), 3),
             "codec_s": round(sum(w.get("codec_s", 0.0) for w in workers), 3),
-            "wall_s": round(time.perf_counter() - start, 1), **read_profile(summary.get("profiles"))}
+            "wall_s": round(time.perf_counter() - start, 1), "workers_reused": summary["shards"]["workers_reused"],
+            **read_profile(summary.get("profiles"))}
+
+
+def run_job_kept(spec, rep: int, admission: str) -> dict:
+    """The job twice on one worker kept loaded between the runs (as a sweep's points share
+    workers): the second run's figures, from a worker process that has decoded these rows before,
+    as decoding alone's repeated runs in this process have."""
+    import ray
+
+    from engine.runtime.actors import worker_options
+    from engine.runtime.pool import IdleWorkers
+
+    idle = IdleWorkers(worker_options(spec)["max_concurrency"])
+    try:
+        run_job(spec, rep, admission, idle=idle, tag="-kept-first")
+        return run_job(spec, rep, admission, idle=idle, tag="-kept")
+    finally:
+        idle.close()
+        ray.shutdown()
 
 
 def read_profile(uris: list[str] | None) -> dict:
@@ -296,13 +318,14 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
 
 
 PROBES = ("alone_arrival", "alone_thread_arrival", "alone_other_attention_arrival", "alone_actor_arrival",
-          "alone_actor_again_arrival", "stream_in_process_arrival")
+          "alone_actor_again_arrival", "stream_in_process_arrival", "job_kept_arrival")
 PROBE_NAMES = {"alone_arrival": "alone, main thread", "alone_thread_arrival": "alone, own thread",
                "alone_other_attention_arrival": "alone, main thread, the other attention (SDPA on CUDA, grouped "
                                                 "on a CPU)",
                "alone_actor_arrival": "alone, Ray actor (its first run)",
                "alone_actor_again_arrival": "alone, Ray actor (its second run)",
                "stream_in_process_arrival": "job's worker, no Ray",
+               "job_kept_arrival": "job, its worker's second run (kept loaded: IdleWorkers)",
                "job_arrival": "job"}
 THREAD_FIGURES = ("cpu_share", "waits_per_round", "preempted_per_round")
 
@@ -588,8 +611,10 @@ def markdown(doc: dict) -> str:
                    " a thread of its own (as a job worker's decode loop), in a fresh Ray actor process (a worker's "
                    "process without the job; twice, since a worker decodes its rows once after its warm-up, and the "
                    "second run shows what a process's first run costs beyond that); the job's worker without Ray "
-                   "(its decode loop and IO thread in this process, fed by as many threads as the job's window); and"
-                   " the job. Tokens/s inside decode rounds, and the decoding thread over those rounds: its CPU time"
+                   "(its decode loop and IO thread in this process, fed by as many threads as the job's window); "
+                   "the job; and the job run twice on one worker kept loaded between the runs, its second run (a "
+                   "worker process that has decoded before, as decoding alone's process has). Tokens/s inside "
+                   "decode rounds, and the decoding thread over those rounds: its CPU time"
                    " as a share of their wall time, and its context switches per round, voluntary (it waited: for "
                    "the GIL, a lock, the device, OpenMP's threads) and involuntary (other work took its core). On a "
                    "CPU the two that decode on another thread of this process share it with the OpenMP threads of "
@@ -722,7 +747,9 @@ def main() -> None:
                 # the result so far after every workload's jobs: a run cut short (a lent GPU's
                 # time limit) still leaves the comparisons it finished; the probe comes after them
                 report(args, runs, models, label, dtype, synth, load_start, t0, out)
-                if args.probe:
+                if args.probe:  # the kept worker first: the one a short lease most needs (README, the H100 probe)
+                    runs[name]["job_kept_arrival"].append(run_job_kept(spec, rep, "arrival"))
+                    report(args, runs, models, label, dtype, synth, load_start, t0, out)
                     runs[name]["alone_thread_arrival"].append(run_alone_in_thread(synth, spec, rows[name], "arrival"))
                     if args.compile == "none":
                         runs[name]["alone_other_attention_arrival"].append(
