@@ -113,8 +113,8 @@ class ShardProcessor:
         self.synth, self.codec, self.revisions = models.synth, models.codec, models.revisions
         self.prompt_cache = models.prompt_cache
         self.synth.batch_size = spec.resources.batch_size
-        if groups is not None:
-            self.synth.set_groups(groups)
+        if groups is not None:  # torch ops (the group index): on a short thread, as the loading's
+            on_short_thread(lambda: self.synth.set_groups(groups))
         self._read_whole = lru_cache(maxsize=2)(self._parse_file)
         self._codec_stream = None
         self._numerics: dict | None = None
