@@ -5,7 +5,8 @@ Threads, all in the worker's process (no Ray here):
               and wait on the returned future for its commit record;
     decode    ONE loop over one `DecodeSession`: every held shard's rows share the batches
               (a row of the next shard takes the slot a row of the current one just left);
-              when a shard's last row finishes, the shard goes to the IO queue;
+              when a shard's last row finishes, the shard goes to the IO queue; a worker runs
+              it on its models' `KeptThread`, so every job they serve decodes on one thread;
     IO        finalises shards in the order they finished decoding: codec decode, audio
               encoding, the Parquet file, the upload and then the commit record.
 The IO queue is bounded: when writing falls behind, the decode loop blocks on it (the time is
@@ -101,6 +102,49 @@ def own_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+class KeptThread:
+    """One thread that runs the functions given to it (`run`), one after another, until
+    `close`; `run` after `close` starts a new one. A worker's models own one for their decode
+    loops (`WorkerModels.decode_thread`), so that the jobs they serve in turn (a sweep's points)
+    all decode on the same thread and what a thread keeps for itself is made once: its CUDA-graph
+    trees (torch keeps them per thread: with `models.compile: cudagraphs` a new thread captures
+    every graph again, into a memory pool of its own), BLAS handles, its OpenMP team."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: queue.Queue = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def run(self, fn: Callable) -> Future:
+        """Queue `fn()` behind what the thread was given before; the future resolves to its result."""
+        call = Call(fn)
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.loop, name=self.name, daemon=True)
+                self.thread.start()
+            self.calls.put(call)
+        return call.future
+
+    @property
+    def ident(self) -> int | None:
+        """The running thread's `threading.get_ident()` (None before the first `run`)."""
+        return self.thread.ident if self.thread is not None else None
+
+    def loop(self) -> None:
+        while (call := self.calls.get()) is not STOP:
+            call.run()
+
+    def close(self) -> None:
+        """Let the thread finish what it was given, then end it."""
+        with self.lock:
+            thread, self.thread = self.thread, None
+            if thread is not None:
+                self.calls.put(STOP)
+        if thread is not None:
+            thread.join()
+
+
 def on_short_thread(fn: Callable, name: str = "load"):
     """`fn()` on a thread that ends when it returns (its result, or its exception raised here).
     Whatever OpenMP threads `fn`'s torch ops started end with it (model loading's, so that they do
@@ -144,13 +188,17 @@ class ShardStream:
         profiler: profiles some of the decode rounds (`runtime/profiling.py`); it finishes
             early when the batch runs empty, before the shard that emptied it is handed to the
             IO thread, so that shard's `finalise` finds the profile (`profiler.take()`).
+        decode_thread: where the decode loop runs (a worker's models' `KeptThread`, left
+            running by `close`); None: a thread of the stream's own.
     """
 
     def __init__(self, session: DecodeSession, start_rows: Callable, finalise: Callable, io_queue: int = 1,
-                 profiler: RoundProfiler | None = None, torch_threads: int | None = None) -> None:
+                 profiler: RoundProfiler | None = None, torch_threads: int | None = None,
+                 decode_thread: KeptThread | None = None) -> None:
         import torch
 
         self.session, self.start_rows, self.finalise = session, start_rows, finalise
+        self.decode_thread = decode_thread
         # the decode thread's torch threads (default: the constructing thread's); the IO thread's is 1
         self.torch_threads = torch_threads or torch.get_num_threads()
         self.profiler = profiler
@@ -174,7 +222,8 @@ class ShardStream:
         # queued: a dry spell, `starved_slots` once a later shard ends it (the worker was waiting
         # for its next shard), else the end of the worker's work (its last rows finishing).
         self.starved_slots = self.split_slots = self.dry_spell = 0
-        self.threads: list[threading.Thread] = []
+        self.threads: list[threading.Thread] = []  # the IO thread, and the decode thread if it is the stream's
+        self.decode_done: Future | None = None  # the decode loop's run on `decode_thread`
 
     # ---- callers ------------------------------------------------------------------------------
 
@@ -201,9 +250,13 @@ class ShardStream:
                 # the decode thread starts once the IO thread took its one CPU thread (which set
                 # torch's default to 1): its own count then sets the default back to the worker's
                 io_ready.wait()
-                decode = threading.Thread(target=self.decode_loop, name="decode", daemon=True)
-                decode.start()
-                self.threads = [decode, io]
+                self.threads = [io]
+                if self.decode_thread is not None:
+                    self.decode_done = self.decode_thread.run(self.decode_loop)
+                else:
+                    decode = threading.Thread(target=self.decode_loop, name="decode", daemon=True)
+                    decode.start()
+                    self.threads.append(decode)
 
     def submit(self, task: ShardTask) -> Future:
         """Queue a prepared shard (already `hold`); its future resolves to the commit record."""
@@ -227,12 +280,15 @@ class ShardStream:
         return call.future
 
     def close(self) -> None:
-        """Stop both threads after the work queued so far."""
+        """Stop the decode loop and the IO thread after the work queued so far (a kept decode
+        thread stays, for the next stream)."""
         if self.threads:
             self.inbox.put(STOP)
             for t in self.threads:
                 t.join()
-            self.threads = []
+            if self.decode_done is not None:
+                self.decode_done.exception()  # waits for the loop's end (as a join would)
+            self.threads, self.decode_done = [], None
 
     # ---- figures ------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from pydantic import ValidationError
@@ -34,7 +34,7 @@ from engine.models.device import resolve_device
 from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
 from engine.runtime.plan import Layout, Shard
 from engine.runtime.profiling import RoundProfiler
-from engine.runtime.stream import ShardStream, ShardTask, on_short_thread
+from engine.runtime.stream import KeptThread, ShardStream, ShardTask, on_short_thread
 
 
 @dataclass
@@ -50,15 +50,16 @@ class Prepared:
 
 @dataclass
 class WorkerModels:
-    """What a worker loads once and keeps: target + draft, codec, their revisions, and the
-    voice-prompt cache. A sweep hands them from one of its points to the next
-    (`ShardProcessor.reuse`) when their `JobSpec.worker_key` is the same."""
+    """What a worker loads once and keeps: target + draft, codec, their revisions, the
+    voice-prompt cache, and the thread their decode loops run on. A sweep hands them from one of
+    its points to the next (`ShardProcessor.reuse`) when their `JobSpec.worker_key` is the same."""
 
     key: str
     synth: Synthesizer
     codec: object  # Xcodec2Codec
     revisions: dict
     prompt_cache: object  # PromptCache
+    decode_thread: KeptThread = field(default_factory=lambda: KeptThread("decode"))
 
     @classmethod
     def load(cls, spec: JobSpec, storage: Storage, device: str) -> WorkerModels:
@@ -122,16 +123,19 @@ class ShardProcessor:
         session = self.synth.session(spec.resources.batch_size, stream=True, admission=spec.resources.admission)
         prof = spec.profile
         profiler = RoundProfiler(prof.rounds, prof.skip, prof.trace, self.device) if prof.rounds else None
-        self.stream = ShardStream(session, self.start_rows, self.finalise, io_queue=io_queue, profiler=profiler)
+        self.stream = ShardStream(session, self.start_rows, self.finalise, io_queue=io_queue, profiler=profiler,
+                                  decode_thread=models.decode_thread)
 
     def reuse(self, spec: JobSpec, groups: SpeechGroups | None = None, worker_id: str = "w0") -> ShardProcessor:
         """This worker's models for another job (a sweep's next point: other decoding settings,
-        batch size, data): closes this processor's threads and returns a new processor on the
-        same models, with nothing measured for the last job kept (`gamma: auto`'s pilots).
+        batch size, data): ends this processor's decode loop and IO thread and returns a new
+        processor on the same models, whose decode loop runs on the same thread (the models'
+        `decode_thread`: with `models.compile: cudagraphs` its graphs stay captured), with
+        nothing measured for the last job kept (`gamma: auto`'s pilots).
         Raises ValueError if the job needs other models (`JobSpec.worker_key`), before anything
         changes."""
         check_reusable(self.models, spec)
-        self.close()
+        self.stream.close()  # the models' decode thread stays: the next job decodes on it
         self.synth.forget_measurements()  # a `gamma: auto` choice is the new job's own
         return ShardProcessor(spec, groups, worker_id, models=self.models)
 
@@ -331,4 +335,6 @@ class ShardProcessor:
         return torch.cuda.stream(self._codec_stream)
 
     def close(self) -> None:
+        """End this processor's threads, the models' decode thread included."""
         self.stream.close()
+        self.models.decode_thread.close()

@@ -385,13 +385,18 @@ def test_loaded_models_serve_another_job_as_fresh_ones_and_other_models_are_refu
     def codes(s) -> list:
         return sorted((r["id"], tuple(r["codes"])) for r in read_output(s))
 
+    def decode_thread(p) -> int:
+        return p.stream.on_decode_thread(threading.get_ident).result()
+
     processor = ShardProcessor(spec)
     try:
         run_shards(processor, spec)
-        models = processor.models
+        models, first_thread = processor.models, decode_thread(processor)
         processor.synth._gamma[("measured", 2)] = (0.5, 0.0, {})  # as a `gamma: auto` pilot leaves it
         processor = processor.reuse(job("b", batch_size=4), worker_id="w1")
         assert processor.models is models and processor.synth.batch_size == 4
+        # the next job decodes on the same thread (a thread's CUDA-graph trees are its own)
+        assert decode_thread(processor) == first_thread == models.decode_thread.ident
         assert processor.synth._gamma == {}  # the next job measures for itself
         records = run_shards(processor, processor.spec)
         assert {r["worker"] for r in records} == {"w1"} and {r["batch_size"] for r in records} == {4}
@@ -403,3 +408,4 @@ def test_loaded_models_serve_another_job_as_fresh_ones_and_other_models_are_refu
         assert [r["generated_tokens"] for r in again] == [r["generated_tokens"] for r in records]
     finally:
         processor.close()
+    assert models.decode_thread.thread is None and not any(t.ident == first_thread for t in threading.enumerate())
