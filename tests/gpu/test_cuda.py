@@ -123,6 +123,11 @@ def test_a_cuda_graph_worker_records_its_graphs_on_its_decode_thread(kit_dir, tm
         manager = processor.stream.on_decode_thread(lambda: cudagraph_trees.get_manager(index, False)).result()
         # the graphs the job's rounds replay were recorded by the warm-up, on the decode thread
         assert manager is not None and cudagraph_trees.get_manager(index, False) is None
+        # a kept worker's next job (a sweep's next point) decodes on the same thread: same graphs
+        processor = processor.reuse(spec.model_copy(update={
+            "output": spec.output.model_copy(update={"uri": str(tmp_path / "next")})}))
+        processor.warmup()
+        assert processor.stream.on_decode_thread(lambda: cudagraph_trees.get_manager(index, False)).result() is manager
     finally:
         processor.close()
 
