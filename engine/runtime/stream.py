@@ -126,11 +126,6 @@ class KeptThread:
             self.calls.put(call)
         return call.future
 
-    @property
-    def ident(self) -> int | None:
-        """The running thread's `threading.get_ident()` (None before the first `run`)."""
-        return self.thread.ident if self.thread is not None else None
-
     def loop(self) -> None:
         while (call := self.calls.get()) is not STOP:
             call.run()
@@ -189,7 +184,7 @@ class ShardStream:
             early when the batch runs empty, before the shard that emptied it is handed to the
             IO thread, so that shard's `finalise` finds the profile (`profiler.take()`).
         decode_thread: where the decode loop runs (a worker's models' `KeptThread`, left
-            running by `close`); None: a thread of the stream's own.
+            running by `close`); None: a `KeptThread` of the stream's own, ended by `close`.
     """
 
     def __init__(self, session: DecodeSession, start_rows: Callable, finalise: Callable, io_queue: int = 1,
@@ -198,7 +193,8 @@ class ShardStream:
         import torch
 
         self.session, self.start_rows, self.finalise = session, start_rows, finalise
-        self.decode_thread = decode_thread
+        self.own_decode_thread = decode_thread is None
+        self.decode_thread = decode_thread or KeptThread("decode")
         # the decode thread's torch threads (default: the constructing thread's); the IO thread's is 1
         self.torch_threads = torch_threads or torch.get_num_threads()
         self.profiler = profiler
@@ -222,7 +218,7 @@ class ShardStream:
         # queued: a dry spell, `starved_slots` once a later shard ends it (the worker was waiting
         # for its next shard), else the end of the worker's work (its last rows finishing).
         self.starved_slots = self.split_slots = self.dry_spell = 0
-        self.threads: list[threading.Thread] = []  # the IO thread, and the decode thread if it is the stream's
+        self.io_thread: threading.Thread | None = None
         self.decode_done: Future | None = None  # the decode loop's run on `decode_thread`
 
     # ---- callers ------------------------------------------------------------------------------
@@ -243,20 +239,15 @@ class ShardStream:
 
     def start_threads(self) -> None:
         with self.lock:  # shards arrive on several threads: start one loop, once
-            if not self.threads:
+            if self.io_thread is None:
                 io_ready = threading.Event()
                 io = threading.Thread(target=self.io_loop, args=(io_ready,), name="shard-io", daemon=True)
                 io.start()
                 # the decode thread starts once the IO thread took its one CPU thread (which set
                 # torch's default to 1): its own count then sets the default back to the worker's
                 io_ready.wait()
-                self.threads = [io]
-                if self.decode_thread is not None:
-                    self.decode_done = self.decode_thread.run(self.decode_loop)
-                else:
-                    decode = threading.Thread(target=self.decode_loop, name="decode", daemon=True)
-                    decode.start()
-                    self.threads.append(decode)
+                self.io_thread = io
+                self.decode_done = self.decode_thread.run(self.decode_loop)
 
     def submit(self, task: ShardTask) -> Future:
         """Queue a prepared shard (already `hold`); its future resolves to the commit record."""
@@ -280,15 +271,15 @@ class ShardStream:
         return call.future
 
     def close(self) -> None:
-        """Stop the decode loop and the IO thread after the work queued so far (a kept decode
-        thread stays, for the next stream)."""
-        if self.threads:
+        """Stop the decode loop and the IO thread after the work queued so far (a decode
+        thread given to the stream stays, for the next one)."""
+        if self.io_thread is not None:
             self.inbox.put(STOP)
-            for t in self.threads:
-                t.join()
-            if self.decode_done is not None:
-                self.decode_done.exception()  # waits for the loop's end (as a join would)
-            self.threads, self.decode_done = [], None
+            self.decode_done.exception()  # waits for the loop's end
+            self.io_thread.join()
+            self.io_thread = self.decode_done = None
+        if self.own_decode_thread:
+            self.decode_thread.close()
 
     # ---- figures ------------------------------------------------------------------------------
 

@@ -396,7 +396,7 @@ def test_loaded_models_serve_another_job_as_fresh_ones_and_other_models_are_refu
         processor = processor.reuse(job("b", batch_size=4), worker_id="w1")
         assert processor.models is models and processor.synth.batch_size == 4
         # the next job decodes on the same thread (a thread's CUDA-graph trees are its own)
-        assert decode_thread(processor) == first_thread == models.decode_thread.ident
+        assert decode_thread(processor) == first_thread == models.decode_thread.thread.ident
         assert processor.synth._gamma == {}  # the next job measures for itself
         records = run_shards(processor, processor.spec)
         assert {r["worker"] for r in records} == {"w1"} and {r["batch_size"] for r in records} == {4}
