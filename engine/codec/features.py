@@ -15,14 +15,13 @@ import numpy as np
 import torch
 
 from engine.codec.base import CodecError
+from engine.hf import from_transformers
 
 
 @lru_cache(maxsize=1)
 def semantic_extractor():
-    from transformers import SeamlessM4TFeatureExtractor
-
     # Its defaults are w2v-bert-2.0's preprocessor config (80 mel bins, stride 2, 16 kHz).
-    return SeamlessM4TFeatureExtractor()
+    return from_transformers("SeamlessM4TFeatureExtractor")()
 
 
 def pad_clip(waveform: np.ndarray, hop: int) -> np.ndarray:

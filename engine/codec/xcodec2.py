@@ -19,6 +19,7 @@ from torch import nn
 
 from engine.codec.base import CodecError, CodesLike, as_code_array, length_batches
 from engine.codec.features import encoder_inputs
+from engine.hf import from_transformers
 from engine.models.device import resolve_device, resolve_dtype
 
 HOW_TO_GET = ("Build the tiny kit with `pcg-synth kit build DIR` (its codec is DIR/codec), or pass a "
@@ -29,7 +30,7 @@ DECODER_PREFIXES = ("quantizer.", "acoustic_decoder.")
 
 def read_codec_config(path: Path):
     """The checkpoint's `Xcodec2Config`, after checking the directory looks like one."""
-    from transformers import Xcodec2Config
+    Xcodec2Config = from_transformers("Xcodec2Config")
 
     if not path.is_dir():
         raise CodecError(f"codec directory {path} does not exist. {HOW_TO_GET}")
@@ -66,7 +67,9 @@ class DecoderParts(nn.Module):
 
     def __init__(self, config) -> None:
         super().__init__()
-        from transformers.models.xcodec2.modeling_xcodec2 import Xcodec2Decoder, Xcodec2Quantizer
+        modeling = "transformers.models.xcodec2.modeling_xcodec2"
+        Xcodec2Decoder = from_transformers("Xcodec2Decoder", modeling)
+        Xcodec2Quantizer = from_transformers("Xcodec2Quantizer", modeling)
 
         config._attn_implementation = "sdpa"  # modules built outside from_pretrained default to eager
         self.quantizer = Xcodec2Quantizer(config)
@@ -222,9 +225,7 @@ class Xcodec2Codec:
         if self._encoder is None:
             if self.path is None:
                 raise CodecError("this codec has random weights and no checkpoint: it cannot encode")
-            from transformers import Xcodec2Model
-
-            model = Xcodec2Model.from_pretrained(str(self.path), dtype=torch.float32)
+            model = from_transformers("Xcodec2Model").from_pretrained(str(self.path), dtype=torch.float32)
             model.acoustic_decoder = None  # the decode path lives in self.parts
             self._encoder = model.to(self.encoder_device).eval().requires_grad_(False)
         return self._encoder

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.hf import from_transformers
+
 PARTS = ("layers", "norm", "embeddings", "head")
 DEFAULT_TRAINABLE = ("layers", "norm")
 
@@ -36,8 +38,8 @@ class SpeechLM(nn.Module):
     def load(cls, path: str | Path, output_ids: torch.Tensor, dtype: torch.dtype = torch.float32,
              device: str | torch.device = "cpu") -> SpeechLM:
         """Load a Hugging Face Llama checkpoint directory (ours or anyone's)."""
-        from transformers import LlamaForCausalLM
-        from transformers.utils import logging as hf_logging
+        LlamaForCausalLM = from_transformers("LlamaForCausalLM")
+        hf_logging = from_transformers("logging", "transformers.utils")
 
         verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()

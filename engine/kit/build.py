@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.hf import from_transformers
 from engine.kit.draft import KitDraftRecipe, build_kit_draft
 from engine.kit.tokenizer import build_tokenizer
 from engine.models.llasa import NUM_SPEECH_TOKENS, LlasaLayout
@@ -216,7 +217,7 @@ def calibrate_eos(spec: KitSpec, target_dir: Path, tensors: dict, layout: LlasaL
 
 def build_codec(out: Path, spec: KitSpec) -> None:
     """A small random X-codec2 in transformers' format (decoder shape as the real one, tiny)."""
-    from transformers import Xcodec2Config, Xcodec2Model
+    Xcodec2Config, Xcodec2Model = from_transformers("Xcodec2Config"), from_transformers("Xcodec2Model")
 
     h, n_layers = spec.codec["hidden_size"], spec.codec["layers"]
     semantic = {"model_type": "wav2vec2-bert", "hidden_size": h, "num_hidden_layers": n_layers,

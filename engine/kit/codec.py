@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from engine.hf import from_transformers
+
 KIT_PROJECT_IN_ROW_NORM = 200.0
 
 
@@ -29,9 +31,7 @@ def spread_codes(model, row_norm: float = KIT_PROJECT_IN_ROW_NORM) -> None:
 
 def write_spread_codec(src: str | Path, dst: str | Path) -> Path:
     """Copy the random codec at `src` to `dst` with `spread_codes` applied (for tests)."""
-    from transformers import Xcodec2Model
-
-    model = Xcodec2Model.from_pretrained(str(src))
+    model = from_transformers("Xcodec2Model").from_pretrained(str(src))
     spread_codes(model)
     model.save_pretrained(str(dst))
     return Path(dst)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.hf import from_transformers
 from engine.models.llasa import (
     NUM_SPEECH_TOKENS,
     SPEECH_END,
@@ -65,7 +66,7 @@ def build_tokenizer(out_dir: Path, text_vocab_size: int = 1024):
         The `PreTrainedTokenizerFast` that was saved.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    PreTrainedTokenizerFast = from_transformers("PreTrainedTokenizerFast")
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

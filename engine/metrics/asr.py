@@ -10,6 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
+from engine.hf import from_transformers
 from engine.metrics.deps import require
 
 SAMPLE_RATE = 16_000
@@ -59,7 +60,7 @@ class HFASR:
     """
 
     def __init__(self, path: str | Path, device: str = "cpu", batch_size: int = 8) -> None:
-        from transformers import pipeline
+        pipeline = from_transformers("pipeline")
 
         path = Path(path)
         if not (path / "config.json").is_file():

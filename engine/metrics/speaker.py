@@ -14,6 +14,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from engine.hf import from_transformers
+
 SAMPLE_RATE = 16_000
 
 
@@ -41,7 +43,8 @@ class XVectorSpeaker:
     """A local transformers audio x-vector model (WavLM/wav2vec2/UniSpeechSat `ForXVector`)."""
 
     def __init__(self, path: str | Path, device: str = "cpu") -> None:
-        from transformers import AutoFeatureExtractor, AutoModelForAudioXVector
+        AutoFeatureExtractor = from_transformers("AutoFeatureExtractor")
+        AutoModelForAudioXVector = from_transformers("AutoModelForAudioXVector")
 
         path = Path(path)
         if not (path / "config.json").is_file():

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from torch import nn
 
 from engine.config import DRAFT_WEIGHTS
+from engine.hf import from_transformers
 from engine.io.storage import model_dir
 from engine.models.device import resolve_dtype
 from engine.models.llama import LlamaLM, LlamaShape, prepack_supported
@@ -128,10 +129,8 @@ def rope_tables(config: dict) -> tuple[torch.Tensor, float]:
     own = own_rope_tables(config)
     if own is not None:
         return own
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    rotary = LlamaRotaryEmbedding(LlamaConfig(**config))
+    rotary_class = from_transformers("LlamaRotaryEmbedding", "transformers.models.llama.modeling_llama")
+    rotary = rotary_class(from_transformers("LlamaConfig")(**config))
     return rotary.inv_freq.detach().clone(), float(rotary.attention_scaling)
 
 
@@ -280,10 +279,7 @@ def load_tokenizer(path: Path):
         key = tokenizer_digest(path)
         with _TOKENIZERS_LOCK:
             if key not in _TOKENIZERS:
-                if backend_class_named(path):
-                    from transformers import TokenizersBackend as loader
-                else:
-                    from transformers import AutoTokenizer as loader
+                loader = from_transformers("TokenizersBackend" if backend_class_named(path) else "AutoTokenizer")
                 fast = {"added_tokens_decoder": {}} if added_tokens_in_backend(path) else {}
                 _TOKENIZERS[key] = loader.from_pretrained(str(path), **fast)
                 while len(_TOKENIZERS) > TOKENIZERS_KEPT:
