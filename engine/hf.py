@@ -1,22 +1,20 @@
-"""transformers' classes, imported one thread at a time.
+"""transformers' classes by name, safe on any thread.
 
-transformers is a lazy package: while one thread imports a part of it for the first time, another
-thread's `from transformers import X` can find the package half-built and fail
-(`ImportError: cannot import name 'TokenizersBackend' from 'transformers'`, seen in a fresh
-process loading a `Synthesizer` on one thread and an X-codec2 codec on another, in every try).
-Every import of transformers in the engine goes through `from_transformers`, under one lock, so
-loads on several threads of a service or a worker take turns for those imports and nothing else.
+transformers' package replaces itself in `sys.modules` with a lazy module at the end of its first
+import. A `from transformers import X` statement on a thread that meets that import running on
+another thread waits for it, then reads `X` off the package object it found before, which never
+gets the lazy names: `ImportError: cannot import name 'TokenizersBackend' from 'transformers'`,
+in every try of a fresh process loading a `Synthesizer` on one thread and an X-codec2 codec on
+another (`tests/cpu/test_threaded_loading.py`). `importlib.import_module` looks the module up in
+`sys.modules` again once the import is done, so the engine imports transformers only through
+`from_transformers` (the linter refuses `import transformers` statements in `engine/`).
 """
 
 from __future__ import annotations
 
 import importlib
-import threading
-
-_LOCK = threading.RLock()
 
 
 def from_transformers(name: str, module: str = "transformers"):
-    """`from {module} import {name}` under the process-wide lock."""
-    with _LOCK:
-        return getattr(importlib.import_module(module), name)
+    """What `from {module} import {name}` means, without that statement's race (above)."""
+    return getattr(importlib.import_module(module), name)
