@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -63,6 +65,10 @@ class Synthesizer:
         self._gamma: dict[tuple, tuple] = {}  # (structure, batch) -> the pilot's measurements
         self._rules: dict[tuple, Rule] = {}
         self._decoders: dict[tuple, SpeculativeDecoder] = {}
+        # calls and sessions share the decoders: their rows may share a batch, and every change to
+        # a decoder (queueing rows, a round) holds this lock (`DecodeSession`)
+        self.lock = threading.RLock()
+        self.submissions = itertools.count(1)  # numbers every submission: earlier ones admitted first
 
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
@@ -344,17 +350,26 @@ def one_line(exc: Exception) -> str:
     return str(exc)
 
 
+class RowsDropped(RuntimeError):
+    """A session's rows were dropped from a batch it shared with a session that failed."""
+
+
 class DecodeSession:
-    """Rows with their own settings in, finished rows out, through one thread.
+    """Rows with their own settings in, finished rows out.
 
     Rows go to the decoder of their structure (`decoder_key`): rows differing only in sampling
     settings, seeds, budgets or acceptance rules share a batch. `submit` may be called while
     the session runs (continuous batching across calls: a job worker feeds it shard after
-    shard); `step` runs one decode round and returns the rows that finished in it. A `stream`
-    session expects more rows after each `submit` (`gamma: auto` then sees no drain at the end
-    of a submission); otherwise one submission holds every row. `admission` orders the queued
-    rows of each decoder: `longest_first` by the estimate `Synthesizer.prepare` gives every
-    request, `arrival` as submitted.
+    shard); `step` runs one decode round and returns this session's rows that finished in it. A
+    `stream` session expects more rows after each `submit` (`gamma: auto` then sees no drain at
+    the end of a submission); otherwise one submission holds every row. `admission` orders the
+    queued rows of each decoder: `longest_first` by the estimate `Synthesizer.prepare` gives every
+    request, `arrival` as submitted; an earlier submission (of any session) goes first.
+
+    Sessions of one synthesizer share its decoders, so the rows of calls running at the same
+    time (threads of a service, streams read in turns) share a batch: a round run by one session
+    may finish another's rows, which wait in that session's `inbox` for its next `step`.
+    Submitting and stepping hold the synthesizer's lock, so sessions may run on several threads.
     """
 
     def __init__(self, synth: Synthesizer, batch: int, stream: bool = False,
@@ -362,17 +377,22 @@ class DecodeSession:
         if admission not in ADMISSIONS:
             raise ValueError(f"admission {admission!r}: choose one of {', '.join(ADMISSIONS)}")
         self.synth, self.batch, self.stream, self.admission = synth, batch, stream, admission
-        self.submissions = 0  # numbers each `submit`: earlier submissions are admitted first
         self.scheduler = DecodeScheduler()
         self.gamma_choices: list[GammaChoice] = []
+        self.inbox: list[tuple[Request, RowResult]] = []  # own rows another session's round finished
+        self.pending = 0  # own rows submitted and not yet returned by `step`
 
     def submit(self, rows: Sequence[tuple[DecodingSettings, Request]]) -> None:
         """Queue `(settings, request)` pairs (requests from `Synthesizer.prepare` with those
         settings). `gamma: auto` is resolved here, per structure, from these rows."""
+        with self.synth.lock:
+            self._submit(rows)
+
+    def _submit(self, rows: Sequence[tuple[DecodingSettings, Request]]) -> None:
         by_structure: dict[tuple, list[tuple[DecodingSettings, Request]]] = {}
-        self.submissions += 1
+        submission = next(self.synth.submissions)
         for settings, request in rows:
-            request.submission = self.submissions
+            request.submission, request.owner = submission, self
             if self.admission == "arrival":
                 request.priority = 0
             by_structure.setdefault(structure(settings), []).append((settings, request))
@@ -386,16 +406,52 @@ class DecodeSession:
                 request.rule = self.synth.rule(settings.model_copy(update=concrete))
             self.scheduler.submit(decoder_key(effective, self.batch), self.synth.decoder(effective, self.batch),
                                   [r for _, r in group])
+            self.pending += len(group)
 
     @property
     def idle(self) -> bool:
-        return self.scheduler.idle
+        """Every row submitted has been returned by `step`."""
+        return self.pending == 0
 
     def step(self) -> list[tuple[Request, RowResult]]:
-        return self.scheduler.step()
+        """This session's rows that another session's rounds finished since the last call, if
+        any; else one decode round, and this session's rows that finished in it (others' rows
+        go to their sessions).
+
+        Raises:
+            RowsDropped: this session's rows are gone from the decoders (another session's
+                error reset a batch they shared).
+        """
+        with self.synth.lock:
+            done, self.inbox = self.inbox, []
+            if not done and self.pending:
+                if self.scheduler.idle:
+                    lost, self.pending = self.pending, 0
+                    raise RowsDropped(f"{lost} row(s) of this session were dropped from a batch shared "
+                                      "with another session that failed; submit them again")
+                for request, row in self.scheduler.step():
+                    owner = request.owner
+                    if owner is self or owner is None:
+                        done.append((request, row))
+                    else:
+                        owner.inbox.append((request, row))
+            self.pending -= len(done)
+            return done
 
     def reset(self) -> None:
-        self.scheduler.reset()
+        """Drop every row of this session's decoders (after an error left a batch in doubt),
+        other sessions' rows in them too (their next `step` says so)."""
+        with self.synth.lock:
+            self.scheduler.reset()
+            self.inbox, self.pending = [], 0
+
+    def close(self) -> None:
+        """Drop this session's rows that are queued or decoding (a stream left unread); other
+        sessions' rows decode on."""
+        with self.synth.lock:
+            for decoder in self.scheduler.decoders.values():
+                decoder.drop(lambda request: request.owner is self)
+            self.inbox, self.pending = [], 0
 
 
 class _Call:
@@ -407,11 +463,20 @@ class _Call:
         self.ok = 0
 
     def __iter__(self) -> Iterator[tuple[int, SynthesisResult]]:
-        for i, result in enumerate(self.results):
-            if result.error is not None:
-                yield i, result
-        while not self.session.idle:
-            for request, row in self.session.step():
-                res = self.results[request.key]
-                res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats
-                yield request.key, res
+        try:
+            for i, result in enumerate(self.results):
+                if result.error is not None:
+                    yield i, result
+            while not self.session.idle:
+                for request, row in self.session.step():
+                    res = self.results[request.key]
+                    res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats
+                    yield request.key, res
+        except GeneratorExit:  # the caller stopped reading: its rows leave the batch
+            self.session.close()
+            raise
+        except RowsDropped:  # another call's failure reset the batch: nothing of this one is left in it
+            raise
+        except BaseException:  # a round failed: the batch is in doubt
+            self.session.reset()
+            raise

@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 CODES_PER_SECOND = 50  # X-codec2: 16 kHz audio, one code per 320 samples
 CHARS_PER_SECOND = 15.0  # a typical speaking rate in letters (spaces and punctuation included)
@@ -81,6 +81,14 @@ class AdmissionQueue:
 
     def clear(self) -> None:
         self.heap.clear()
+
+    def discard(self, drop: Callable[[object], bool]) -> int:
+        """Remove the queued requests `drop` picks; returns how many."""
+        kept = [entry for entry in self.heap if not drop(entry[3])]
+        removed = len(self.heap) - len(kept)
+        heapq.heapify(kept)
+        self.heap = kept
+        return removed
 
     def __len__(self) -> int:
         return len(self.heap)

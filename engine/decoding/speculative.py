@@ -21,7 +21,7 @@ into free slots, runs one round and returns the rows that finished; `run` does b
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,6 +52,7 @@ class Request:
         priority, submission: admission order: a free slot takes a queued request of the
             earliest submission, of those the highest priority, the earliest queued among
             equals (see `decoding/admission.py`).
+        owner: who submitted it, for callers that share a decoder (`api.DecodeSession`).
     """
 
     key: object
@@ -63,6 +64,7 @@ class Request:
     rule: Rule | None = None
     priority: int = 0
     submission: int = 0
+    owner: object = None
 
 
 @dataclass
@@ -388,6 +390,16 @@ class SpeculativeDecoder:
                 self.rules[slot] = None
                 self.free.append(slot)
         return done
+
+    def drop(self, which: Callable[[Request], bool]) -> int:
+        """Drop the queued and decoding rows `which` picks (a caller that no longer wants them);
+        the other rows decode on as before. Returns how many."""
+        gone = self.queue.discard(which)
+        for slot in [s for s, r in self.owner.items() if which(r)]:
+            del self.owner[slot]
+            self.rules[slot] = None
+            self.free.append(slot)
+        return gone
 
     def reset(self) -> None:
         """Drop every queued and decoding row (after an error left the batch in doubt)."""
