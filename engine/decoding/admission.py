@@ -54,8 +54,8 @@ def expected_tokens(text: str, max_new_tokens: int) -> int:
 
 
 class AdmissionQueue:
-    """Queued requests. Earlier submissions (`request.submission`, numbered by the decode
-    session) first (a job worker submits a shard at a time, so
+    """Queued requests. Earlier submissions (`request.submission`, numbered by the synthesizer
+    over all its decode sessions) first (a job worker submits a shard at a time, so
     shards keep their order and are committed as early as in arrival order); within one
     submission the highest `priority` first, in arrival order among equals (all equal: first
     in, first out).
