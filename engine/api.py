@@ -66,9 +66,10 @@ class Synthesizer:
         self._rules: dict[tuple, Rule] = {}
         self._decoders: dict[tuple, SpeculativeDecoder] = {}
         # calls and sessions share the decoders: their rows may share a batch, and every change to
-        # a decoder (queueing rows, a round) holds this lock (`DecodeSession`)
-        self.lock = threading.RLock()
+        # a decoder (queueing rows, a round, dropping rows) holds this lock (`DecodeSession`)
+        self.lock = threading.Lock()
         self.submissions = itertools.count(1)  # numbers every submission: earlier ones admitted first
+        self.closed: list[DecodeSession] = []  # sessions whose rows leave the decoders (`DecodeSession.close`)
 
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
@@ -167,6 +168,13 @@ class Synthesizer:
         update = {"gamma": choice.gamma} if choice.gamma else {"method": "ar", "gamma": 1}
         return settings.model_copy(update=update), choice
 
+    def drop_closed(self) -> None:
+        """Take the rows of closed sessions out of every decoder (the caller holds `lock`)."""
+        while self.closed:
+            gone = self.closed.pop()
+            for decoder in self._decoders.values():
+                decoder.drop(lambda request, gone=gone: request.owner is gone)
+
     def forget_measurements(self) -> None:
         """Drop what `gamma: auto` measured (its pilots' acceptance and step times), so the next
         rows measure again, as in a freshly loaded synthesizer (a job worker kept for a sweep's
@@ -256,7 +264,11 @@ class Synthesizer:
             call.results.append(result)
             if request is not None:
                 rows.append((mine, request))
-        call.session.submit(rows)
+        try:
+            call.session.submit(rows)
+        except BaseException:  # rows of a structure queued before another's failed: take them out
+            call.session.close()
+            raise
         call.ok = len(rows)
         return call
 
@@ -386,6 +398,7 @@ class DecodeSession:
         """Queue `(settings, request)` pairs (requests from `Synthesizer.prepare` with those
         settings). `gamma: auto` is resolved here, per structure, from these rows."""
         with self.synth.lock:
+            self.synth.drop_closed()
             self._submit(rows)
 
     def _submit(self, rows: Sequence[tuple[DecodingSettings, Request]]) -> None:
@@ -423,6 +436,7 @@ class DecodeSession:
                 error reset a batch they shared).
         """
         with self.synth.lock:
+            self.synth.drop_closed()
             done, self.inbox = self.inbox, []
             if not done and self.pending:
                 if self.scheduler.idle:
@@ -447,11 +461,15 @@ class DecodeSession:
 
     def close(self) -> None:
         """Drop this session's rows that are queued or decoding (a stream left unread); other
-        sessions' rows decode on."""
-        with self.synth.lock:
-            for decoder in self.scheduler.decoders.values():
-                decoder.drop(lambda request: request.owner is self)
-            self.inbox, self.pending = [], 0
+        sessions' rows decode on. Now if no round is running, else before the next one: a stream
+        dropped by the garbage collector may be closed on a thread in the middle of a round."""
+        self.inbox, self.pending = [], 0
+        self.synth.closed.append(self)
+        if self.synth.lock.acquire(blocking=False):
+            try:
+                self.synth.drop_closed()
+            finally:
+                self.synth.lock.release()
 
 
 class _Call:

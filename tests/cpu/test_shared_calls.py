@@ -92,6 +92,14 @@ def test_a_stream_left_unread_leaves_the_batch(synth64, alone):
     assert by_id(results) == alone["b"]
     assert summary.decode_rounds == fresh_summary.decode_rounds  # no round spent on the left rows
 
+    stream = synth64.stream(A, SETTINGS)
+    next(stream)
+    with synth64.lock:  # as if a round were running: a stream the garbage collector closes mid-round
+        stream.close()
+        assert not all(d.idle for d in synth64._decoders.values())  # its rows leave before the next round
+    results, summary = synth64.synthesize(B, SETTINGS)
+    assert by_id(results) == alone["b"] and summary.decode_rounds == fresh_summary.decode_rounds
+
 
 def test_a_failed_round_fails_the_calls_sharing_its_batch_and_the_next_call_decodes(synth64, alone):
     first, second = synth64.stream(A, SETTINGS), synth64.stream(B, SETTINGS)
