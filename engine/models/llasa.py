@@ -138,6 +138,9 @@ class LlasaPrompter:
             continue_final_message=True,
             date_string=self.date_string,
             return_dict=False,
+            # no "longer than the maximum ... indexing errors" notice: the decoder measures a
+            # prompt against its own context and refuses it with a clear error
+            tokenizer_kwargs={"verbose": False},
         )
         ids = [int(i) for i in ids]
         if ids[-1] != self.layout.speech_start:

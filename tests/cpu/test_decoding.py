@@ -6,6 +6,8 @@ could flip a greedy argmax or a sampled token, so batched results can be compare
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -135,15 +137,26 @@ def test_bad_items_become_error_results_and_the_rest_proceed(kit_dir):
     short = "Hello."
     prompt_len = len(synth.prompter.build(short))
     items = [short, "", "word " * 200, SynthesisItem(text=short, prompt_codes=[70000]),
-             SynthesisItem(text="Second.", id="b")]
-    results, summary = synth.synthesize(items, DecodingSettings(method="ar", max_new_tokens=500))
-    assert [r.finish_reason for r in results] == ["length", "error", "error", "error", "length"]
+             SynthesisItem(text="Second.", id="b"), "word " * 2500]
+    notices = []
+    handler = logging.Handler()
+    handler.emit = lambda record: notices.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(handler)  # transformers' loggers do not propagate
+    try:
+        results, summary = synth.synthesize(items, DecodingSettings(method="ar", max_new_tokens=500))
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert [r.finish_reason for r in results] == ["length", "error", "error", "error", "length", "error"]
     assert "empty" in results[1].error
     assert "context" in results[2].error
     assert "outside" in results[3].error
     assert len(results[0].codes) == 96 - prompt_len  # cut by the context, not the budget
-    assert summary.ok == 2 and summary.failed == 3
+    assert summary.ok == 2 and summary.failed == 4
     assert results[4].id == "b"
+    # longer than the tokenizer's model_max_length (2048): only the engine's error, not
+    # transformers' notice that running it "will result in indexing errors"
+    assert "context" in results[5].error
+    assert not [n for n in notices if "indexing errors" in n]
 
 
 def test_voice_prompt_codes_follow_speech_start(kit_synth):
