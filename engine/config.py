@@ -215,7 +215,10 @@ class ResourcesSpec(BaseModel):
         "When no live node can host a worker (the only worker node was lost), how long the "
         "driver asks the autoscaler for capacity and waits for nodes before it fails the shards "
         "left (committed shards are kept; a rerun resumes)."))
-    device: str = Field("auto", description="auto (cuda where the worker has a GPU, else cpu), cpu, cuda.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
+        "auto (cuda when the worker reserves GPUs, gpus_per_worker > 0, and torch sees CUDA; "
+        "else cpu), cpu, or cuda (needs gpus_per_worker > 0). A worker sees the GPUs Ray gave "
+        "it, as cuda:0 onwards."))
     shard_window: int = Field(2, ge=1, description=(
         "Shards a worker holds at once: their rows share its batch, so rows of the next shard "
         "take the slots rows of the current one leave. Raised to hold at least two batches of "
@@ -228,6 +231,16 @@ class ResourcesSpec(BaseModel):
         "max_new_tokens, so a shard ends with its short rows and the batch drains late at the "
         "end of the job) or arrival (manifest order). A row's codes "
         "do not depend on it, as they do not depend on the rows beside it (see Guarantees)."))
+
+    @model_validator(mode="after")
+    def _gpus_for_cuda(self) -> ResourcesSpec:
+        # Ray leaves every GPU of a node visible to an actor that reserves none: such workers
+        # would all share cuda:0 without the scheduler knowing
+        if self.device == "cuda" and self.gpus_per_worker == 0:
+            raise ValueError("resources.device cuda needs resources.gpus_per_worker > 0 (1: a GPU "
+                             "per worker; 0.5: two workers share one), or Ray reserves no GPU for "
+                             "the workers")
+        return self
 
     @property
     def window(self) -> int:

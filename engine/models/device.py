@@ -8,11 +8,48 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
           "float64": torch.float64}
 
 
+DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
+
+
+class DeviceError(ValueError):
+    """A device that is not one of `DEVICE_FORMS`, or a CUDA device this process cannot use."""
+
+
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """`auto` (or None): CUDA where available, else CPU; any other name as torch reads it."""
+    """`auto` (or None): CUDA where available, else CPU; `cpu`, `cuda`, `cuda:N` after checking
+    that this process can use it.
+
+    Raises:
+        DeviceError: another name, CUDA asked where torch sees none, an index it does not see.
+    """
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise DeviceError(f"device {str(device)!r}: use {DEVICE_FORMS}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device {dev}: {no_cuda_reason()}; use cpu (or auto)")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise DeviceError(f"device {dev}: this process sees {count} CUDA device(s), "
+                              f"cuda:0 to cuda:{count - 1}")
+    return dev
+
+
+def no_cuda_reason() -> str:
+    """Why torch sees no CUDA device here, in a few words."""
+    import os
+
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a build without CUDA"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return "CUDA_VISIBLE_DEVICES is empty, which hides every GPU"
+    return f"torch (CUDA {torch.version.cuda}) finds no usable GPU (none here, or no driver)"
 
 
 def cpu_instructions(names: tuple[str, ...]) -> list[str]:

@@ -29,10 +29,27 @@ def torch_version() -> str:
         return "unknown"
 
 
+def planned_device(spec: JobSpec) -> str:
+    """The device the job's workers decode on: `auto` is cuda for workers that reserve GPUs,
+    else cpu (a worker that reserved none never takes a GPU, though Ray leaves it visible)."""
+    res = spec.resources
+    return res.device if res.device != "auto" else ("cuda" if res.gpus_per_worker > 0 else "cpu")
+
+
+def worker_device(spec: JobSpec) -> str:
+    """`planned_device` as a worker resolves it: `auto` falls back to cpu where torch sees no
+    CUDA (a CPU build of torch, logical GPUs of a test cluster)."""
+    import torch
+
+    device = planned_device(spec)
+    if spec.resources.device == "auto" and device == "cuda" and not torch.cuda.is_available():
+        return "cpu"
+    return device
+
+
 def expected(spec: JobSpec) -> dict:
     """The environment the job's workers will decode in, as far as the driver can tell."""
-    res = spec.resources
-    device = res.device if res.device != "auto" else ("cuda" if res.gpus_per_worker > 0 else "cpu")
+    device = planned_device(spec)
     return {"device": device.split(":")[0], "dtype": spec.models.dtype, "torch": torch_version(),
             "threads": worker_threads(spec), "compile": spec.models.compile}
 

@@ -32,6 +32,7 @@ from engine.io.manifest import ManifestRow, RowError, parse_jsonl, parse_rows, v
 from engine.io.storage import Storage, StorageError, relative_to
 from engine.models.device import resolve_device
 from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
+from engine.runtime.numerics import worker_device
 from engine.runtime.plan import Layout, Shard
 from engine.runtime.profiling import RoundProfiler
 from engine.runtime.stream import KeptThread, ShardStream, ShardTask, on_short_thread
@@ -106,7 +107,7 @@ class ShardProcessor:
         self.spec, self.worker_id = spec, worker_id
         self.storage = storage or Storage(spec.storage)
         self.layout = Layout(spec.output.uri)
-        self.device = str(resolve_device(spec.resources.device))
+        self.device = str(resolve_device(worker_device(spec)))
         if models is None:
             models = WorkerModels.load(spec, self.storage, self.device)
         check_reusable(models, spec)
