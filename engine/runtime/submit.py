@@ -17,9 +17,23 @@ MODEL_LOCATIONS = ("target", "draft", "codec", "groups", "groups_cache")  # mode
 
 
 def client(address: str):
+    """A Jobs API client for `address`.
+
+    Raises:
+        ValueError: nothing answers there (said in one line, with where to look)."""
+    from ray.exceptions import RpcError
     from ray.job_submission import JobSubmissionClient
 
-    return JobSubmissionClient(address)
+    try:
+        return JobSubmissionClient(address)
+    except (OSError, RpcError) as exc:  # ConnectionError and requests' errors (OSErrors too) for
+        raise ValueError(unreachable(address, exc)) from None  # http://; RpcError for a GCS address
+
+
+def unreachable(address: str, exc: Exception) -> str:
+    return (f"cannot reach the Ray Jobs API at {address} ({str(exc).splitlines()[0]}): is the "
+            "cluster up, and its dashboard port (8265 by default) reachable from here? (on KubeRay: "
+            "port-forward the head service)")
 
 
 def local_paths(spec: JobSpec) -> list[str]:
@@ -66,4 +80,6 @@ def status(job_id: str, address: str, wait: bool = False, poll_s: float = 2.0) -
         logs = c.get_job_logs(job_id)
     except RuntimeError as exc:  # the Jobs API reports HTTP errors as RuntimeError
         raise ValueError(f"job {job_id} at {address}: {str(exc).splitlines()[0]}") from None
+    except OSError as exc:  # the cluster went away while we waited
+        raise ValueError(unreachable(address, exc)) from None
     return state, "\n".join(logs.splitlines()[-25:])

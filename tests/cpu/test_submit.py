@@ -94,6 +94,16 @@ def test_status_of_an_unknown_job_fails_clearly(ray_head, capsys):
     assert "no-such-job" in capsys.readouterr().err
 
 
+def test_submit_and_status_where_no_cluster_answers_fail_clearly(tmp_path, capsys):
+    address = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(job_spec(tmp_path, ["s3://b/m.jsonl"], "s3://b/out").model_dump(mode="json")))
+    for argv in (["submit", str(spec), "--address", address], ["status", "some-job", "--address", address]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"error: cannot reach the Ray Jobs API at {address}"), err  # no traceback
+
+
 def test_cluster_launcher_config_matches_rays_schema():
     schema_file = Path(ray.__file__).parent / "autoscaler" / "ray-schema.json"
     schema = json.loads(schema_file.read_text())
