@@ -342,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.groups.distributed import GroupBuildError
     from engine.io.storage import StorageError
     from engine.models.loading import ModelLoadError
+    from engine.runtime.connect import ClusterUnreachable
     from engine.runtime.pool import JobFailed
 
     args = build_parser().parse_args(argv)
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ValidationError as exc:
         print(f"error: {format_validation(exc)}", file=sys.stderr)
-    except (UsageError, ModelLoadError, FileExistsError, ValueError, StorageError) as exc:
+    except (UsageError, ModelLoadError, FileExistsError, ValueError, StorageError, ClusterUnreachable) as exc:
         print(f"error: {exc}", file=sys.stderr)
     except (JobFailed, GroupBuildError) as exc:
         print(f"error: {exc}", file=sys.stderr)

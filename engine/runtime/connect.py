@@ -4,13 +4,24 @@ Ray's own default (`ray.init()` with no address) joins whatever cluster `/tmp/ra
 recorded, including a `ray start` cluster that has since died; it then waits minutes for a GCS
 that will never answer. `pcg-synth` promises local Ray unless told otherwise, so it asks for a
 fresh local cluster explicitly. Inside a Ray job `RAY_ADDRESS` is set and is used.
+
+An address of a cluster (`HOST:PORT`, `ray://HOST:PORT`, `auto`) is first tried with a plain TCP
+connection: where nothing listens, Ray itself would retry for many minutes (measured: a driver
+given `127.0.0.1:1` still waiting after 5 minutes) or end in a traceback (`ray://`).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 
 import ray
+
+PROBE_TIMEOUT_S = 10.0
+
+
+class ClusterUnreachable(ConnectionError):
+    """Nothing answers at the Ray address given."""
 
 
 def init_ray(address: str | None = None, **kwargs) -> bool:
@@ -20,8 +31,63 @@ def init_ray(address: str | None = None, **kwargs) -> bool:
         address: `auto`, `ray://HEAD:10001`, `HOST:PORT` or `local`; None means `RAY_ADDRESS`
             if set, else `local`.
         **kwargs: passed to `ray.init`.
+
+    Raises:
+        ClusterUnreachable: the cluster's port does not accept a connection, or Ray's client
+            gave up connecting.
     """
     if ray.is_initialized():
         return False
-    ray.init(address=address or os.environ.get("RAY_ADDRESS") or "local", **kwargs)
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    target = endpoint(address)
+    if target is not None:
+        why = refused(*target)
+        if why is not None:
+            raise ClusterUnreachable(unreachable(address, target, why))
+    try:
+        ray.init(address=address, **kwargs)
+    except ConnectionError as exc:  # e.g. Ray's client timing out on a ray:// address
+        raise ClusterUnreachable(unreachable(address, target, str(exc).splitlines()[0])) from None
     return True
+
+
+def endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) that connecting to `address` opens first: the Ray client server for
+    `ray://`, the GCS for `HOST:PORT` and for `auto` (`RAY_ADDRESS`, else the cluster `ray start`
+    recorded last); None for a local cluster, or where it cannot be told."""
+    if address == "local":
+        return None
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS") or recorded_address() or ""
+    scheme, _, rest = address.rpartition("://")
+    if scheme not in ("", "ray"):
+        return None
+    host, _, port = rest.split("/")[0].rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def recorded_address() -> str | None:
+    """The address of the cluster `ray start` last started on this machine, if any."""
+    try:
+        from ray._private.utils import read_ray_address
+    except ImportError:  # pragma: no cover - a Ray without it: Ray's own lookup decides
+        return None
+    return read_ray_address()
+
+
+def refused(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None if a TCP connection to host:port opens within `timeout_s`, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return str(exc) or type(exc).__name__
+
+
+def unreachable(address: str, target: tuple[str, int] | None, why: str) -> str:
+    where = f" ({target[0]}:{target[1]})" if target and address == "auto" else ""
+    return (f"cannot reach the Ray cluster at {address}{where}: {why}. Is it up? `ray start --head` "
+            "prints its address (HOST:6379 on its nodes); from elsewhere use ray://HEAD:10001, "
+            "or leave --address out for a local cluster")

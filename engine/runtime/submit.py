@@ -27,10 +27,10 @@ def client(address: str):
     try:
         return JobSubmissionClient(address)
     except (OSError, RpcError) as exc:  # ConnectionError and requests' errors (OSErrors too) for
-        raise ValueError(unreachable(address, exc)) from None  # http://; RpcError for a GCS address
+        raise ValueError(jobs_api_unreachable(address, exc)) from None  # http://; RpcError for a GCS address
 
 
-def unreachable(address: str, exc: Exception) -> str:
+def jobs_api_unreachable(address: str, exc: Exception) -> str:
     return (f"cannot reach the Ray Jobs API at {address} ({str(exc).splitlines()[0]}): is the "
             "cluster up, and its dashboard port (8265 by default) reachable from here? (on KubeRay: "
             "port-forward the head service)")
@@ -81,5 +81,5 @@ def status(job_id: str, address: str, wait: bool = False, poll_s: float = 2.0) -
     except RuntimeError as exc:  # the Jobs API reports HTTP errors as RuntimeError
         raise ValueError(f"job {job_id} at {address}: {str(exc).splitlines()[0]}") from None
     except OSError as exc:  # the cluster went away while we waited
-        raise ValueError(unreachable(address, exc)) from None
+        raise ValueError(jobs_api_unreachable(address, exc)) from None
     return state, "\n".join(logs.splitlines()[-25:])

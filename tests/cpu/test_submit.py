@@ -104,6 +104,22 @@ def test_submit_and_status_where_no_cluster_answers_fail_clearly(tmp_path, capsy
         assert err[-1].startswith(f"error: cannot reach the Ray Jobs API at {address}"), err  # no traceback
 
 
+def test_run_with_an_address_where_no_cluster_answers_fails_at_once(kit_dir, tmp_path, capsys):
+    # Ray alone would wait for that GCS for many minutes (still waiting after 5 measured), or
+    # end a ray:// client's 30 s of retries in a traceback
+    spec = tmp_path / "job.yaml"
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(2))
+    spec.write_text(yaml.safe_dump(job_spec(kit_dir, [str(manifest)], str(tmp_path / "out")).model_dump(mode="json")))
+    assert not ray.is_initialized()  # else the job would run on that cluster, not try the address
+    for address in (f"127.0.0.1:{free_port()}", f"ray://127.0.0.1:{free_port()}"):
+        start = time.monotonic()
+        assert main(["run", str(spec), "--address", address]) == 2
+        assert time.monotonic() - start < 30
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"error: cannot reach the Ray cluster at {address}: "), err
+    assert not (tmp_path / "out" / "data").exists()
+
+
 def test_cluster_launcher_config_matches_rays_schema():
     schema_file = Path(ray.__file__).parent / "autoscaler" / "ray-schema.json"
     schema = json.loads(schema_file.read_text())
