@@ -169,12 +169,15 @@ def default_context(synth: Synthesizer, cfg: BenchConfig) -> int:
 
 def cost_model(synth: Synthesizer, batch: int, cfg: BenchConfig, context: int, bandwidth: float,
                also: tuple[int, ...] = ()) -> dict:
-    """Step times per gamma at this batch size (the grid's, and `also`: those `gamma: auto`
-    chose), and the bandwidth bound of a target step."""
+    """Step times per gamma at this batch size (the grid's first, in order, then `also`: those
+    `gamma: auto` chose that the grid lacks), and the bandwidth bound of a target step, compared
+    with the `ar` step measured beside the grid's first gamma (so which gammas `auto` happened
+    to choose on this run changes neither that reading nor which steps come first)."""
     from engine.decoding import cost
 
     draft = synth.draft.model if synth.draft is not None else None
-    gammas = sorted({g for g in (*cfg.gammas, *also) if g != "auto" and g > 0}) or [1]
+    fixed = sorted({g for g in cfg.gammas if g != "auto" and g > 0})
+    gammas = fixed + sorted({g for g in also if g > 0} - set(fixed)) or [1]
     per_gamma = {str(g): cost.step_times(synth.target.model, draft, batch, g, context, cfg.cost_reps)
                  for g in gammas}
     bound = cost.bandwidth_bound(synth.target.model, batch, context, bandwidth)

@@ -56,6 +56,17 @@ def test_bench_writes_a_result_for_every_batch_and_setting(bench_doc):
                 assert run["thinning_trials_per_rep"] == 0  # only PCG thins
 
 
+def test_the_cost_model_reads_the_ar_step_beside_the_grids_first_gamma_whatever_auto_chose(kit_synth):
+    from engine.bench.runner import BenchConfig, cost_model
+
+    cfg = BenchConfig(gammas=(3, "auto"), cost_reps=2)
+    # `auto` chose 1 and 3 on this run: 1 sorts first, yet the grid's 3 stays the reference
+    doc = cost_model(kit_synth, 1, cfg, context=24, bandwidth=1e10, also=(1, 3, 0))
+    assert list(doc["steps"]) == ["3", "1"]
+    bound = doc["bound"]
+    assert bound["ar_step_over_weights_bound"] == pytest.approx(doc["steps"]["3"]["ar_s"] / bound["weights_bound_s"])
+
+
 def test_cost_model_and_its_readings_are_consistent(bench_doc):
     _, doc = bench_doc
     for batch, entry in doc["batches"].items():
