@@ -169,10 +169,10 @@ def default_context(synth: Synthesizer, cfg: BenchConfig) -> int:
 
 def cost_model(synth: Synthesizer, batch: int, cfg: BenchConfig, context: int, bandwidth: float,
                also: tuple[int, ...] = ()) -> dict:
-    """Step times per gamma at this batch size (the grid's first, in order, then `also`: those
-    `gamma: auto` chose that the grid lacks), and the bandwidth bound of a target step, compared
-    with the `ar` step measured beside the grid's first gamma (so which gammas `auto` happened
-    to choose on this run changes neither that reading nor which steps come first)."""
+    """Step times per gamma at this batch size (the grid's gammas in order, then those of
+    `also`, the ones `gamma: auto` chose, that the grid lacks), and the bandwidth bound of a
+    target step compared with the `ar` step timed beside the grid's first gamma (so what `auto`
+    chose on this run changes neither that reading nor which steps come first)."""
     from engine.decoding import cost
 
     draft = synth.draft.model if synth.draft is not None else None
