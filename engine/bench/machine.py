@@ -8,18 +8,7 @@ import platform
 
 import torch
 
-from engine.models.device import auto_dtype
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from engine.models.device import auto_dtype, cpu_name
 
 
 def describe(device: str | torch.device = "cpu") -> dict:

@@ -11,6 +11,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 
 
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one), for records and result files."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 class DeviceError(ValueError):
     """A device that is not one of `DEVICE_FORMS`, or a CUDA device this process cannot use."""
 

@@ -66,20 +66,13 @@ def differences(before: dict, now: dict) -> list[str]:
 
 def device_name(device: str) -> str:
     """The GPU's model, or the CPU's (from /proc/cpuinfo), for the records."""
-    import platform
+    import torch
+
+    from engine.models.device import cpu_name
 
     if device.startswith("cuda"):
-        import torch
-
         return torch.cuda.get_device_name(torch.device(device))
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def actual(device: str, dtype, compile: str = "none", threads: int | None = None) -> dict:
