@@ -38,6 +38,20 @@ def kit_synth(kit_dir):
 
 
 @pytest.fixture(scope="session")
+def synth64(kit_dir, kit_groups):
+    """A float64 CPU Synthesizer over the kit (batch 4), holding the kit's groups (theta 0.4) and
+    singleton groups (theta 1.0): float64 makes batch-invariance and per-row comparisons exact."""
+    from engine import Synthesizer
+    from engine.groups.csr import SpeechGroups
+
+    s = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="float64",
+                         batch_size=4)
+    s.set_groups(kit_groups)
+    s.set_groups(SpeechGroups.singletons(65536))
+    return s
+
+
+@pytest.fixture(scope="session")
 def groups_cache():
     """The session's groups cache (the default `Synthesizer.groups()` uses; jobs point
     models.groups_cache here)."""
@@ -118,6 +132,21 @@ def s3_bucket(s3_endpoint, request):
     name = f"{name}-{uuid.uuid4().hex[:8]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def cluster():
+    """A multi-node Ray cluster on loopback (ray.cluster_utils.Cluster): a 1-CPU head, no GPUs;
+    tests add and remove worker nodes."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    yield c
+    ray.shutdown()
+    c.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -10,29 +10,9 @@ import logging
 
 import pytest
 import torch
+from synthhelpers import TEXTS
 
 from engine import DecodingSettings, SynthesisItem, Synthesizer
-from engine.groups.csr import SpeechGroups
-
-TEXTS = [
-    "Hi.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Speculative decoding lets a small draft model propose tokens.",
-    "Call Stella.",
-    "It was the best of times, it was the worst of times, it was the age of wisdom.",
-    "Numbers like one, two, three.",
-    "Hong Kong and Paris.",
-    "How much wood would a woodchuck chuck if a woodchuck could chuck wood?",
-]
-
-
-@pytest.fixture(scope="module")
-def synth64(kit_dir, kit_groups):
-    s = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="float64",
-                         batch_size=4)
-    s.set_groups(kit_groups)
-    s.set_groups(SpeechGroups.singletons(65536))
-    return s
 
 
 def codes_of(results):

@@ -14,7 +14,6 @@ import time
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 from engine.io.storage import Storage
 from engine.runtime.job import JobRunner
@@ -25,16 +24,6 @@ from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write
 
 ROWS = 8
 RETURN_AFTER_S = 6.0  # the old pool failed every shard left as soon as the node was gone
-
-
-@pytest.fixture
-def cluster():
-    if ray.is_initialized():
-        ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    yield c
-    ray.shutdown()
-    c.shutdown()
 
 
 def spec_for(kit_dir, tmp_path, out: str, **resources):

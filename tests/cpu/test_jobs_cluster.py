@@ -20,16 +20,6 @@ from engine.runtime.summary import summary_table
 from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
 
 
-@pytest.fixture
-def cluster():
-    if ray.is_initialized():
-        ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    yield c
-    ray.shutdown()
-    c.shutdown()
-
-
 def gpu_nodes(cluster: Cluster, count: int, gpus: int) -> list:
     nodes = [cluster.add_node(num_cpus=gpus, num_gpus=gpus) for _ in range(count)]
     cluster.wait_for_nodes()

@@ -5,19 +5,9 @@ the batch size, the slot it lands in or the rows beside it; and the streaming AP
 from __future__ import annotations
 
 import pytest
+from synthhelpers import TEXTS, by_id
 
-from engine import DecodingSettings, SynthesisItem, Synthesizer
-
-TEXTS = [
-    "Hi.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Speculative decoding lets a small draft model propose tokens.",
-    "Call Stella.",
-    "It was the best of times, it was the worst of times, it was the age of wisdom.",
-    "Numbers like one, two, three.",
-    "Hong Kong and Paris.",
-    "How much wood would a woodchuck chuck if a woodchuck could chuck wood?",
-]
+from engine import DecodingSettings, SynthesisItem
 
 ITEMS = [
     SynthesisItem(text=TEXTS[0], id="hot", temperature=1.3),
@@ -32,18 +22,6 @@ ITEMS = [
 ]
 ORDERS = {"as given": [0, 1, 2, 3, 4, 5, 6, 7], "reversed": [7, 6, 5, 4, 3, 2, 1, 0],
           "shuffled": [3, 6, 0, 5, 2, 7, 1, 4]}
-
-
-@pytest.fixture(scope="module")
-def synth64(kit_dir, kit_groups):
-    s = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="float64",
-                         batch_size=4)
-    s.set_groups(kit_groups)
-    return s
-
-
-def by_id(results) -> dict:
-    return {r.id: (r.codes, r.finish_reason, r.stats.to_dict()) for r in results}
 
 
 @pytest.mark.parametrize("method", ["pcg", "ar"])
