@@ -29,6 +29,11 @@ def configure(verbose: bool = False) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 shard`, `2 shards`, `0 shards`; `plural` for a noun that does not just add an s."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def verbose() -> bool:
     return _verbose
 

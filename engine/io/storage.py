@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
 from engine.config import StorageOptions, hub_model_id
+from engine.console import counted
 
 # Schemes this module serves itself; every other scheme fsspec knows goes through fsspec.
 OWN_SCHEMES = ("file", "s3")
@@ -308,7 +309,7 @@ class Storage:
                     continue
                 error = fail(exc)
                 if attempt:
-                    error = StorageError(f"{error} (after {attempt} retries)")
+                    error = StorageError(f"{error} (after {counted(attempt, 'retry', 'retries')})")
                 raise error from None
 
     def _s3_call(self, loc: Location, action: str, call: Callable[[], object]):

@@ -11,7 +11,7 @@ import ray
 from tqdm.auto import tqdm
 
 from engine.config import JobSpec
-from engine.console import bar_disabled
+from engine.console import bar_disabled, counted
 from engine.io.storage import Storage, StorageError
 from engine.runtime.connect import init_ray
 from engine.runtime.plan import Layout, Plan, make_plan
@@ -193,8 +193,8 @@ class JobRunner:
         todo = [s for s in plan.shards if s.id not in committed]
         if not todo and (previous := finished_summary(storage, layout, plan)) is not None:
             if self.progress:  # a rerun of a finished job: its figures, not a run of nothing
-                print(f"{spec.name}: all {len(plan.shards)} shards of {spec.output.uri} were committed "
-                      "before; nothing to run. The summary of the run that finished the job:")
+                print(f"{spec.name}: every shard of {spec.output.uri} ({counted(len(plan.shards), 'shard')}) "
+                      "was committed before; nothing to run. The summary of the run that finished the job:")
                 print(summary_table(previous))
             return previous
         started = time.perf_counter()

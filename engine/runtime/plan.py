@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from engine.config import JobSpec
+from engine.console import counted
 from engine.io.manifest import FORMATS, jsonl_offsets, manifest_format, parse_rows, unknown_fields
 from engine.io.storage import Storage, join
 
@@ -59,7 +60,8 @@ class Plan:
 
     def warnings(self) -> list[str]:
         """What the job should say about its manifests: fields it ignores, per file."""
-        return [f"{uri}: fields this pcg-synth ignores: " + ", ".join(f"{k!r} ({n} rows)" for k, n in found.items())
+        return [f"{uri}: fields this pcg-synth ignores: "
+                + ", ".join(f"{k!r} ({counted(n, 'row')})" for k, n in found.items())
                 for uri, found in self.unknown_fields.items()]
 
 

@@ -25,6 +25,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from engine.config import JobSpec
+from engine.console import counted
 from engine.io.storage import backoff_s
 from engine.runtime.actors import SynthesisWorker, cluster_capacity, worker_options
 from engine.runtime.plan import Shard
@@ -201,7 +202,7 @@ class WorkerPool:
             self.notify(f"no live node can host a worker ({need} each): "
                         + ("asked the autoscaler for capacity; " if asked else "")
                         + f"waiting up to {res.capacity_wait_s:g} s (resources.capacity_wait_s) for nodes "
-                        f"to join. {len(self.report.committed)} shards committed in this run are kept; "
+                        f"to join. {counted(len(self.report.committed), 'shard')} committed in this run kept; "
                         f"{left} left.")
         waited = now - self.waiting_since
         if waited > res.capacity_wait_s:

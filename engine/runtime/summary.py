@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from engine.config import JobSpec
+from engine.console import counted
 from engine.runtime.plan import Plan
 
 
@@ -210,10 +211,11 @@ def summary_table(s: dict) -> str:
     sh = s["shards"]
     aug = s.get("augment")
     if aug and aug.get("methods"):  # an augment corpus mixes methods: say which, and how often
-        method = ", ".join(f"{m} ({n} variants)" for m, n in aug["methods"].items())
-        rows_line = (f"{s['rows_ok']} ok, {s['rows_failed']} failed, of {s['rows']}: {aug['variants']} variants "
-                     f"of {aug['texts']} texts + {aug['bad_rows']} malformed manifest rows "
-                     f"({aug['texts'] + aug['bad_rows']} manifest rows)")
+        method = ", ".join(f"{m} ({counted(n, 'variant')})" for m, n in aug["methods"].items())
+        rows_line = (f"{s['rows_ok']} ok, {s['rows_failed']} failed, of {s['rows']}: "
+                     f"{counted(aug['variants'], 'variant')} of {counted(aug['texts'], 'text')} + "
+                     f"{counted(aug['bad_rows'], 'malformed manifest row')} "
+                     f"({counted(aug['texts'] + aug['bad_rows'], 'manifest row')})")
     else:
         method, rows_line = s["method"], f"{s['rows_ok']} ok, {s['rows_failed']} failed, {s['rows']} in manifests"
     empty = s["utilisation"].get("empty_slots")
@@ -222,7 +224,7 @@ def summary_table(s: dict) -> str:
         ("method", method),
         ("rows", rows_line),
         ("shards", f"{sh['committed']}/{sh['total']} committed ({sh['committed_before']} before this run, "
-                   f"{sh['retries']} retries, {sh['failed']} failed)"),
+                   f"{counted(sh['retries'], 'retry', 'retries')}, {sh['failed']} failed)"),
         ("audio", f"{s['audio_seconds']:.1f} s ({s['audio_hours']:.4f} h)"),
         ("tokens", f"{s['generated_tokens']} in {s['target_calls']} target calls"),
         ("acceptance", f"{acc} (mean accepted length {s['mean_accepted_length']:.2f})"),
@@ -249,7 +251,8 @@ def summary_table(s: dict) -> str:
     for d in s.get("gamma_auto", []):
         rows.append((f"gamma auto {d['worker']}", d["reason"]))
     for name, w in sorted(s["workers"].items()):
-        rows.append((f"worker {name}", f"{w['shards']} shards, {w['rows']} rows, {w['tokens_per_s']} tok/s, "
+        rows.append((f"worker {name}", f"{counted(w['shards'], 'shard')}, {counted(w['rows'], 'row')}, "
+                                       f"{w['tokens_per_s']} tok/s, "
                                        f"slots {w['slot_utilisation']}, io wait {w['io_wait_s']} s, "
                                        f"overlap {w['overlap']}, {w['device']} gpus={w['gpu_ids']}"))
     for uri in s.get("profiles", []):

@@ -108,7 +108,7 @@ def test_a_finished_job_rerun_prints_its_figures_again(finished_job, capsys):
     again = JobRunner(spec).run()
     assert again == first == json.loads((Path(spec.output.uri) / "summary.json").read_text())
     out = capsys.readouterr().out
-    assert "were committed before; nothing to run" in out
+    assert "was committed before; nothing to run" in out
     assert f"{first['throughput']['tokens_per_s']} tok/s" in out  # the first run's figures, not nulls
 
 
@@ -281,6 +281,6 @@ def test_augment_job_crosses_texts_with_voices_seeds_and_methods_within_budget(l
     counts = collections.Counter(r["method"] for r in variants)
     assert aug["methods"] == dict(sorted(counts.items()))
     table = dict(line.split(None, 1) for line in summary_table(summary).splitlines()[:3])
-    assert table["method"] == ", ".join(f"{m} ({n} variants)" for m, n in sorted(counts.items()))
-    assert table["rows"] == "9 ok, 1 failed, of 10: 9 variants of 3 texts + 1 malformed manifest rows (4 manifest rows)"
+    assert table["method"] == ", ".join(f"{m} ({n} variant{'' if n == 1 else 's'})" for m, n in sorted(counts.items()))
+    assert table["rows"] == "9 ok, 1 failed, of 10: 9 variants of 3 texts + 1 malformed manifest row (4 manifest rows)"
     assert fit_budget([1.0, 2.0], [4, 4], 6.0) == 2 and fit_budget([1.0], [4], 0.5) == 0

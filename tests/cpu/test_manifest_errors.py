@@ -52,7 +52,7 @@ def test_unknown_fields_are_counted_and_the_plan_warns(tmp_path):
     spec = job_spec(tmp_path, [str(manifest)], str(tmp_path / "out"))
     plan = make_plan(spec, Storage())
     assert plan.unknown_fields == {str(manifest): {"lang": 1, "speaker": 2}}
-    assert plan.warnings() == [f"{manifest}: fields this pcg-synth ignores: 'lang' (1 rows), 'speaker' (2 rows)"]
+    assert plan.warnings() == [f"{manifest}: fields this pcg-synth ignores: 'lang' (1 row), 'speaker' (2 rows)"]
     assert plan.to_dict()["unknown_fields"] == plan.unknown_fields
 
 
