@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
-from engine import DecodingSettings, SynthesisItem, Synthesizer
+from engine import DecodingSettings, SynthesisItem
 from engine.config import ResourcesSpec
 from engine.decoding.admission import AdmissionQueue, expected_tokens, speech_seconds
 
@@ -53,14 +53,6 @@ TEXTS = ["One.", "Two more words.", "A somewhat longer sentence than these.", "S
          "The longest text of all of them, said slowly and carefully, twice over if needed.", "Mid length text."]
 
 
-@pytest.fixture(scope="module")
-def synth64(kit_dir, kit_groups):
-    s = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="float64",
-                         batch_size=2)
-    s.set_groups(kit_groups)
-    return s
-
-
 def test_longest_first_admits_the_longest_texts_first_and_changes_no_codes(synth64, kit_groups):
     # 120 tokens: four rows meet end-of-speech (by 42 tokens) and two run to the budget, as at 300
     settings = DecodingSettings(method="pcg", theta=kit_groups.theta, max_new_tokens=120, seed=4)
@@ -74,7 +66,7 @@ def test_longest_first_admits_the_longest_texts_first_and_changes_no_codes(synth
     decoder.reset()
 
     items = [SynthesisItem(text=t, id=f"r{i}") for i, t in enumerate(TEXTS)]
-    runs = {a: synth64.synthesize(items, settings, admission=a)[0] for a in ("arrival", "longest_first")}
+    runs = {a: synth64.synthesize(items, settings, batch_size=2, admission=a)[0] for a in ("arrival", "longest_first")}
     codes = {a: {r.id: r.codes for r in results} for a, results in runs.items()}
     assert codes["arrival"] == codes["longest_first"]
     assert {r.finish_reason for r in runs["arrival"]} == {"eos", "length"}  # rows end both ways
