@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from engine import SynthesisItem, Synthesizer
+from engine import SynthesisItem
 from engine.io.manifest import ManifestRow
 from engine.io.storage import Storage
 from engine.runtime.plan import make_plan
@@ -52,7 +52,7 @@ def run_shards(processor: ShardProcessor, spec, together: bool = False) -> list[
     return [f.result(timeout=600) for f in futures]
 
 
-def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_groups, tmp_path):
+def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_groups, synth64, tmp_path):
     manifest, rows = manifest_with_temperatures(tmp_path / "m.jsonl", 16)
     rows[5]["max_new_tokens"] = 3  # a per-row budget too, in the same batch
     write_manifest(manifest, rows)
@@ -83,8 +83,7 @@ def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_g
             out[row["id"]] = row["codes"]
     assert sorted(out) == [r["id"] for r in rows]
     assert 1 <= len(out[rows[5]["id"]]) <= 3
-    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="float64")
-    synth.set_groups(kit_groups)
+    synth = synth64  # the API's float64 Synthesizer, holding the same groups
     items = [SynthesisItem(text=r["text"], id=r["id"], temperature=r["temperature"],
                            max_new_tokens=r.get("max_new_tokens")) for r in rows]
     # the rest of the empty slots is the end of the work: exactly as many as one batch of these
