@@ -10,9 +10,10 @@ import logging
 
 import pytest
 import torch
-from synthhelpers import TEXTS
 
 from engine import DecodingSettings, SynthesisItem, Synthesizer
+
+from synthhelpers import TEXTS
 
 
 def codes_of(results):

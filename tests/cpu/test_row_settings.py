@@ -5,9 +5,10 @@ the batch size, the slot it lands in or the rows beside it; and the streaming AP
 from __future__ import annotations
 
 import pytest
-from synthhelpers import TEXTS, by_id
 
 from engine import DecodingSettings, SynthesisItem
+
+from synthhelpers import TEXTS, by_id
 
 ITEMS = [
     SynthesisItem(text=TEXTS[0], id="hot", temperature=1.3),

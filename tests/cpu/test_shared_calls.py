@@ -8,10 +8,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-from synthhelpers import by_id
 
 from engine import DecodingSettings, SynthesisItem
 from engine.api import RowsDropped
+
+from synthhelpers import by_id
 
 A = [SynthesisItem(text="The quick brown fox jumps over the lazy dog.", id="a0"),
      SynthesisItem(text="Call Stella.", id="a1", temperature=1.2),
