@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from engine.console import bar_disabled
+from engine.errors import GroupBuildError
 from engine.groups.build import (
     SLICE_ROWS,
     Slice,
@@ -29,10 +30,6 @@ from engine.groups.build import (
 )
 from engine.groups.csr import SpeechGroups
 from engine.groups.search import make_searcher
-
-
-class GroupBuildError(RuntimeError):
-    """A slice of the distributed build failed on every attempt."""
 
 
 class SliceWorker:

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from torch import nn
 
 from engine.config import DRAFT_WEIGHTS
+from engine.errors import ModelLoadError
 from engine.hf import from_transformers
 from engine.io.storage import model_dir
 from engine.models.device import resolve_dtype
@@ -37,10 +38,6 @@ HOW_TO_GET = (
     "HKUSTAudio/Llasa-1B (fetched into the Hugging Face cache), or a local copy of one "
     "(config.json, *.safetensors, tokenizer files)."
 )
-
-
-class ModelLoadError(ValueError):
-    """A checkpoint directory is missing, incomplete or not a Llama causal LM."""
 
 
 @dataclass

@@ -17,11 +17,9 @@ import socket
 
 import ray
 
+from engine.errors import ClusterUnreachable
+
 PROBE_TIMEOUT_S = 10.0
-
-
-class ClusterUnreachable(ConnectionError):
-    """Nothing answers at the Ray address given."""
 
 
 def init_ray(address: str | None = None, **kwargs) -> bool:

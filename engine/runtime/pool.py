@@ -26,6 +26,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from engine.config import JobSpec
 from engine.console import counted
+from engine.errors import JobFailed
 from engine.io.storage import backoff_s
 from engine.runtime.actors import SynthesisWorker, cluster_capacity, worker_options
 from engine.runtime.plan import Shard
@@ -82,10 +83,6 @@ class IdleWorkers:
         for actor in self.actors if ray.is_initialized() else []:
             ray.kill(actor, no_restart=True)
         self.actors = []
-
-
-class JobFailed(RuntimeError):
-    """The job cannot go on (e.g. workers fail to start); committed shards are kept."""
 
 
 @dataclass

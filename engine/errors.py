@@ -1,0 +1,21 @@
+"""The errors the command line reports as one line (no traceback), defined without torch or Ray so
+that `pcg-synth --help`, `--version` and a job spec's validation start in well under a second.
+Each is raised by the module named in its docstring, which also exports it."""
+
+from __future__ import annotations
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint directory is missing, incomplete or not a Llama causal LM (`engine.models.loading`)."""
+
+
+class GroupBuildError(RuntimeError):
+    """A slice of the distributed build failed on every attempt (`engine.groups.distributed`)."""
+
+
+class ClusterUnreachable(ConnectionError):
+    """Nothing answers at the Ray address given (`engine.runtime.connect`)."""
+
+
+class JobFailed(RuntimeError):
+    """The job cannot go on (e.g. workers fail to start); committed shards are kept (`engine.runtime.pool`)."""
