@@ -12,7 +12,6 @@ change a decision. The same holds for the cut at `max_group_size` (`cap.py`).
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,26 +21,12 @@ from tqdm.auto import tqdm
 from engine.console import bar_disabled
 from engine.groups.cap import apply_cap
 from engine.groups.csr import SpeechGroups
+from engine.groups.options import check_cap, check_theta
 from engine.groups.search import Candidates, Searcher, exact_cosines, make_searcher
 from engine.models.device import resolve_device
 
 EXACT_BAND = 1e-3  # cosines this close to a decision boundary are recomputed in float64
 SLICE_ROWS = 4096  # query rows per slice: a unit of progress and of distributed work
-
-
-def check_theta(theta: float) -> float:
-    if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not 0.0 < float(theta) <= 1.0:
-        raise ValueError(f"theta must lie in (0, 1] (a cosine threshold); got {theta!r}")
-    return float(theta)
-
-
-def check_cap(max_group_size: int | None) -> int | None:
-    if max_group_size is None:
-        return None
-    if isinstance(max_group_size, bool) or not isinstance(max_group_size, numbers.Integral) \
-            or max_group_size < 1:
-        raise ValueError(f"max_group_size must be a positive integer or None; got {max_group_size!r}")
-    return int(max_group_size)
 
 
 def normalise(embeddings: torch.Tensor) -> torch.Tensor:

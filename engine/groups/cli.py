@@ -5,17 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+from engine.groups.options import BACKENDS, SOURCES, check_cap, check_theta
 
-from engine.groups.build import check_cap, check_theta
-from engine.groups.search import BACKENDS
-from engine.groups.source import SOURCES, embeddings_sha256, load_speech_embeddings
+if TYPE_CHECKING:
+    import torch
 
 
 def read_embeddings(args) -> tuple[torch.Tensor, str]:
     """(speech rows, what they are) from `--target DIR` or `--embeddings FILE.npy`."""
+    import numpy as np
+    import torch
+
+    from engine.groups.source import load_speech_embeddings
+
     if args.embeddings:
         path = Path(args.embeddings)
         if not path.is_file():
@@ -43,6 +47,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_build(args) -> int:
     from engine.groups.cache import LocalDirStore, build_with_metadata, cache_key, default_cache_dir
+    from engine.groups.source import embeddings_sha256
     from engine.groups.stats import format_stats, group_stats
     from engine.groups.store import to_bytes
     from engine.io.storage import write_atomic

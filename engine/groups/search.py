@@ -20,7 +20,8 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import torch
 
-BACKENDS = ("auto", "faiss", "torch")
+from engine.groups.options import BACKENDS
+
 FAISS_GPU_K = 2048  # the largest k faiss GPU kNN supports
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from engine.groups.options import SOURCES
 from engine.io.storage import model_dir
 from engine.models.llasa import LlasaLayout
 from engine.models.loading import (
@@ -20,8 +21,6 @@ from engine.models.loading import (
     read_config,
     safetensors_files,
 )
-
-SOURCES = ("input_embeddings", "lm_head")
 
 
 def tensor_name(config: dict, source: str) -> str:
