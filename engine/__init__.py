@@ -20,11 +20,19 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    if name in _HOMES:
-        return getattr(importlib.import_module(_HOMES[name]), name)
-    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+def lazy_names(package: str, homes: dict[str, str]):
+    """`__getattr__` and `__dir__` for a package whose public names load on first use: `homes`
+    maps each name to the module that defines it."""
+
+    def __getattr__(name: str):
+        if name in homes:
+            return getattr(importlib.import_module(homes[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted([*vars(importlib.import_module(package)), *homes])
+
+    return __getattr__, __dir__
 
 
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES])
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

@@ -14,10 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.draft.settings import PARTS
 from engine.hf import from_transformers
-
-PARTS = ("layers", "norm", "embeddings", "head")
-DEFAULT_TRAINABLE = ("layers", "norm")
 
 
 class SpeechLM(nn.Module):

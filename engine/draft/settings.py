@@ -7,7 +7,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.config import StorageOptions
-from engine.draft.objective import DEFAULT_TRAINABLE, PARTS
+
+PARTS = ("layers", "norm", "embeddings", "head")  # a draft's parts that training may change
+DEFAULT_TRAINABLE = ("layers", "norm")
 
 # Settings that may change between a run and its resumption (they do not change what a step does).
 RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "device", "dtype",

@@ -14,7 +14,8 @@ import torch
 
 from engine.draft.data import CodeSequence
 from engine.draft.init import DRAFT_INFO, init_draft, save_draft
-from engine.draft.objective import DEFAULT_TRAINABLE, SpeechLM, set_trainable
+from engine.draft.objective import SpeechLM, set_trainable
+from engine.draft.settings import DEFAULT_TRAINABLE
 from engine.draft.train import DraftTrainer, Hyper
 from engine.models.loading import read_config
 
