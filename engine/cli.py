@@ -141,8 +141,6 @@ def write_audio(args, synth, items, settings, results, codec_dir, several: bool)
 
 
 def cmd_generate(args) -> int:
-    from engine.api import Synthesizer
-
     method = args.method or decoding_default("method")
     methods = METHODS if method == "all" else [method]
     # validated before anything loads
@@ -156,6 +154,8 @@ def cmd_generate(args) -> int:
         raise UsageError("give --kit DIR or --target DIR (and --draft DIR)")
     if draft is None and any(s.speculative for s in all_settings):
         raise UsageError(f"method {method!r} needs a draft: give --draft DIR (or use --method ar)")
+    from engine.api import Synthesizer  # torch: only once the arguments are known to be good
+
     synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
                              compile=args.compile, draft_weights=args.draft_weights,
                              batch_size=args.batch_size)
@@ -238,9 +238,8 @@ def add_generate(sub) -> None:
 
 def cmd_run(args) -> int:
     from engine.config import JobSpec
-    from engine.runtime.job import JobRunner
 
-    spec = JobSpec.load(args.spec)
+    spec = JobSpec.load(args.spec)  # an invalid spec fails here, before torch and Ray load
     if spec.kind == "sweep":
         from engine.runtime.sweep import run_sweep
 
@@ -249,6 +248,8 @@ def cmd_run(args) -> int:
             print(json.dumps({"job": spec.name, "output": spec.output.uri, "runs": len(doc["runs"]),
                               "plots": doc["plots"]}))
         return 0
+    from engine.runtime.job import JobRunner
+
     summary = JobRunner(spec, address=args.address, progress=not args.quiet,
                         allow_numerics_change=args.allow_numerics_change).run()
     if args.quiet:
@@ -339,11 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from engine import console
-    from engine.groups.distributed import GroupBuildError
+    from engine.errors import ClusterUnreachable, GroupBuildError, JobFailed, ModelLoadError
     from engine.io.storage import StorageError
-    from engine.models.loading import ModelLoadError
-    from engine.runtime.connect import ClusterUnreachable
-    from engine.runtime.pool import JobFailed
 
     args = build_parser().parse_args(argv)
     console.configure(verbose=args.verbose)

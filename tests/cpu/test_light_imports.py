@@ -24,3 +24,49 @@ def test_public_names_load_on_first_use():
             "assert 'torch' in sys.modules and Synthesizer.__module__ == 'engine.api'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+CLI_WITHOUT_TORCH = """
+import argparse, contextlib, io, sys
+from engine.cli import build_parser, main
+
+def commands(parser, path=()):
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from commands(child, (*path, name))
+
+seen = []
+for path in commands(build_parser()):
+    for flag in (["--help"], ["--version"])[: 2 if not path else 1]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            main([*path, *flag])
+        assert out.getvalue().strip(), (path, flag)
+        seen.append(" ".join([*path, *flag]))
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    rc = main(["run", sys.argv[1]])
+assert rc == 2 and "decoding.method" in err.getvalue(), (rc, err.getvalue())
+with contextlib.redirect_stderr(err):
+    rc = main(["generate", "--text", "Hello.", "--out", "codes.json"])
+assert rc == 2 and "give --kit DIR or --target DIR" in err.getvalue(), (rc, err.getvalue())
+heavy = [m for m in ("torch", "ray", "transformers", "numpy") if m in sys.modules]
+assert not heavy, heavy
+print(*seen, sep=chr(10))
+"""
+
+
+def test_the_command_lines_help_and_a_spec_check_load_no_torch_or_ray(tmp_path):
+    """`pcg-synth --help`, `--version`, every command's `--help`, the refusal of an invalid job
+    spec and of a `generate` call without a model answer in well under a second: none of them
+    imports torch, Ray, transformers or numpy."""
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\nmodels: {target: t, codec: c}\ndecoding: {method: nope}\n"
+                    "input: {manifests: [m.jsonl]}\noutput: {uri: out}\n")
+    done = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, str(spec)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    asked = set(done.stdout.splitlines())  # every command and subcommand was asked for its help
+    assert {"--help", "--version", "run --help", "draft train --help", "groups build --help",
+            "bench --help", "codec encode --help", "kit build --help"} <= asked, sorted(asked)
