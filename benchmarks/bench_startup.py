@@ -8,6 +8,14 @@ that code instead, alternating with this checkout's, `--reps` of each; medians r
 
     python benchmarks/bench_startup.py --kit kit --before /tmp/before --before-label cc15e71 \\
         --out benchmarks/results/startup_cpu_avx2.json
+
+With `--cli`, the command line's answers that need no model instead: `pcg-synth --version`,
+`run --help`, `draft train --help` and the refusal of an invalid job spec, each a fresh process
+running the CLI's `main` (what the `pcg-synth` script runs), timed from outside, recording
+whether it imported torch or Ray:
+
+    python benchmarks/bench_startup.py --cli --before /tmp/before --before-label 5bbec71 \\
+        --out benchmarks/results/cli_start_cpu_avx2.json
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,17 +67,7 @@ def one_start(engine_dir: Path, kit: Path) -> dict:
     return doc
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kit", default="kit", help="a tiny kit directory (`pcg-synth kit build DIR`)")
-    ap.add_argument("--before", default=None, help="directory holding an older engine/ to compare")
-    ap.add_argument("--before-label", default="before", help="what --before is (e.g. its commit)")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    engines = {"this checkout": ROOT}
-    if args.before:
-        engines = {args.before_label: Path(args.before).resolve(), **engines}
+def starts(engines: dict[str, Path], args) -> tuple[str, str, dict]:
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     for rep in range(args.reps):
         for name, where in engines.items():
@@ -88,13 +87,76 @@ def main(argv=None) -> dict:
                          "heavy_modules_before_codec": sorted({m for r in rs for m in r["heavy_before_codec"]}),
                          "runs": [{**{k: round(v, 3) for k, v in r["seconds"].items()},
                                    "process": round(r["process_s"], 3)} for r in rs]}
-    doc = {"benchmark": "startup", "machine": describe("cpu"),
-           "how": ("each reading a fresh Python process: import the engine, Synthesizer.load of the kit's "
-                   "target and draft (float32, CPU), a first pcg decode of 2 rows x 16 tokens, then "
-                   "Xcodec2Codec.load of the kit's codec; stages timed inside, the process from outside; "
-                   f"engines alternate, {args.reps} of each; medians; every run decoded the same codes"),
-           "before_label": args.before_label if args.before else None,
-           "results": results}
+    how = ("each reading a fresh Python process: import the engine, Synthesizer.load of the kit's "
+           "target and draft (float32, CPU), a first pcg decode of 2 rows x 16 tokens, then "
+           "Xcodec2Codec.load of the kit's codec; stages timed inside, the process from outside; "
+           f"engines alternate, {args.reps} of each; medians; every run decoded the same codes")
+    return "startup", how, results
+
+
+BAD_SPEC = ("name: x\nmodels: {target: t, codec: c}\ndecoding: {method: nope}\n"
+            "input: {manifests: [m.jsonl]}\noutput: {uri: out}\n")
+ONE_CALL = """
+import atexit, json, sys
+from engine.cli import main
+def report():
+    print(json.dumps({"engine": sys.modules["engine"].__file__,
+                      "heavy": [m for m in ("torch", "ray") if m in sys.modules]}), file=sys.stderr)
+atexit.register(report)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def one_call(engine_dir: Path, argv: list[str]) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(engine_dir)}
+    began = time.perf_counter()
+    run = subprocess.run([sys.executable, "-c", ONE_CALL, *argv], capture_output=True, text=True,
+                         env=env, cwd=str(engine_dir))
+    seconds = time.perf_counter() - began
+    doc = json.loads(run.stderr.strip().splitlines()[-1])
+    assert Path(doc["engine"]).is_relative_to(engine_dir), (doc["engine"], engine_dir)
+    return {"seconds": seconds, "rc": run.returncode, "heavy": doc["heavy"]}
+
+
+def cli_starts(engines: dict[str, Path], reps: int) -> tuple[str, str, dict]:
+    spec = Path(tempfile.mkdtemp()) / "bad.yaml"
+    spec.write_text(BAD_SPEC)
+    commands = {"--version": ["--version"], "run --help": ["run", "--help"],
+                "draft train --help": ["draft", "train", "--help"], "run INVALID.yaml": ["run", str(spec)]}
+    runs = {name: {cmd: [] for cmd in commands} for name in engines}
+    for rep in range(reps):
+        for cmd, cmd_argv in commands.items():
+            for name, where in engines.items():
+                runs[name][cmd].append(one_call(where, cmd_argv))
+                r = runs[name][cmd][-1]
+                print(f"rep {rep} {name} {cmd}: {r['seconds']:.2f} s, rc {r['rc']}, imported {r['heavy']}")
+    results = {name: {cmd: {"median_s": round(statistics.median(r["seconds"] for r in rs), 2),
+                            "runs_s": [round(r["seconds"], 3) for r in rs],
+                            "exit_codes": sorted({r["rc"] for r in rs}),
+                            "imported": sorted({m for r in rs for m in r["heavy"]})}
+                      for cmd, rs in by_cmd.items()}
+               for name, by_cmd in runs.items()}
+    how = ("each reading a fresh Python process running engine.cli.main with the command's "
+           "arguments, timed from outside (exit included); engines alternate per command, "
+           f"{reps} of each; medians; 'imported': which of torch and Ray the process loaded")
+    return "cli start", how, results
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kit", default="kit", help="a tiny kit directory (`pcg-synth kit build DIR`)")
+    ap.add_argument("--before", default=None, help="directory holding an older engine/ to compare")
+    ap.add_argument("--before-label", default="before", help="what --before is (e.g. its commit)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--cli", action="store_true", help="the CLI's answers without a model instead")
+    args = ap.parse_args(argv)
+    engines = {"this checkout": ROOT}
+    if args.before:
+        engines = {args.before_label: Path(args.before).resolve(), **engines}
+    benchmark, how, results = cli_starts(engines, args.reps) if args.cli else starts(engines, args)
+    doc = {"benchmark": benchmark, "machine": describe("cpu"), "how": how,
+           "before_label": args.before_label if args.before else None, "results": results}
     write_result(doc, args.out)
     return doc
 
