@@ -24,13 +24,36 @@ def client(address: str):
     from ray.exceptions import RpcError
     from ray.job_submission import JobSubmissionClient
 
+    from engine.runtime.connect import refused
+
+    target = jobs_endpoint(address)
+    why = refused(*target) if target else None  # where nothing listens, Ray's client waits 40 s
+    if why is not None:  # for a GCS address (measured: 127.0.0.1:1) before it gives up
+        raise ValueError(jobs_api_unreachable(address, why))
     try:
         return JobSubmissionClient(address)
     except (OSError, RpcError) as exc:  # ConnectionError and requests' errors (OSErrors too) for
         raise ValueError(jobs_api_unreachable(address, exc)) from None  # http://; RpcError for a GCS address
 
 
-def jobs_api_unreachable(address: str, exc: Exception) -> str:
+def jobs_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) a Jobs API client for `address` connects to first: the dashboard for
+    `http(s)://HOST[:PORT]`, the GCS for `HOST:PORT` and `auto`; None where it cannot be told."""
+    from urllib.parse import urlsplit
+
+    from engine.runtime.connect import endpoint
+
+    if address.startswith(("http://", "https://")):
+        url = urlsplit(address)
+        try:
+            port = url.port or (443 if url.scheme == "https" else 80)
+        except ValueError:  # a port that is not a number: the client's own error says so
+            return None
+        return (url.hostname, port) if url.hostname else None
+    return endpoint(address)
+
+
+def jobs_api_unreachable(address: str, exc: Exception | str) -> str:
     return (f"cannot reach the Ray Jobs API at {address} ({str(exc).splitlines()[0]}): is the "
             "cluster up, and its dashboard port (8265 by default) reachable from here? (on KubeRay: "
             "port-forward the head service)")
