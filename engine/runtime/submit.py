@@ -24,33 +24,19 @@ def client(address: str):
     from ray.exceptions import RpcError
     from ray.job_submission import JobSubmissionClient
 
-    from engine.runtime.connect import refused
+    from engine.runtime.connect import endpoint, refused
 
-    target = jobs_endpoint(address)
-    why = refused(*target) if target else None  # where nothing listens, Ray's client waits 40 s
-    if why is not None:  # for a GCS address (measured: 127.0.0.1:1) before it gives up
+    # A GCS address (HOST:PORT, auto) is tried with a plain connection first: where nothing listens
+    # Ray's client waits 42 s before it gives up (measured: 127.0.0.1:1). A dashboard URL is left
+    # to the client's HTTP requests, which fail at once there and may go through a proxy.
+    target = None if address.startswith(("http://", "https://")) else endpoint(address)
+    why = refused(*target) if target else None
+    if why is not None:
         raise ValueError(jobs_api_unreachable(address, why))
     try:
         return JobSubmissionClient(address)
     except (OSError, RpcError) as exc:  # ConnectionError and requests' errors (OSErrors too) for
         raise ValueError(jobs_api_unreachable(address, exc)) from None  # http://; RpcError for a GCS address
-
-
-def jobs_endpoint(address: str) -> tuple[str, int] | None:
-    """(host, port) a Jobs API client for `address` connects to first: the dashboard for
-    `http(s)://HOST[:PORT]`, the GCS for `HOST:PORT` and `auto`; None where it cannot be told."""
-    from urllib.parse import urlsplit
-
-    from engine.runtime.connect import endpoint
-
-    if address.startswith(("http://", "https://")):
-        url = urlsplit(address)
-        try:
-            port = url.port or (443 if url.scheme == "https" else 80)
-        except ValueError:  # a port that is not a number: the client's own error says so
-            return None
-        return (url.hostname, port) if url.hostname else None
-    return endpoint(address)
 
 
 def jobs_api_unreachable(address: str, exc: Exception | str) -> str:
