@@ -6,12 +6,14 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from engine.cli_options import add_compile_arg, add_draft_weights_arg, add_settings_arguments, settings_from_args
-from engine.config import ADMISSIONS, METHODS, DecodingSettings, decoding_default
+from engine.config import ADMISSIONS, METHODS, DecodingSettings, accepted_keys, decoding_default
+from engine.errors import did_you_mean
 
 
 class UsageError(Exception):
@@ -19,10 +21,18 @@ class UsageError(Exception):
 
 
 def format_validation(exc: ValidationError) -> str:
+    """One line naming every bad field; a key no setting has gets the one it most likely meant
+    (`decoding.max_new_token: no such setting (did you mean 'max_new_tokens'?)`), else the
+    keys accepted there."""
     parts = []
     for err in exc.errors():
         field = ".".join(str(x) for x in err["loc"]) or "settings"
-        parts.append(f"{field}: {err['msg']}")
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden" and err["loc"]:
+            known = accepted_keys(exc.title, err["loc"][:-1])
+            hint = did_you_mean(str(err["loc"][-1]), known)
+            msg = "no such setting" + (hint or (f" (accepted here: {', '.join(known)})" if known else ""))
+        parts.append(f"{field}: {msg}")
     return "invalid settings: " + "; ".join(parts)
 
 
@@ -56,6 +66,7 @@ def read_items(args) -> list:
     `text_id`'s."""
     from engine.records import SynthesisItem
 
+    item_keys = {f.name for f in fields(SynthesisItem)} | {"prompt_audio"}
     items = [SynthesisItem(text=t) for t in args.text or []]
     clips: dict[int, str] = {}
     if args.texts_file:
@@ -68,6 +79,11 @@ def read_items(args) -> list:
             if path.suffix == ".jsonl":
                 try:
                     row = json.loads(line)
+                    unknown = sorted(set(row) - item_keys) if isinstance(row, dict) else []
+                    if unknown:
+                        raise UsageError(f"{path}:{n}: {unknown[0]!r} is not an item field"
+                                         + (did_you_mean(unknown[0], item_keys)
+                                            or f" (fields: {', '.join(sorted(item_keys))})"))
                     clip = row.pop("prompt_audio", None)
                     if clip is not None:
                         clips[len(items)] = str(path.parent / clip)

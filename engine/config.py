@@ -462,3 +462,27 @@ def resolve_paths(raw: dict, base: Path) -> dict:
     if isinstance(outp.get("uri"), str):
         outp["uri"] = _local(outp["uri"], base)
     return out
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The settings models a field's annotation holds (`X | None`, `list[X]`, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def accepted_keys(model: str, loc: tuple) -> list[str]:
+    """The keys the mapping at `loc` accepts, `loc` being a validation error's location below the
+    settings model named `model` (`"JobSpec"`, `("decoding",)` -> the decoding settings' fields);
+    [] where that is not one of these models."""
+    current = {c.__name__: c for c in globals().values()
+               if isinstance(c, type) and issubclass(c, BaseModel) and c.__module__ == __name__}.get(model)
+    for part in loc:
+        if current is None:
+            return []
+        if isinstance(part, int):
+            continue  # an entry of a list of models
+        field = current.model_fields.get(part)
+        found = _models_in(field.annotation) if field is not None else []
+        current = found[0] if found else None
+    return list(current.model_fields) if current is not None else []

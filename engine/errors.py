@@ -4,6 +4,9 @@ Each is raised by the module named in its docstring, which also exports it."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class ModelLoadError(ValueError):
     """A checkpoint directory is missing, incomplete or not a Llama causal LM (`engine.models.loading`)."""
@@ -19,3 +22,11 @@ class ClusterUnreachable(ConnectionError):
 
 class JobFailed(RuntimeError):
     """The job cannot go on (e.g. workers fail to start); committed shards are kept (`engine.runtime.pool`)."""
+
+
+def did_you_mean(word: str, names: Iterable[str]) -> str:
+    """" (did you mean 'temperature'?)" when `word` looks like a mistyped one of `names` (difflib's
+    similarity >= 0.8 ignoring case: a letter or two wrong, missing or swapped), else ""."""
+    lowered = {n.lower(): n for n in names if n != word}
+    found = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.8)
+    return f" (did you mean {lowered[found[0]]!r}?)" if found else ""

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 
 from engine.config import JobSpec
 from engine.console import counted
-from engine.io.manifest import FORMATS, jsonl_offsets, manifest_format, parse_rows, unknown_fields
+from engine.errors import did_you_mean
+from engine.io.manifest import FORMATS, KNOWN_FIELDS, jsonl_offsets, manifest_format, parse_rows, unknown_fields
 from engine.io.storage import Storage, join
 
 PLAN_VERSION = 1
@@ -61,7 +62,7 @@ class Plan:
     def warnings(self) -> list[str]:
         """What the job should say about its manifests: fields it ignores, per file."""
         return [f"{uri}: fields this pcg-synth ignores: "
-                + ", ".join(f"{k!r} ({counted(n, 'row')})" for k, n in found.items())
+                + ", ".join(f"{k!r} ({counted(n, 'row')}){did_you_mean(k, KNOWN_FIELDS)}" for k, n in found.items())
                 for uri, found in self.unknown_fields.items()]
 
 

@@ -163,3 +163,44 @@ def test_generate_names_texts_without_an_id_by_their_words():
 
     assert text_id(3, "Hello there, how are you today?") == "003-hello-there-how-are-you"
     assert text_id(0, "¿?") == "000"
+
+
+def write_spec(tmp_path, text: str):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: t\nmodels: {target: kit/target, draft: kit/draft}\ninput: {manifests: [m.jsonl]}\n"
+                    "output: {uri: out}\n" + text)
+    return spec
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ("decoding: {temprature: 0.5}\n", "decoding.temprature: no such setting (did you mean 'temperature'?)"),
+    ("decodng: {temperature: 0.5}\n", "decodng: no such setting (did you mean 'decoding'?)"),
+    ("resources: {rows_per_shards: 4}\n",
+     "resources.rows_per_shards: no such setting (did you mean 'rows_per_shard'?)"),
+    # entries of a list of settings: the sweep's model pairs, the augmentation's voice prompts
+    ("kind: sweep\nsweep: {model_pairs: [{name: a, target: x, drafts: y}]}\n",
+     "sweep.model_pairs.0.drafts: no such setting (did you mean 'draft'?)"),
+    ("kind: augment\naugment: {prompts: [{id: v, txt: hi, codes: [1]}]}\n",
+     "augment.prompts.0.txt: no such setting (did you mean 'text'?)"),
+    # nothing close: the keys accepted there
+    ("resources: {gpu: 1}\n", "resources.gpu: no such setting (accepted here: workers, gpus_per_worker,"),
+])
+def test_a_mistyped_spec_key_names_the_key_it_most_likely_meant(extra, expected, tmp_path, capsys):
+    code = main(["run", str(write_spec(tmp_path, extra))])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: invalid settings: ") and expected in err
+    assert "Extra inputs" not in err
+
+
+def test_a_mistyped_item_field_in_a_generate_texts_file_is_named(tmp_path, capsys):
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text('{"id": "a", "text": "Hello."}\n{"id": "b", "text": "Again.", "temprature": 0.3}\n')
+    code = main(["generate", "--target", str(tmp_path / "missing"), "--texts-file", str(texts)])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {texts}:2: 'temprature' is not an item field (did you mean 'temperature'?)")
+    texts.write_text('{"text": "Hello.", "speaker": "s1"}\n')
+    assert main(["generate", "--target", str(tmp_path / "missing"), "--texts-file", str(texts)]) == 2
+    err = capsys.readouterr().err
+    assert "'speaker' is not an item field (fields: id, max_new_tokens," in err and "missing" not in err

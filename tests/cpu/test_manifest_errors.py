@@ -56,6 +56,15 @@ def test_unknown_fields_are_counted_and_the_plan_warns(tmp_path):
     assert plan.to_dict()["unknown_fields"] == plan.unknown_fields
 
 
+def test_a_mistyped_row_field_is_warned_with_the_field_it_most_likely_meant(tmp_path):
+    # a typo would silently drop a row's override: the warning names the field it looks like
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"id": "a", "text": "x", "temprature": 0.3, "Seed": 4, "speaker": "s1"}\n')
+    plan = make_plan(job_spec(tmp_path, [str(manifest)], str(tmp_path / "out")), Storage())
+    assert plan.warnings() == [f"{manifest}: fields this pcg-synth ignores: 'Seed' (1 row) (did you mean 'seed'?), "
+                               "'speaker' (1 row), 'temprature' (1 row) (did you mean 'temperature'?)"]
+
+
 def test_an_unreadable_clip_read_from_storage_is_named_by_its_uri():
     with pytest.raises(CodecError) as info:
         read_clip(io.BytesIO(b"not audio at all"), name="s3://bucket/voices/clip.wav")
