@@ -256,6 +256,12 @@ def cmd_run(args) -> int:
     from engine.config import JobSpec
 
     spec = JobSpec.load(args.spec)  # an invalid spec fails here, before torch and Ray load
+    if args.dry_run:
+        from engine.runtime.preflight import dry_run, dry_run_text
+
+        report = dry_run(spec, allow_numerics_change=args.allow_numerics_change)
+        print(json.dumps(report) if args.quiet else dry_run_text(report))
+        return 0
     if spec.kind == "sweep":
         from engine.runtime.sweep import run_sweep
 
@@ -301,6 +307,9 @@ def add_jobs(sub) -> None:
     p.add_argument("--allow-numerics-change", action="store_true",
                    help="resume an output written under another numerics environment (device type, "
                         "torch version, threads per worker); recorded in _job.json and the summary")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the job without models, Ray or writing: models and output reachable, "
+                        "every manifest row validated, the plan and what the output holds; print it")
     p.set_defaults(func=cmd_run)
     s = sub.add_parser("submit", help="submit a job spec to a Ray cluster (Ray Jobs API)",
                        description="Validate JOB.yaml here, upload it and run `pcg-synth run` on the "

@@ -101,8 +101,20 @@ def variant_row(row: ManifestRow, combo: dict) -> dict:
     return out
 
 
+def variants_file(root: str) -> str:
+    """Where an augment job keeps its expanded manifest: `<root>/_augment/variants.jsonl`."""
+    return join(root, "_augment", "variants.jsonl")
+
+
 def expand(spec: JobSpec, storage: Storage, root: str) -> Expansion:
-    """Write `<root>/_augment/variants.jsonl` and say what it holds."""
+    """Write `variants_file(root)` and say what it holds."""
+    expansion, data = expanded(spec, storage, root)
+    storage.write_bytes(expansion.uri, data)
+    return expansion
+
+
+def expanded(spec: JobSpec, storage: Storage, root: str) -> tuple[Expansion, bytes]:
+    """The variants file for `root` (its bytes) and what it holds, written nowhere."""
     aug = spec.augment
     grid = combinations(aug, spec)
     cap = min(aug.max_variants_per_text or len(grid), len(grid))
@@ -126,10 +138,9 @@ def expand(spec: JobSpec, storage: Storage, root: str) -> Expansion:
     lines = [json.dumps(v, sort_keys=True) for v in variants]
     lines += [json.dumps(r, sort_keys=True) if isinstance(r, dict) else str(r) if isinstance(r, str)
               else f"[{r.error}] {r.text}" for r in passthrough]  # a BadLine stays an error row
-    uri = join(root, "_augment", "variants.jsonl")
-    storage.write_bytes(uri, ("\n".join(lines) + "\n").encode())
-    return Expansion(uri=uri, texts=len(rows), grid=len(grid), variants=len(variants),
-                     capped=len(rows) * (len(grid) - cap), over_budget=len(rows) * (cap - per_text),
-                     bad_rows=len(passthrough),
-                     estimated_hours=round(sum(min(per_text, cap) * s for s in seconds) / 3600, 4),
-                     methods=dict(sorted(collections.Counter(v["method"] for v in variants).items())))
+    expansion = Expansion(uri=variants_file(root), texts=len(rows), grid=len(grid), variants=len(variants),
+                          capped=len(rows) * (len(grid) - cap), over_budget=len(rows) * (cap - per_text),
+                          bad_rows=len(passthrough),
+                          estimated_hours=round(sum(min(per_text, cap) * s for s in seconds) / 3600, 4),
+                          methods=dict(sorted(collections.Counter(v["method"] for v in variants).items())))
+    return expansion, ("\n".join(lines) + "\n").encode()

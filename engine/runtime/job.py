@@ -12,102 +12,12 @@ from tqdm.auto import tqdm
 
 from engine.config import JobSpec
 from engine.console import bar_disabled, counted
-from engine.io.storage import Storage, StorageError
+from engine.io.storage import Storage
 from engine.runtime.connect import init_ray
-from engine.runtime.plan import Layout, Plan, make_plan
+from engine.runtime.plan import Layout, make_plan
 from engine.runtime.pool import IdleWorkers, JobFailed, WorkerPool
+from engine.runtime.preflight import check_groups_file, check_resume, finished_summary, needs_groups, preflight
 from engine.runtime.summary import progress_postfix, summarize, summary_table
-
-
-def preflight(spec: JobSpec, storage: Storage) -> None:
-    """Fail before any work on what can be checked cheaply: models present, output writable.
-
-    Raises:
-        ValueError: naming the spec field at fault.
-    """
-    for field in ("target", "draft", "codec"):
-        uri = getattr(spec.models, field)
-        if uri is None:
-            continue
-        try:
-            found = storage.has_checkpoint(uri.rstrip("/"))
-        except StorageError as exc:
-            raise ValueError(f"models.{field}: {exc}") from None
-        if not found:
-            raise ValueError(f"models.{field}: no checkpoint at {uri} (config.json missing)")
-    if spec.models.groups and not storage.exists(spec.models.groups):
-        raise ValueError(f"models.groups: no groups file at {spec.models.groups}")
-    probe = Layout(spec.output.uri).root.rstrip("/") + "/_probe"
-    try:
-        storage.write_bytes(probe, b"")
-        storage.delete(probe)
-    except (StorageError, OSError) as exc:
-        raise ValueError(f"output.uri: cannot write under {spec.output.uri} ({exc})") from None
-
-
-def check_resume(spec: JobSpec, plan: Plan, storage: Storage, layout: Layout,
-                 allow_numerics_change: bool = False) -> tuple[set[str], list[str]]:
-    """Record the job in the output, or verify a rerun is the same job under the same numerics
-    environment; returns the committed shard ids and the numerics differences allowed.
-
-    Raises:
-        ValueError: the output holds a different job, or was written under another numerics
-            environment (device type, torch version, threads per worker) and that was not
-            allowed.
-    """
-    from engine.runtime import numerics
-
-    now = numerics.expected(spec)
-    changes: list[str] = []
-    if storage.exists(layout.job):
-        earlier = json.loads(storage.read_bytes(layout.job))
-        if earlier.get("fingerprint") != plan.fingerprint:
-            raise ValueError(
-                f"output.uri {spec.output.uri} holds another job (plan {earlier.get('fingerprint')}, "
-                f"this one {plan.fingerprint}: manifests, models or settings changed); choose a new "
-                "output.uri or delete the old one")
-        changes = numerics.differences(earlier.get("numerics") or {}, now)
-        if changes and not allow_numerics_change:
-            raise ValueError(
-                f"output.uri {spec.output.uri} was written under another numerics environment "
-                f"({'; '.join(changes)}): shards decoded now could differ in their codes from the "
-                "committed ones; resume with the same settings and software, or pass "
-                "--allow-numerics-change (recorded in the summary)")
-        if changes:
-            earlier.setdefault("numerics_changes", []).append({"changes": changes, "now": now})
-            storage.write_bytes(layout.job, json.dumps(earlier, indent=1).encode())
-    else:
-        record = {"name": spec.name, "spec": spec.model_dump(mode="json"), **plan.to_dict(), "numerics": now}
-        storage.write_bytes(layout.job, json.dumps(record, indent=1).encode())
-    ids = {s.id for s in plan.shards}
-    committed = {u.rsplit("/", 1)[-1][: -len(".json")] for u in storage.list(layout.commit("x").rsplit("/", 1)[0])}
-    return committed & ids, changes
-
-
-def needs_groups(spec: JobSpec) -> bool:
-    return "pcg" in {spec.decoding.method, *(spec.augment.methods or [] if spec.augment else [])}
-
-
-def check_groups_file(spec: JobSpec, storage: Storage):
-    """The groups file `models.groups`, verified before any work (before `_job.json` is
-    written): intact, and built for this job's theta and group-size cap from this target's
-    speech-token embeddings (their hash). Every error names the file.
-
-    Raises:
-        ValueError: `models.groups: <uri>: why`.
-    """
-    from engine.groups.source import embeddings_sha256, speech_embeddings_of
-    from engine.groups.store import GroupFileError, from_bytes
-
-    uri = spec.models.groups
-    try:
-        data = storage.read_bytes(uri)
-        embeddings = speech_embeddings_of(storage, spec.models.target)
-        expect = {"embeddings_sha256": embeddings_sha256(embeddings), "theta": spec.decoding.theta,
-                  "max_group_size": spec.decoding.max_group_size}
-        return from_bytes(data, uri, expect)
-    except (GroupFileError, StorageError) as exc:
-        raise ValueError(f"models.groups: {exc}") from None
 
 
 def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given=None):
@@ -130,16 +40,6 @@ def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given
     store = StorageBlobStore(storage, spec.models.groups_cache or str(default_cache_dir()))
     return get_groups(embeddings, spec.decoding.theta, spec.decoding.max_group_size, store=store,
                       progress=progress)
-
-
-def finished_summary(storage: Storage, layout: Layout, plan: Plan) -> dict | None:
-    """The summary a finished run of this very job wrote (every shard committed), else None."""
-    if not storage.exists(layout.summary):
-        return None
-    summary = json.loads(storage.read_bytes(layout.summary))
-    shards = summary.get("shards", {})
-    done = shards.get("committed") == len(plan.shards) and not shards.get("failed")
-    return summary if summary.get("fingerprint") == plan.fingerprint and done else None
 
 
 class JobRunner:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from engine.config import JobSpec
@@ -20,6 +21,7 @@ from engine.io.manifest import FORMATS, KNOWN_FIELDS, jsonl_offsets, manifest_fo
 from engine.io.storage import Storage, join
 
 PLAN_VERSION = 1
+Inspect = Callable[[str, list, dict[int, str]], None]
 
 
 @dataclass(frozen=True)
@@ -94,18 +96,25 @@ def settings_fingerprint(spec: JobSpec) -> dict:
             "rows_per_shard": spec.resources.rows_per_shard, "batch_size": spec.resources.batch_size}
 
 
-def make_plan(spec: JobSpec, storage: Storage) -> Plan:
-    """Read every manifest once (ids and row counts) and cut it into shards."""
+def make_plan(spec: JobSpec, storage: Storage, inspect: Inspect | None = None) -> Plan:
+    """Read every manifest once (ids and row counts) and cut it into shards; `inspect(uri, rows,
+    duplicates)` sees each file's parsed rows and its duplicate ids (row index -> where the id
+    first appeared): `pcg-synth run --dry-run` validates them there."""
+    files = manifest_files(spec, storage)
+    return plan_of(spec, files, ((uri, storage.read_bytes(uri)) for uri in files), inspect)
+
+
+def plan_of(spec: JobSpec, files: list[str], contents: Iterable[tuple[str, bytes]],
+            inspect: Inspect | None = None) -> Plan:
+    """`make_plan` over manifests given as (URI, bytes), one at a time."""
     digest = hashlib.sha256(json.dumps(settings_fingerprint(spec), sort_keys=True).encode())
     digest.update(str(PLAN_VERSION).encode())
     shards: list[Shard] = []
     first_seen: dict[str, str] = {}
-    files = manifest_files(spec, storage)
     ignored: dict[str, dict[str, int]] = {}
     total = 0
     per = spec.resources.rows_per_shard
-    for uri in files:
-        data = storage.read_bytes(uri)
+    for uri, data in contents:
         digest.update(uri.encode())
         digest.update(hashlib.sha256(data).digest())
         rows = parse_rows(uri, data)
@@ -122,6 +131,8 @@ def make_plan(spec: JobSpec, storage: Storage) -> Plan:
                 dups[n] = first_seen[key]
             else:
                 first_seen[key] = f"{uri}:{n + 1}"
+        if inspect is not None:
+            inspect(uri, rows, dups)
         for start in range(0, len(rows), per):
             stop = min(start + per, len(rows))
             mine = {i: src for i, src in dups.items() if start <= i < stop}

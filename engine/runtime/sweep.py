@@ -22,9 +22,6 @@ import pyarrow.parquet as pq
 
 from engine.config import JobSpec, ModelPair
 from engine.io.storage import Storage, join
-from engine.runtime.actors import worker_options
-from engine.runtime.job import JobRunner
-from engine.runtime.pool import IdleWorkers
 
 
 def points(spec: JobSpec) -> list[dict]:
@@ -116,6 +113,10 @@ def schedule(grid: list[dict], repetitions: int) -> list[tuple[int, dict]]:
 
 def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True) -> dict:
     """Run (or resume) every point; returns the sweep document (also written as sweep.json)."""
+    from engine.runtime.actors import worker_options  # Ray and torch: not for the grid's helpers
+    from engine.runtime.job import JobRunner
+    from engine.runtime.pool import IdleWorkers
+
     storage = Storage(spec.storage)
     root = spec.output.uri
     grid = points(spec)

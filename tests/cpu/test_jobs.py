@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from engine.config import JobSpec, StorageOptions
 from engine.io.storage import Storage
 from engine.runtime.job import JobRunner
+from engine.runtime.preflight import dry_run
 from engine.runtime.summary import summary_table
 
 from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
@@ -163,6 +164,8 @@ def test_bad_rows_become_error_records(local_ray, kit_dir, tmp_path):
         {"id": "clip", "text": "Missing clip.", "prompt_text": "x", "prompt_audio": "nope.wav"},
         {"id": "ok2", "text": "Also fine."}])
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"))
+    report = dry_run(spec)  # before the job: finds every bad row but the one over the context
+    assert not (tmp_path / "out").exists()
     summary = JobRunner(spec, progress=False).run()
     rows = read_output(spec)
     assert len(rows) == 8
@@ -172,6 +175,16 @@ def test_bad_rows_become_error_records(local_ray, kit_dir, tmp_path):
     assert "context" in errors["long"] and "65535" in errors["codes"] and "nope.wav" in errors["clip"]
     assert "id" in errors[f"!{manifest}:4"]
     assert summary["rows_ok"] == 2 and summary["rows_failed"] == 6
+    # the dry run's error rows are the job's, the text too long for the context aside (it needs
+    # the tokenizer): same lines, the job's message containing the dry run's
+    assert report["rows_failing"] == 5 and report["rows_ok"] == 3  # "long" counted as ok
+    found = {e["id"] or f"!{e['source']}": e["error"] for e in report["failing_examples"]}
+    recorded = {r["id"]: r["error"] for r in rows if r["error"] and r["id"] != "long"}
+    assert found.keys() == recorded.keys()
+    assert {k: v for k, v in found.items() if k != "clip"} == {k: v for k, v in recorded.items() if k != "clip"}
+    assert found["clip"] == f"prompt_audio: no clip at {tmp_path / 'nope.wav'}"
+    assert report["fingerprint"] == json.loads((tmp_path / "out" / "_job.json").read_text())["fingerprint"]
+    assert dry_run(spec)["output_state"].startswith("finished")
 
 
 def test_bad_specs_fail_before_any_work(kit_dir, tmp_path):
@@ -199,6 +212,8 @@ def test_bad_specs_fail_before_any_work(kit_dir, tmp_path):
 def test_rerun_into_an_output_of_another_job_is_refused(finished_job):
     spec, first = finished_job
     other = spec.model_copy(update={"decoding": spec.decoding.model_copy(update={"seed": 2})})
+    with pytest.raises(ValueError, match="holds another job"):
+        dry_run(other)  # the dry run refuses it as the job does
     with pytest.raises(ValueError, match="holds another job"):
         JobRunner(other, progress=False).run()
     assert json.loads((Path(spec.output.uri) / "summary.json").read_text()) == first  # untouched
@@ -258,9 +273,15 @@ def test_augment_job_crosses_texts_with_voices_seeds_and_methods_within_budget(l
                              "include_no_prompt": True, "seeds": [0, 1], "methods": ["exact", "ar"],
                              "max_variants_per_text": 4, "max_audio_hours": budget_h},
                     resources={"rows_per_shard": 4})
+    report = dry_run(spec)
+    assert not (tmp_path / "out").exists()
     summary = JobRunner(spec, progress=False).run()
     rows = read_output(spec)
     aug = summary["augment"]
+    # the dry run expanded the same variants (in memory) and planned the same job
+    assert report["augment"] == aug and report["rows"] == 10 and report["rows_failing"] == 1
+    assert report["shards"] == summary["shards"]["total"]
+    assert report["fingerprint"] == json.loads((tmp_path / "out" / "_job.json").read_text())["fingerprint"]
     assert aug["grid"] == 3 * 2 * 2 and aug["variants"] == 9 and aug["bad_rows"] == 1
     assert aug["over_budget"] == 3 and aug["capped"] == 3 * (12 - 4)
     assert aug["estimated_hours"] <= budget_h

@@ -1,0 +1,289 @@
+"""What the driver checks before any work, and `pcg-synth run --dry-run`: everything about a job
+that can be known without models, Ray or writing to its output.
+
+`preflight` (models present, output writable), `check_resume` (a rerun is the same job under
+the same numerics) and the groups-file check run at the start of every job. `dry_run` runs the
+same checks without writing anything (the output's writability probe aside, a file it deletes
+at once), then reads and validates every manifest row as the workers would, and reports the
+plan: rows, shards, the rows that would become error records and why, the fields the manifests
+carry that the job ignores, an estimate of the speech to generate, and what the output already
+holds (a new job, a resume, a finished job). Imports no torch or Ray (a given groups file is
+checked against the target's embeddings, which loads torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config import DecodingSettings, InputSpec, JobSpec
+from engine.console import counted
+from engine.decoding.admission import CODES_PER_SECOND, expected_tokens
+from engine.io.manifest import ManifestRow, RowError, validate
+from engine.io.storage import Storage, StorageError, join, parse, relative_to
+from engine.runtime import numerics
+from engine.runtime.plan import Layout, Plan, make_plan, plan_of
+
+EXAMPLES = 5  # error rows shown by a dry run
+
+
+def preflight(spec: JobSpec, storage: Storage, create: bool = True) -> None:
+    """Fail before any work on what can be checked cheaply: models present, output writable
+    (by writing and deleting a probe file there; `create=False`, a dry run: a local output that
+    does not exist yet is checked through its nearest existing folder, so none is made).
+
+    Raises:
+        ValueError: naming the spec field at fault.
+    """
+    for field_name in ("target", "draft", "codec"):
+        uri = getattr(spec.models, field_name)
+        if uri is None:
+            continue
+        try:
+            found = storage.has_checkpoint(uri.rstrip("/"))
+        except StorageError as exc:
+            raise ValueError(f"models.{field_name}: {exc}") from None
+        if not found:
+            raise ValueError(f"models.{field_name}: no checkpoint at {uri} (config.json missing)")
+    if spec.models.groups and not storage.exists(spec.models.groups):
+        raise ValueError(f"models.groups: no groups file at {spec.models.groups}")
+    root = Layout(spec.output.uri).root.rstrip("/")
+    if not create and parse(root).scheme == "file" and not Path(parse(root).path).exists():
+        folder = next(p for p in Path(parse(root).path).absolute().parents if p.exists())
+        if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+            raise ValueError(f"output.uri: cannot write under {spec.output.uri} ({folder} is not a writable folder)")
+        return
+    probe = root + "/_probe"
+    try:
+        storage.write_bytes(probe, b"")
+        storage.delete(probe)
+    except (StorageError, OSError) as exc:
+        raise ValueError(f"output.uri: cannot write under {spec.output.uri} ({exc})") from None
+
+
+def recorded_job(spec: JobSpec, plan: Plan, storage: Storage, layout: Layout, now: dict,
+                 allow_numerics_change: bool = False) -> tuple[dict | None, list[str]]:
+    """The job record (`_job.json`) the output already holds (None: a new output) and the
+    numerics differences from `now` that were allowed.
+
+    Raises:
+        ValueError: the output holds a different job, or was written under another numerics
+            environment (device type, torch version, threads per worker) and that was not
+            allowed.
+    """
+    if not storage.exists(layout.job):
+        return None, []
+    earlier = json.loads(storage.read_bytes(layout.job))
+    if earlier.get("fingerprint") != plan.fingerprint:
+        raise ValueError(
+            f"output.uri {spec.output.uri} holds another job (plan {earlier.get('fingerprint')}, "
+            f"this one {plan.fingerprint}: manifests, models or settings changed); choose a new "
+            "output.uri or delete the old one")
+    changes = numerics.differences(earlier.get("numerics") or {}, now)
+    if changes and not allow_numerics_change:
+        raise ValueError(
+            f"output.uri {spec.output.uri} was written under another numerics environment "
+            f"({'; '.join(changes)}): shards decoded now could differ in their codes from the "
+            "committed ones; resume with the same settings and software, or pass "
+            "--allow-numerics-change (recorded in the summary)")
+    return earlier, changes
+
+
+def committed_shards(plan: Plan, storage: Storage, layout: Layout) -> set[str]:
+    """The plan's shards the output holds a commit for."""
+    ids = {s.id for s in plan.shards}
+    return {u.rsplit("/", 1)[-1][: -len(".json")] for u in storage.list(layout.commit("x").rsplit("/", 1)[0])} & ids
+
+
+def check_resume(spec: JobSpec, plan: Plan, storage: Storage, layout: Layout,
+                 allow_numerics_change: bool = False) -> tuple[set[str], list[str]]:
+    """Record the job in the output, or verify a rerun is the same job under the same numerics
+    environment; returns the committed shard ids and the numerics differences allowed.
+
+    Raises:
+        ValueError: as `recorded_job`.
+    """
+    now = numerics.expected(spec)
+    earlier, changes = recorded_job(spec, plan, storage, layout, now, allow_numerics_change)
+    if earlier is None:
+        record = {"name": spec.name, "spec": spec.model_dump(mode="json"), **plan.to_dict(), "numerics": now}
+        storage.write_bytes(layout.job, json.dumps(record, indent=1).encode())
+    elif changes:
+        earlier.setdefault("numerics_changes", []).append({"changes": changes, "now": now})
+        storage.write_bytes(layout.job, json.dumps(earlier, indent=1).encode())
+    return committed_shards(plan, storage, layout), changes
+
+
+def needs_groups(spec: JobSpec) -> bool:
+    return "pcg" in {spec.decoding.method, *(spec.augment.methods or [] if spec.augment else [])}
+
+
+def check_groups_file(spec: JobSpec, storage: Storage):
+    """The groups file `models.groups`, verified before any work (before `_job.json` is
+    written): intact, and built for this job's theta and group-size cap from this target's
+    speech-token embeddings (their hash). Every error names the file.
+
+    Raises:
+        ValueError: `models.groups: <uri>: why`.
+    """
+    from engine.groups.source import embeddings_sha256, speech_embeddings_of
+    from engine.groups.store import GroupFileError, from_bytes
+
+    uri = spec.models.groups
+    try:
+        data = storage.read_bytes(uri)
+        embeddings = speech_embeddings_of(storage, spec.models.target)
+        expect = {"embeddings_sha256": embeddings_sha256(embeddings), "theta": spec.decoding.theta,
+                  "max_group_size": spec.decoding.max_group_size}
+        return from_bytes(data, uri, expect)
+    except (GroupFileError, StorageError) as exc:
+        raise ValueError(f"models.groups: {exc}") from None
+
+
+def finished_summary(storage: Storage, layout: Layout, plan: Plan) -> dict | None:
+    """The summary a finished run of this very job wrote (every shard committed), else None."""
+    if not storage.exists(layout.summary):
+        return None
+    summary = json.loads(storage.read_bytes(layout.summary))
+    shards = summary.get("shards", {})
+    done = shards.get("committed") == len(plan.shards) and not shards.get("failed")
+    return summary if summary.get("fingerprint") == plan.fingerprint and done else None
+
+
+# ---- dry run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class RowCheck:
+    """Every manifest row validated as a worker validates it (the plan's `inspect` hook), with
+    what a worker finds besides: a duplicate id, per-row settings that are invalid together with
+    the job's, a voice-prompt clip that is not there."""
+
+    storage: Storage
+    decoding: DecodingSettings
+    rows: int = 0
+    errors: int = 0
+    examples: list[dict] = field(default_factory=list)
+    tokens: int = 0  # estimated speech codes of the rows to decode
+    _clips: dict = field(default_factory=dict)  # clip URI -> exists
+
+    def error(self, source: str, ident: str | None, why: str) -> None:
+        self.errors += 1
+        if len(self.examples) < EXAMPLES:
+            self.examples.append({"source": source, "id": ident, "error": why})
+
+    def why_not(self, uri: str, row: ManifestRow, first: str | None) -> str | None:
+        """Why a valid row would still become an error record (None: it decodes)."""
+        if first is not None:
+            return f"duplicate id (first at {first})"
+        try:
+            DecodingSettings(**{**self.decoding.model_dump(), **row.overrides()})
+        except ValueError as exc:  # pydantic's ValidationError is one
+            return str(exc)
+        if row.prompt_audio:
+            clip = relative_to(uri, row.prompt_audio)
+            if clip not in self._clips:
+                self._clips[clip] = self.storage.exists(clip)
+            if not self._clips[clip]:
+                return f"prompt_audio: no clip at {clip}"
+        return None
+
+    def __call__(self, uri: str, raws: list, duplicates: dict[int, str]) -> None:
+        for n, raw in enumerate(raws):
+            self.rows += 1
+            row = validate(raw, f"{uri}:{n + 1}")
+            if isinstance(row, RowError):
+                self.error(row.source, row.id, row.error)
+            elif (why := self.why_not(uri, row, duplicates.get(n))) is not None:
+                self.error(f"{uri}:{n + 1}", row.id, why)
+            else:
+                self.tokens += expected_tokens(row.text, row.max_new_tokens or self.decoding.max_new_tokens)
+
+
+def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
+    """What `pcg-synth run` would do with `spec`, found without models, Ray or writing.
+
+    Raises:
+        ValueError: what would stop the job before any work (as `pcg-synth run` reports it).
+    """
+    storage = Storage(spec.storage)
+    layout = Layout(spec.output.uri)
+    preflight(spec, storage, create=False)
+    if spec.models.groups and needs_groups(spec):
+        check_groups_file(spec, storage)
+    check = RowCheck(storage, spec.decoding)
+    report: dict = {"job": spec.name, "kind": spec.kind, "output": spec.output.uri}
+    if spec.kind == "augment":
+        from engine.runtime.augment import expanded
+
+        expansion, data = expanded(spec, storage, layout.root)
+        planned = spec.model_copy(update={"input": InputSpec(manifests=[expansion.uri])})
+        plan = plan_of(planned, [expansion.uri], [(expansion.uri, data)], check)
+        report["augment"] = expansion.to_dict()
+    else:
+        plan = make_plan(spec, storage, check)
+    resources = spec.resources
+    report.update({
+        "manifests": plan.manifests if spec.kind != "augment" else spec.input.manifests,
+        "rows": plan.rows, "rows_ok": plan.rows - check.errors, "rows_failing": check.errors,
+        "failing_examples": check.examples, "warnings": plan.warnings(),
+        "shards": len(plan.shards), "rows_per_shard": resources.rows_per_shard,
+        "workers": resources.workers, "batch_size": resources.batch_size,
+        "estimated_tokens": check.tokens,
+        "estimated_audio_hours": round(check.tokens / CODES_PER_SECOND / 3600, 4),
+        "fingerprint": plan.fingerprint})
+    if spec.kind == "sweep":
+        from engine.runtime.sweep import point_id, points, schedule
+
+        runs = schedule(points(spec), spec.sweep.repetitions)
+        done = sum(storage.exists(join(layout.root, "points", f"{point_id(p)}-r{rep}", "summary.json"))
+                   for rep, p in runs)
+        report["sweep"] = {"points": len(runs) // spec.sweep.repetitions, "repetitions": spec.sweep.repetitions,
+                           "runs": len(runs), "runs_done": done}
+        report["output_state"] = (f"{done} of {counted(len(runs), 'run')} done (kept; a run of the sweep "
+                                  "does the others)" if done else "new: no run of this sweep is there yet")
+        return report
+    earlier, changes = recorded_job(spec, plan, storage, layout, numerics.expected(spec), allow_numerics_change)
+    if earlier is None:
+        report["output_state"] = "new: nothing of this job is there yet"
+    else:
+        done = committed_shards(plan, storage, layout)
+        report["committed_shards"] = len(done)
+        report["output_state"] = (
+            "finished: every shard is committed; a run prints the summary of the run that finished it"
+            if finished_summary(storage, layout, plan) is not None else
+            f"a resume: {len(done)} of {counted(len(plan.shards), 'shard')} committed, those are kept")
+        if changes:
+            report["output_state"] += f"; numerics changes allowed: {'; '.join(changes)}"
+    return report
+
+
+def dry_run_text(report: dict) -> str:
+    """The dry run's report as `pcg-synth run --dry-run` prints it."""
+    lines = [f"{report['job']} (dry run, kind {report['kind']}): nothing was decoded or written",
+             f"  output     {report['output']}: {report['output_state']}"]
+    if aug := report.get("augment"):
+        lines.append(f"  augment    {counted(aug['texts'], 'text')} x up to {aug['grid']} combinations -> "
+                     f"{counted(aug['variants'], 'variant')} (cut: {aug['capped']} by max_variants_per_text, "
+                     f"{aug['over_budget']} by max_audio_hours)")
+    if sweep := report.get("sweep"):
+        lines.append(f"  sweep      {counted(sweep['points'], 'point')} x {sweep['repetitions']} "
+                     f"= {counted(sweep['runs'], 'run')}, each decoding the rows below "
+                     "(workers and batch size from the grid)")
+    lines += [f"  manifests  {', '.join(report['manifests'])}",
+              f"  rows       {report['rows']}: {report['rows_ok']} to decode, {report['rows_failing']} "
+              f"would become error records",
+              f"  shards     {report['shards']} of up to {report['rows_per_shard']} rows"
+              + (f", {counted(report['workers'], 'worker')} at batch {report['batch_size']}" if not sweep else ""),
+              f"  speech     about {report['estimated_tokens']} codes, "
+              f"{report['estimated_audio_hours'] * 60:.1f} minutes of audio (estimated from the texts' "
+              "length, capped by max_new_tokens)"]
+    for ex in report["failing_examples"]:
+        lines.append(f"  error row  {ex['source']}: {ex['error']}")
+    if report["rows_failing"] > len(report["failing_examples"]):
+        lines.append(f"  ... and {report['rows_failing'] - len(report['failing_examples'])} more error rows")
+    lines += [f"  warning    {w}" for w in report["warnings"]]
+    return "\n".join(lines)
+
