@@ -25,6 +25,7 @@ from engine.io.manifest import ManifestRow, RowError, validate
 from engine.io.storage import Storage, StorageError, join, parse, relative_to
 from engine.runtime import numerics
 from engine.runtime.plan import Layout, Plan, make_plan, plan_of
+from engine.runtime.sweep_grid import points, run_uri, schedule
 
 EXAMPLES = 5  # error rows shown by a dry run
 
@@ -235,11 +236,8 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
         "estimated_audio_hours": round(check.tokens / CODES_PER_SECOND / 3600, 4),
         "fingerprint": plan.fingerprint})
     if spec.kind == "sweep":
-        from engine.runtime.sweep import point_id, points, schedule
-
         runs = schedule(points(spec), spec.sweep.repetitions)
-        done = sum(storage.exists(join(layout.root, "points", f"{point_id(p)}-r{rep}", "summary.json"))
-                   for rep, p in runs)
+        done = sum(storage.exists(join(run_uri(layout.root, p, rep), "summary.json")) for rep, p in runs)
         report["sweep"] = {"points": len(runs) // spec.sweep.repetitions, "repetitions": spec.sweep.repetitions,
                            "runs": len(runs), "runs_done": done}
         report["output_state"] = (f"{done} of {counted(len(runs), 'run')} done (kept; a run of the sweep "

@@ -12,7 +12,6 @@ Results: `<output>/sweep.parquet` (one row per run), `sweep.json`, and plots in
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import statistics
 from collections import defaultdict
@@ -20,44 +19,12 @@ from collections import defaultdict
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.config import JobSpec, ModelPair
+from engine.config import JobSpec
 from engine.io.storage import Storage, join
-
-
-def points(spec: JobSpec) -> list[dict]:
-    """The grid, without points that cannot differ (`ar` has no gamma or theta; only `pcg` has
-    a theta; pairs without a draft run `ar` only)."""
-    sw = spec.sweep
-    pairs = sw.model_pairs or [ModelPair(name="models", target=spec.models.target, draft=spec.models.draft)]
-    out = []
-    for pair, workers, batch, method in itertools.product(pairs, sw.workers, sw.batch_sizes, sw.methods):
-        if method != "ar" and pair.draft is None:
-            continue
-        gammas = [None] if method == "ar" else sw.gammas
-        thetas = sw.thetas if method == "pcg" else [None]
-        for gamma, theta in itertools.product(gammas, thetas):
-            out.append({"pair": pair, "workers": workers, "batch_size": batch, "method": method,
-                        "gamma": gamma, "theta": theta})
-    return out
-
-
-def point_id(p: dict) -> str:
-    parts = [p["pair"].name, f"w{p['workers']}", f"b{p['batch_size']}", p["method"]]
-    parts += [f"g{p['gamma']}"] if p["gamma"] is not None else []
-    parts += [f"t{p['theta']}"] if p["theta"] is not None else []
-    return "-".join(parts)
-
-
-def point_spec(spec: JobSpec, p: dict, uri: str) -> JobSpec:
-    decoding = {"method": p["method"]}
-    decoding.update({k: p[k] for k in ("gamma", "theta") if p[k] is not None})
-    models = {"target": p["pair"].target, "draft": p["pair"].draft}
-    return spec.model_copy(update={
-        "kind": "synthesize", "sweep": None, "name": f"{spec.name}-{point_id(p)}",
-        "models": spec.models.model_copy(update=models),
-        "decoding": spec.decoding.model_copy(update=decoding),
-        "resources": spec.resources.model_copy(update={"workers": p["workers"], "batch_size": p["batch_size"]}),
-        "output": spec.output.model_copy(update={"uri": uri})})
+from engine.runtime.actors import worker_options
+from engine.runtime.job import JobRunner
+from engine.runtime.pool import IdleWorkers
+from engine.runtime.sweep_grid import point_id, point_spec, points, run_uri, schedule
 
 
 def result_row(p: dict, rep: int, summary: dict) -> dict:
@@ -100,29 +67,13 @@ def add_speedup(rows: list[dict]) -> None:
         r["speedup_vs_ar"] = round((r["tokens_per_s"] or 0.0) / base, 4) if base else None
 
 
-def schedule(grid: list[dict], repetitions: int) -> list[tuple[int, dict]]:
-    """The order runs are measured in: a repetition of every point, then the next, the grid
-    reversed in every second one. A machine that drifts (another load, clocks, a VM's
-    neighbours) then touches every point alike, and the runs that `add_speedup` compares
-    run next to each other."""
-    order = []
-    for rep in range(repetitions):
-        order += [(rep, p) for p in (grid if rep % 2 == 0 else grid[::-1])]
-    return order
-
-
 def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True) -> dict:
     """Run (or resume) every point; returns the sweep document (also written as sweep.json)."""
-    from engine.runtime.actors import worker_options  # Ray and torch: not for the grid's helpers
-    from engine.runtime.job import JobRunner
-    from engine.runtime.pool import IdleWorkers
-
     storage = Storage(spec.storage)
     root = spec.output.uri
     grid = points(spec)
     runs = schedule(grid, spec.sweep.repetitions)
-    specs = {(rep, point_id(p)): point_spec(spec, p, join(root, "points", f"{point_id(p)}-r{rep}"))
-             for rep, p in runs}
+    specs = {(rep, point_id(p)): point_spec(spec, p, run_uri(root, p, rep)) for rep, p in runs}
     concurrency = max(worker_options(s)["max_concurrency"] for s in specs.values())
     idle = IdleWorkers(concurrency) if spec.sweep.reuse_workers else None
     rows = []

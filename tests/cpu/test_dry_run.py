@@ -72,7 +72,7 @@ def test_a_dry_run_refuses_what_the_job_would_refuse(change, message, kit_dir, t
 
 
 def test_a_dry_run_of_a_sweep_counts_its_runs_and_those_done(kit_dir, tmp_path, capsys):
-    from engine.runtime.sweep import points
+    from engine.runtime.sweep_grid import points
 
     manifest = write_manifest(tmp_path / "m.jsonl", [{"id": f"r{i}", "text": "Hello there."} for i in range(5)])
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), kind="sweep",
