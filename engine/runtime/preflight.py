@@ -236,6 +236,11 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
         "estimated_audio_hours": round(check.tokens / CODES_PER_SECOND / 3600, 4),
         "fingerprint": plan.fingerprint})
     if spec.kind == "sweep":
+        for i, pair in enumerate(spec.sweep.model_pairs):  # each point checks its own pair's models
+            for part in ("target", "draft"):
+                uri = getattr(pair, part)
+                if uri is not None and not storage.has_checkpoint(uri.rstrip("/")):
+                    raise ValueError(f"sweep.model_pairs[{i}].{part}: no checkpoint at {uri} (config.json missing)")
         runs = schedule(points(spec), spec.sweep.repetitions)
         done = sum(storage.exists(join(run_uri(layout.root, p, rep), "summary.json")) for rep, p in runs)
         report["sweep"] = {"points": len(runs) // spec.sweep.repetitions, "repetitions": spec.sweep.repetitions,
@@ -258,6 +263,11 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
     return report
 
 
+def duration(hours: float) -> str:
+    """`42.0 minutes` below an hour, `3.5 hours` above."""
+    return f"{hours * 60:.1f} minutes" if hours < 1 else f"{hours:.1f} hours"
+
+
 def dry_run_text(report: dict) -> str:
     """The dry run's report as `pcg-synth run --dry-run` prints it."""
     lines = [f"{report['job']} (dry run, kind {report['kind']}): nothing was decoded or written",
@@ -275,9 +285,8 @@ def dry_run_text(report: dict) -> str:
               f"would become error records",
               f"  shards     {report['shards']} of up to {report['rows_per_shard']} rows"
               + (f", {counted(report['workers'], 'worker')} at batch {report['batch_size']}" if not sweep else ""),
-              f"  speech     about {report['estimated_tokens']} codes, "
-              f"{report['estimated_audio_hours'] * 60:.1f} minutes of audio (estimated from the texts' "
-              "length, capped by max_new_tokens)"]
+              f"  speech     about {report['estimated_tokens']} codes, {duration(report['estimated_audio_hours'])} "
+              "of audio (estimated from the texts' length, capped by max_new_tokens)"]
     for ex in report["failing_examples"]:
         lines.append(f"  error row  {ex['source']}: {ex['error']}")
     if report["rows_failing"] > len(report["failing_examples"]):

@@ -89,3 +89,12 @@ def test_a_dry_run_of_a_sweep_counts_its_runs_and_those_done(kit_dir, tmp_path, 
     done.write_text("{}")
     assert main(["run", path, "--dry-run", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out)["sweep"]["runs_done"] == 1
+    # a model pair's checkpoints are checked as its points' jobs check them
+    pairs = [{"name": "kit", "target": str(kit_dir / "target"), "draft": str(kit_dir / "draft")},
+             {"name": "other", "target": str(kit_dir / "target"), "draft": str(tmp_path / "no-draft")}]
+    raw = spec.model_dump(mode="json")
+    raw["sweep"]["model_pairs"] = pairs
+    (tmp_path / "pairs.yaml").write_text(json.dumps(raw))
+    assert main(["run", str(tmp_path / "pairs.yaml"), "--dry-run"]) == 2
+    assert capsys.readouterr().err == f"error: sweep.model_pairs[1].draft: no checkpoint at {tmp_path / 'no-draft'} " \
+                                      "(config.json missing)\n"
