@@ -282,8 +282,9 @@ def cmd_run(args) -> int:
 def cmd_submit(args) -> int:
     from engine.runtime.submit import submit
 
-    job_id = submit(args.spec, args.address, args.runtime_env)
-    print(f"submitted {job_id}\n  follow: pcg-synth status {job_id} --address {args.address} --wait")
+    job_id = submit(args.spec, args.address, args.runtime_env, dry_run=args.dry_run)
+    print(f"submitted {job_id}{' (a dry run)' if args.dry_run else ''}\n"
+          f"  follow: pcg-synth status {job_id} --address {args.address} --wait")
     return 0
 
 
@@ -317,6 +318,9 @@ def add_jobs(sub) -> None:
     s.add_argument("spec")
     s.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
     s.add_argument("--runtime-env", default=None, help="runtime env YAML (see cluster/runtime-env.yaml)")
+    s.add_argument("--dry-run", action="store_true",
+                   help="run `pcg-synth run --dry-run` on the cluster instead: the job checked where it will "
+                        "run (its paths, its credentials), nothing decoded or written; `status` shows the report")
     s.set_defaults(func=cmd_submit)
     st = sub.add_parser("status", help="status and log tail of a submitted job")
     st.add_argument("job_id")

@@ -54,9 +54,12 @@ def local_paths(spec: JobSpec) -> list[str]:
     return [f"{name}={value}" for name, value in fields.items() if not is_remote(value)]
 
 
-def submit(spec_path: str | Path, address: str, runtime_env: str | Path | None = None) -> str:
+def submit(spec_path: str | Path, address: str, runtime_env: str | Path | None = None,
+           dry_run: bool = False) -> str:
     """Validate the spec here, upload it as the job's working directory and start
-    `pcg-synth run job.yaml --address auto` on the cluster. Returns the submission id."""
+    `pcg-synth run job.yaml --address auto` on the cluster (`dry_run`: `pcg-synth run job.yaml
+    --dry-run`, which checks the job where it will run: the cluster's paths and credentials).
+    Returns the submission id."""
     spec = JobSpec.load(spec_path)
     local = local_paths(spec)
     if local:
@@ -69,8 +72,8 @@ def submit(spec_path: str | Path, address: str, runtime_env: str | Path | None =
         (Path(work) / "job.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
         env = {**(env or {}), "working_dir": work}
         return client(address).submit_job(
-            entrypoint="pcg-synth run job.yaml --address auto", runtime_env=env,
-            submission_id=f"pcg-synth-{spec.name}-{int(time.time())}",
+            entrypoint="pcg-synth run job.yaml " + ("--dry-run" if dry_run else "--address auto"), runtime_env=env,
+            submission_id=f"pcg-synth-{spec.name}{'-dry-run' if dry_run else ''}-{int(time.time())}",
             metadata={"pcg_synth_job": spec.name, "output": spec.output.uri})
 
 

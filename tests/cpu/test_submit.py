@@ -77,6 +77,16 @@ def test_submit_runs_the_job_on_the_cluster_and_status_reports_it(ray_head, kit_
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     env_file = ROOT / "cluster" / "runtime-env.yaml"
+    # first a dry run, on the cluster: its report in the job's log, nothing written
+    assert main(["submit", str(spec_file), "--address", ray_head, "--runtime-env", str(env_file), "--dry-run"]) == 0
+    dry_id = capsys.readouterr().out.split()[1]
+    assert "-dry-run-" in dry_id
+    assert main(["status", dry_id, "--address", ray_head, "--wait"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{dry_id}: SUCCEEDED" in printed and "test-job (dry run, kind synthesize)" in printed
+    assert "rows       4: 4 to decode, 0 would become error records" in printed
+    assert f"{tmp_path / 'out'}: new: nothing of this job is there yet" in printed
+    assert not (tmp_path / "out").exists()
     assert main(["submit", str(spec_file), "--address", ray_head, "--runtime-env", str(env_file)]) == 0
     out = capsys.readouterr()
     job_id = out.out.split()[1]
