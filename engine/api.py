@@ -349,10 +349,7 @@ def item_settings(item: SynthesisItem | str, settings: DecodingSettings) -> Deco
     Raises:
         ValueError: an invalid value (pydantic's ValidationError, naming the field).
     """
-    over = item.overrides() if isinstance(item, SynthesisItem) else {}
-    if not over:
-        return settings
-    return DecodingSettings(**{**settings.model_dump(), **over})
+    return settings.with_overrides(item.overrides() if isinstance(item, SynthesisItem) else {})
 
 
 def one_line(exc: Exception) -> str:

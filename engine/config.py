@@ -90,6 +90,14 @@ class DecodingSettings(BaseModel):
     def warp(self) -> Warp:
         return Warp(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
 
+    def with_overrides(self, over: dict) -> DecodingSettings:
+        """These settings with a row's or an item's own values applied (itself when none).
+
+        Raises:
+            ValueError: an invalid value (pydantic's ValidationError, naming the field).
+        """
+        return DecodingSettings(**{**self.model_dump(), **over}) if over else self
+
 
 def decoding_default(name: str):
     """The default of a `DecodingSettings` field: decoding defaults are written there only."""

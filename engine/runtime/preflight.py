@@ -30,6 +30,22 @@ from engine.runtime.sweep_grid import points, run_uri, schedule
 EXAMPLES = 5  # error rows shown by a dry run
 
 
+def check_checkpoint(storage: Storage, uri: str | None, name: str) -> None:
+    """A checkpoint the spec names (at `name`) is there (None: none named).
+
+    Raises:
+        ValueError: `<name>: why`.
+    """
+    if uri is None:
+        return
+    try:
+        found = storage.has_checkpoint(uri.rstrip("/"))
+    except StorageError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    if not found:
+        raise ValueError(f"{name}: no checkpoint at {uri} (config.json missing)")
+
+
 def preflight(spec: JobSpec, storage: Storage, create: bool = True) -> None:
     """Fail before any work on what can be checked cheaply: models present, output writable
     (by writing and deleting a probe file there; `create=False`, a dry run: a local output that
@@ -38,16 +54,8 @@ def preflight(spec: JobSpec, storage: Storage, create: bool = True) -> None:
     Raises:
         ValueError: naming the spec field at fault.
     """
-    for field_name in ("target", "draft", "codec"):
-        uri = getattr(spec.models, field_name)
-        if uri is None:
-            continue
-        try:
-            found = storage.has_checkpoint(uri.rstrip("/"))
-        except StorageError as exc:
-            raise ValueError(f"models.{field_name}: {exc}") from None
-        if not found:
-            raise ValueError(f"models.{field_name}: no checkpoint at {uri} (config.json missing)")
+    for part in ("target", "draft", "codec"):
+        check_checkpoint(storage, getattr(spec.models, part), f"models.{part}")
     if spec.models.groups and not storage.exists(spec.models.groups):
         raise ValueError(f"models.groups: no groups file at {spec.models.groups}")
     root = Layout(spec.output.uri).root.rstrip("/")
@@ -180,7 +188,7 @@ class RowCheck:
         if first is not None:
             return f"duplicate id (first at {first})"
         try:
-            DecodingSettings(**{**self.decoding.model_dump(), **row.overrides()})
+            self.decoding.with_overrides(row.overrides())
         except ValueError as exc:  # pydantic's ValidationError is one
             return str(exc)
         if row.prompt_audio:
@@ -238,9 +246,8 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
     if spec.kind == "sweep":
         for i, pair in enumerate(spec.sweep.model_pairs):  # each point checks its own pair's models
             for part in ("target", "draft"):
-                uri = getattr(pair, part)
-                if uri is not None and not storage.has_checkpoint(uri.rstrip("/")):
-                    raise ValueError(f"sweep.model_pairs[{i}].{part}: no checkpoint at {uri} (config.json missing)")
+                check_checkpoint(storage, getattr(pair, part), f"sweep.model_pairs[{i}].{part}")
+        del report["fingerprint"]  # the base spec's plan: no point runs it
         runs = schedule(points(spec), spec.sweep.repetitions)
         done = sum(storage.exists(join(run_uri(layout.root, p, rep), "summary.json")) for rep, p in runs)
         report["sweep"] = {"points": len(runs) // spec.sweep.repetitions, "repetitions": spec.sweep.repetitions,

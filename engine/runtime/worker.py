@@ -230,7 +230,7 @@ class ShardProcessor:
                     self.origin(row)))
                 continue
             try:
-                settings = DecodingSettings(**{**base.model_dump(), **row.overrides()})
+                settings = base.with_overrides(row.overrides())
                 prompt = self.voice_prompt(shard, row)
             except (ValidationError, ValueError, StorageError) as exc:
                 out.append(Prepared(None, base, None, SynthesisResult(
