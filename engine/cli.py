@@ -256,12 +256,15 @@ def cmd_run(args) -> int:
     from engine.config import JobSpec
 
     spec = JobSpec.load(args.spec)  # an invalid spec fails here, before torch and Ray load
-    if args.dry_run:
-        from engine.runtime.preflight import dry_run, dry_run_text
+    from engine.runtime.preflight import dry_run, dry_run_text, preflight
 
+    if args.dry_run:
         report = dry_run(spec, allow_numerics_change=args.allow_numerics_change)
         print(json.dumps(report) if args.quiet else dry_run_text(report))
         return 0
+    from engine.io.storage import Storage
+
+    preflight(spec, Storage(spec.storage))  # a missing model fails here too, before torch and Ray load
     if spec.kind == "sweep":
         from engine.runtime.sweep import run_sweep
 

@@ -47,15 +47,21 @@ def check_checkpoint(storage: Storage, uri: str | None, name: str) -> None:
 
 
 def preflight(spec: JobSpec, storage: Storage, create: bool = True) -> None:
-    """Fail before any work on what can be checked cheaply: models present, output writable
-    (by writing and deleting a probe file there; `create=False`, a dry run: a local output that
-    does not exist yet is checked through its nearest existing folder, so none is made).
+    """Fail before any work on what can be checked cheaply: models present (a sweep's: every
+    model pair's too, so a pair's missing draft stops the sweep before its first point, not
+    hours later at that pair's), output writable (by writing and deleting a probe file there;
+    `create=False`, a dry run: a local output that does not exist yet is checked through its
+    nearest existing folder, so none is made).
 
     Raises:
         ValueError: naming the spec field at fault.
     """
     for part in ("target", "draft", "codec"):
         check_checkpoint(storage, getattr(spec.models, part), f"models.{part}")
+    if spec.kind == "sweep":
+        for i, pair in enumerate(spec.sweep.model_pairs):
+            for part in ("target", "draft"):
+                check_checkpoint(storage, getattr(pair, part), f"sweep.model_pairs[{i}].{part}")
     if spec.models.groups and not storage.exists(spec.models.groups):
         raise ValueError(f"models.groups: no groups file at {spec.models.groups}")
     root = Layout(spec.output.uri).root.rstrip("/")
@@ -244,9 +250,6 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
         "estimated_audio_hours": round(check.tokens / CODES_PER_SECOND / 3600, 4),
         "fingerprint": plan.fingerprint})
     if spec.kind == "sweep":
-        for i, pair in enumerate(spec.sweep.model_pairs):  # each point checks its own pair's models
-            for part in ("target", "draft"):
-                check_checkpoint(storage, getattr(pair, part), f"sweep.model_pairs[{i}].{part}")
         del report["fingerprint"]  # the base spec's plan: no point runs it
         runs = schedule(points(spec), spec.sweep.repetitions)
         done = sum(storage.exists(join(run_uri(layout.root, p, rep), "summary.json")) for rep, p in runs)

@@ -24,6 +24,7 @@ from engine.io.storage import Storage, join
 from engine.runtime.actors import worker_options
 from engine.runtime.job import JobRunner
 from engine.runtime.pool import IdleWorkers
+from engine.runtime.preflight import preflight
 from engine.runtime.sweep_grid import point_id, point_spec, points, run_uri, schedule
 
 
@@ -68,8 +69,14 @@ def add_speedup(rows: list[dict]) -> None:
 
 
 def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True) -> dict:
-    """Run (or resume) every point; returns the sweep document (also written as sweep.json)."""
+    """Run (or resume) every point; returns the sweep document (also written as sweep.json).
+
+    Raises:
+        ValueError: a model (a pair's included) missing or the output not writable, before any
+            point runs.
+    """
     storage = Storage(spec.storage)
+    preflight(spec, storage)
     root = spec.output.uri
     grid = points(spec)
     runs = schedule(grid, spec.sweep.repetitions)

@@ -94,7 +94,19 @@ def test_a_dry_run_of_a_sweep_counts_its_runs_and_those_done(kit_dir, tmp_path, 
              {"name": "other", "target": str(kit_dir / "target"), "draft": str(tmp_path / "no-draft")}]
     raw = spec.model_dump(mode="json")
     raw["sweep"]["model_pairs"] = pairs
+    raw["output"]["uri"] = str(tmp_path / "pairs-out")
     (tmp_path / "pairs.yaml").write_text(json.dumps(raw))
+    refusal = f"sweep.model_pairs[1].draft: no checkpoint at {tmp_path / 'no-draft'} (config.json missing)"
     assert main(["run", str(tmp_path / "pairs.yaml"), "--dry-run"]) == 2
-    assert capsys.readouterr().err == f"error: sweep.model_pairs[1].draft: no checkpoint at {tmp_path / 'no-draft'} " \
-                                      "(config.json missing)\n"
+    assert capsys.readouterr().err == f"error: {refusal}\n"
+    # the sweep itself refuses it before its first point (the kit pair's), from the command line
+    # or the API, and writes nothing
+    assert main(["run", str(tmp_path / "pairs.yaml")]) == 2
+    assert capsys.readouterr().err == f"error: {refusal}\n"
+    from engine.config import JobSpec
+    from engine.runtime.sweep import run_sweep
+
+    with pytest.raises(ValueError) as refused:
+        run_sweep(JobSpec.load(str(tmp_path / "pairs.yaml")), address="local", progress=False)
+    assert str(refused.value) == refusal
+    assert not (tmp_path / "pairs-out").exists()

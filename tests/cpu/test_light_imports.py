@@ -56,6 +56,10 @@ out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc = main(["run", sys.argv[2], "--dry-run", "--quiet"])
 assert rc == 0 and '"rows_ok": 2' in out.getvalue(), (rc, out.getvalue())
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    rc = main(["run", sys.argv[3]])
+assert rc == 2 and "models.draft: no checkpoint at" in err.getvalue(), (rc, err.getvalue())
 heavy = [m for m in ("torch", "ray", "transformers", "numpy") if m in sys.modules]
 assert not heavy, heavy
 print(*seen, sep=chr(10))
@@ -64,8 +68,9 @@ print(*seen, sep=chr(10))
 
 def test_the_command_lines_help_and_a_spec_check_load_no_torch_or_ray(kit_dir, tmp_path):
     """`pcg-synth --help`, `--version`, every command's `--help`, the refusal of an invalid job
-    spec and of a `generate` call without a model, and a job's dry run answer in well under a
-    second: none of them imports torch, Ray, transformers or numpy."""
+    spec, of a job whose model is missing and of a `generate` call without a model, and a job's
+    dry run answer in well under a second: none of them imports torch, Ray, transformers or
+    numpy."""
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: x\nmodels: {target: t, codec: c}\ndecoding: {method: nope}\n"
                     "input: {manifests: [m.jsonl]}\noutput: {uri: out}\n")
@@ -73,8 +78,10 @@ def test_the_command_lines_help_and_a_spec_check_load_no_torch_or_ray(kit_dir, t
     good = tmp_path / "good.yaml"
     good.write_text(f"name: x\nmodels: {{target: {kit_dir}/target, draft: {kit_dir}/draft, codec: {kit_dir}/codec}}\n"
                     "input: {manifests: [m.jsonl]}\noutput: {uri: out}\n")
-    done = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, str(spec), str(good)], capture_output=True,
-                          text=True)
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(good.read_text().replace(f"{kit_dir}/draft", str(tmp_path / "no-draft")))
+    done = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, str(spec), str(good), str(missing)],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     asked = set(done.stdout.splitlines())  # every command and subcommand was asked for its help
     assert {"--help", "--version", "run --help", "draft train --help", "groups build --help",
