@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -126,13 +128,26 @@ def summary_table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def output_kind(out: str | None) -> str | None:
+AUDIO_FILES = ("wav", "flac")  # `--out hello.wav`: the one text's clip
+
+
+def output_kind(out: str | None, texts: int = 1) -> str | None:
+    """What `--out` writes, from its suffix: `json`, `parquet`, or an audio file (`wav`, `flac`),
+    which holds the clip of one text.
+
+    Raises:
+        UsageError: another suffix, or an audio file for several texts.
+    """
     if out is None:
         return None
-    suffix = Path(out).suffix.lower()
-    if suffix not in (".json", ".parquet"):
-        raise UsageError(f"--out {out}: use a .json (codes + statistics) or .parquet (audio dataset) path")
-    return suffix[1:]
+    kind = Path(out).suffix.lower()[1:]
+    if kind not in ("json", "parquet", *AUDIO_FILES):
+        raise UsageError(f"--out {out}: use a .json (codes + statistics), .parquet (audio dataset) "
+                         "or .wav/.flac (the clip of one text) path")
+    if kind in AUDIO_FILES and texts > 1:
+        raise UsageError(f"--out {out} holds the clip of one text and {texts} were given: use --wav-dir DIR "
+                         "(a file per text) or --out FILE.parquet")
+    return kind
 
 
 def per_method(path: Path, method: str, several: bool) -> Path:
@@ -141,19 +156,31 @@ def per_method(path: Path, method: str, several: bool) -> Path:
 
 
 def write_audio(args, synth, items, settings, results, codec_dir, several: bool) -> None:
-    from engine.codec.export import export_audio
+    from engine.codec.export import export_audio, file_name
     from engine.codec.prompts import prompts_of
 
-    parquet = per_method(Path(args.out), settings.method, several) if output_kind(args.out) == "parquet" else None
+    kind = output_kind(args.out)
+    parquet = per_method(Path(args.out), settings.method, several) if kind == "parquet" else None
     wav_dir = Path(args.wav_dir) / settings.method if (args.wav_dir and several) else args.wav_dir
     if codec_dir is None:
         raise UsageError("writing audio needs an X-codec2 checkpoint: give --codec DIR (or --kit DIR)")
-    done = export_audio(results, settings, codec_dir, parquet_path=parquet, wav_dir=wav_dir,
-                        device=args.device, audio_format=args.audio_format,
-                        prompts=prompts_of(items), prompt_audio=args.prompt_audio)
-    where = " and ".join(str(x) for x in (done["parquet"], done["wav_dir"]) if x)
-    print(f"[{settings.method}] {done['with_audio']} clips, {done['audio_seconds']:.1f} s of audio "
-          f"written to {where}")
+    load = {"device": args.device, "prompts": prompts_of(items), "prompt_audio": args.prompt_audio}
+    if parquet or wav_dir:
+        done = export_audio(results, settings, codec_dir, parquet_path=parquet, wav_dir=wav_dir,
+                            audio_format=args.audio_format, **load)
+        where = " and ".join(str(x) for x in (done["parquet"], done["wav_dir"]) if x)
+        print(f"[{settings.method}] {done['with_audio']} clips, {done['audio_seconds']:.1f} s of audio "
+              f"written to {where}")
+    if kind in AUDIO_FILES:  # the one clip, through a folder next to the file, then renamed into place
+        path = per_method(Path(args.out), settings.method, several)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".pcg-synth-") as folder:
+            done = export_audio(results, settings, codec_dir, wav_dir=folder, audio_format=kind, **load)
+            if done["with_audio"]:
+                os.replace(Path(folder) / file_name(results[0].id, kind), path)
+                print(f"[{settings.method}] {done['audio_seconds']:.1f} s of audio written to {path}")
+            else:
+                print(f"[{settings.method}] no audio for {path}: the text failed (above)", file=sys.stderr)
 
 
 def cmd_generate(args) -> int:
@@ -161,8 +188,8 @@ def cmd_generate(args) -> int:
     methods = METHODS if method == "all" else [method]
     # validated before anything loads
     all_settings = [settings_from_args(args, DecodingSettings, method=m) for m in methods]
-    kind = output_kind(args.out)
     items, clips = read_items(args)
+    kind = output_kind(args.out, len(items))
     target = args.target or (Path(args.kit) / "target" if args.kit else None)
     draft = args.draft or (Path(args.kit) / "draft" if args.kit else None)
     codec_dir = args.codec or (Path(args.kit) / "codec" if args.kit else None)
@@ -185,7 +212,7 @@ def cmd_generate(args) -> int:
         for r in results:
             if r.error:
                 print(f"item {r.id}: {r.error}", file=sys.stderr)
-        if kind == "parquet" or args.wav_dir:
+        if kind in ("parquet", *AUDIO_FILES) or args.wav_dir:
             write_audio(args, synth, items, settings, results, codec_dir, len(all_settings) > 1)
     summaries = [r["summary"] for r in runs]
     print(summary_table(summaries))
@@ -212,7 +239,8 @@ def cmd_generate(args) -> int:
 def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="synthesize speech codes for texts on this machine",
                        description="Decode texts into X-codec2 codes with a target and a draft "
-                                   "model; prints per-method statistics, writes JSON with --out.")
+                                   "model; prints per-method statistics; --out writes the codes (JSON), an "
+                                   "audio dataset (Parquet) or one text's clip (WAV/FLAC).")
     src = p.add_argument_group("models")
     src.add_argument("--kit", help="a tiny kit directory (uses its target and draft)")
     src.add_argument("--target", help="target checkpoint (Hugging Face Llama format): a directory, a Hub "
@@ -237,8 +265,9 @@ def add_generate(sub) -> None:
     dec = p.add_argument_group("decoding (DecodingSettings; --method all: every rule in turn)")
     add_settings_arguments(dec, DecodingSettings, extra_choices={"method": ["all"]})
     out = p.add_argument_group("output")
-    out.add_argument("--out", help="FILE.json: codes + statistics; FILE.parquet: an audio dataset "
-                                   "(one file per method, FILE.METHOD.parquet, with --method all)")
+    out.add_argument("--out", help="FILE.json: codes + statistics; FILE.parquet: an audio dataset; "
+                                   "FILE.wav or FILE.flac: the clip of one text (one file per method, "
+                                   "FILE.METHOD.parquet/.wav, with --method all)")
     out.add_argument("--wav-dir", help="also write one audio file per item here, named by the item's id "
                                        "(texts without one: NNN-first-words), DIR/METHOD/ with --method all")
     out.add_argument("--audio-format", default="wav", choices=["wav", "flac"])

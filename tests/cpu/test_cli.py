@@ -117,6 +117,26 @@ def test_generate_rejects_an_unknown_output_suffix(kit_dir, capsys):
     assert ".parquet" in capsys.readouterr().err
 
 
+def test_generate_writes_one_texts_clip_to_an_audio_file(kit_dir, tmp_path, capsys):
+    import numpy as np
+    import soundfile as sf
+
+    out = tmp_path / "sub" / "hello.flac"
+    code = main(["generate", "--kit", str(kit_dir), "--text", "Hello there.", "--method", "exact",
+                 "--max-new-tokens", "20", "--device", "cpu", "--out", str(out), "--wav-dir", str(tmp_path / "wav"),
+                 "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    assert f"written to {out}" in capsys.readouterr().out
+    clip, rate = sf.read(out)
+    assert sf.info(out).format == "FLAC" and rate == 16_000 and len(clip) > 0
+    same, _ = sf.read(tmp_path / "wav" / "000-hello-there.wav")  # the --wav-dir file of the same text
+    assert np.array_equal(clip, same)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["hello.flac"]  # no working folder left
+    # a file holds one clip: several texts are refused before a model loads
+    assert main(["generate", "--kit", str(kit_dir), "--text", "One.", "--text", "Two.", "--out", "x.wav"]) == 2
+    assert "holds the clip of one text and 2 were given: use --wav-dir" in capsys.readouterr().err
+
+
 def test_decoding_flags_are_made_from_the_settings_fields(capsys):
     from engine.config import DecodingSettings
 
