@@ -343,7 +343,10 @@ class Storage:
         if isinstance(exc, NoCredentialsError):
             why = "no AWS credentials found (environment, ~/.aws profile or instance role)"
         elif isinstance(exc, EndpointConnectionError):
-            why = "cannot reach the S3 endpoint"
+            url = urlparse((getattr(exc, "kwargs", None) or {}).get("endpoint_url") or self.options.endpoint_url or "")
+            why = "cannot reach the S3 endpoint" + (f" {url.scheme}://{url.netloc}" if url.netloc else "")
+            if not self.options.endpoint_url:
+                why += " (AWS, the default: storage.endpoint_url names another S3 service)"
         elif isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
             why = f"{err.get('Code', 'error')}: {err.get('Message', '')}".strip(": ")

@@ -24,14 +24,14 @@ from jobhelpers import comparable, job_spec, read_output, texts, write_manifest
 class FlakyS3:
     """An S3 client double that refuses connections for the first `down_s` seconds."""
 
-    def __init__(self, down_s: float, objects: dict) -> None:
+    def __init__(self, down_s: float, objects: dict, endpoint: str = "http://127.0.0.1:1") -> None:
         self.up_at = time.monotonic() + down_s
-        self.objects, self.calls = objects, 0
+        self.objects, self.calls, self.endpoint = objects, 0, endpoint
 
     def get_object(self, Bucket, Key, **_):
         self.calls += 1
         if time.monotonic() < self.up_at:
-            raise EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+            raise EndpointConnectionError(endpoint_url=self.endpoint)
         import io
 
         return {"Body": io.BytesIO(self.objects[Key])}
@@ -59,11 +59,29 @@ def test_an_outage_shorter_than_the_retries_is_ridden_out_with_growing_waits():
         assert 0.5 * min(0.4, 0.05 * 2 ** (n - 1)) <= w <= min(0.4, 0.05 * 2 ** (n - 1))
 
 
-def test_a_longer_outage_fails_naming_the_uri_and_the_retries():
-    storage, waits = storage_with(FlakyS3(60, {}), retries=2, retry_backoff_s=0.01)
-    with pytest.raises(StorageError, match=r"cannot read s3://b/k: cannot reach the S3 endpoint \(after 2 retries\)"):
+def test_a_longer_outage_fails_naming_the_uri_the_endpoint_and_the_retries():
+    storage, waits = storage_with(FlakyS3(60, {}), retries=2, retry_backoff_s=0.01, endpoint_url="http://127.0.0.1:1")
+    with pytest.raises(StorageError) as failed:
         storage.read_bytes("s3://b/k")
+    reason = "cannot read s3://b/k: cannot reach the S3 endpoint"
+    assert str(failed.value) == f"{reason} http://127.0.0.1:1 (after 2 retries)"
     assert len(waits) == 2
+    # no endpoint given: AWS's, named by its host (botocore's URL carries the object's path)
+    storage, _ = storage_with(FlakyS3(60, {}, "https://s3.us-east-1.amazonaws.com/b/k"), retries=0)
+    with pytest.raises(StorageError) as failed:
+        storage.read_bytes("s3://b/k")
+    assert str(failed.value) == (f"{reason} https://s3.us-east-1.amazonaws.com (AWS, the default: "
+                                 "storage.endpoint_url names another S3 service)")
+
+
+def test_a_real_client_names_the_endpoint_nothing_answers_at(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    storage = Storage(StorageOptions(endpoint_url=endpoint, region="us-east-1", retries=0))
+    with pytest.raises(StorageError) as failed:
+        storage.read_bytes("s3://b/k")
+    assert str(failed.value) == f"cannot read s3://b/k: cannot reach the S3 endpoint {endpoint}"
 
 
 def test_only_transient_errors_are_retried():
