@@ -10,7 +10,8 @@ that code instead, alternating with this checkout's, `--reps` of each; medians r
         --out benchmarks/results/startup_cpu_avx2.json
 
 With `--cli`, the command line's answers that need no model instead: `pcg-synth --version`,
-`run --help`, `draft train --help` and the refusal of an invalid job spec, each a fresh process
+`run --help`, `draft train --help`, the refusal of an invalid job spec and of a job whose models
+are missing, each a fresh process
 running the CLI's `main` (what the `pcg-synth` script runs), timed from outside, recording
 whether it imported torch or Ray:
 
@@ -96,6 +97,8 @@ def starts(engines: dict[str, Path], args) -> tuple[str, str, dict]:
 
 BAD_SPEC = ("name: x\nmodels: {target: t, codec: c}\ndecoding: {method: nope}\n"
             "input: {manifests: [m.jsonl]}\noutput: {uri: out}\n")
+MISSING_MODEL = ("name: x\nmodels: {target: no-target, draft: no-draft, codec: no-codec}\n"
+                 "input: {manifests: [m.jsonl]}\noutput: {uri: out}\n")
 ONE_CALL = """
 import atexit, json, sys
 from engine.cli import main
@@ -119,10 +122,13 @@ def one_call(engine_dir: Path, argv: list[str]) -> dict:
 
 
 def cli_starts(engines: dict[str, Path], reps: int) -> tuple[str, str, dict]:
-    spec = Path(tempfile.mkdtemp()) / "bad.yaml"
+    folder = Path(tempfile.mkdtemp())
+    spec, missing = folder / "bad.yaml", folder / "missing-model.yaml"
     spec.write_text(BAD_SPEC)
+    missing.write_text(MISSING_MODEL)
     commands = {"--version": ["--version"], "run --help": ["run", "--help"],
-                "draft train --help": ["draft", "train", "--help"], "run INVALID.yaml": ["run", str(spec)]}
+                "draft train --help": ["draft", "train", "--help"], "run INVALID.yaml": ["run", str(spec)],
+                "run MISSING-MODEL.yaml": ["run", str(missing)]}
     runs = {name: {cmd: [] for cmd in commands} for name in engines}
     for rep in range(reps):
         for cmd, cmd_argv in commands.items():
