@@ -102,16 +102,10 @@ def read_items(args) -> list:
     return items, clips
 
 
-def resolve_clips(items: list, clips: dict[int, str], codec_dir: Path | None, device: str) -> None:
+def resolve_clips(items: list, clips: dict[int, str], codec) -> None:
     """Encode voice-prompt clips (cached by content) into the items' prompt codes."""
-    if not clips:
-        return
-    if codec_dir is None:
-        raise UsageError("items name voice-prompt clips: give --codec DIR (or --kit DIR)")
     from engine.codec.prompts import PromptCache, load_voice_prompt
-    from engine.codec.xcodec2 import Xcodec2Codec
 
-    codec = Xcodec2Codec.load(codec_dir, device="cpu", dtype="float32", encoder_device=device)
     cache = PromptCache()
     for i, clip in clips.items():
         prompt = load_voice_prompt(items[i].prompt_text or "", audio=clip, codec=codec, cache=cache)
@@ -155,18 +149,16 @@ def per_method(path: Path, method: str, several: bool) -> Path:
     return path.with_name(f"{path.stem}.{method}{path.suffix}") if several else path
 
 
-def write_audio(args, synth, items, settings, results, codec_dir, several: bool) -> None:
+def write_audio(args, items, settings, results, codec, several: bool) -> None:
     from engine.codec.export import export_audio, file_name
     from engine.codec.prompts import prompts_of
 
     kind = output_kind(args.out)
     parquet = per_method(Path(args.out), settings.method, several) if kind == "parquet" else None
     wav_dir = Path(args.wav_dir) / settings.method if (args.wav_dir and several) else args.wav_dir
-    if codec_dir is None:
-        raise UsageError("writing audio needs an X-codec2 checkpoint: give --codec DIR (or --kit DIR)")
-    load = {"device": args.device, "prompts": prompts_of(items), "prompt_audio": args.prompt_audio}
+    load = {"codec": codec, "prompts": prompts_of(items), "prompt_audio": args.prompt_audio}
     if parquet or wav_dir:
-        done = export_audio(results, settings, codec_dir, parquet_path=parquet, wav_dir=wav_dir,
+        done = export_audio(results, settings, None, parquet_path=parquet, wav_dir=wav_dir,
                             audio_format=args.audio_format, **load)
         where = " and ".join(str(x) for x in (done["parquet"], done["wav_dir"]) if x)
         print(f"[{settings.method}] {done['with_audio']} clips, {done['audio_seconds']:.1f} s of audio "
@@ -175,7 +167,7 @@ def write_audio(args, synth, items, settings, results, codec_dir, several: bool)
         path = per_method(Path(args.out), settings.method, several)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".pcg-synth-") as folder:
-            done = export_audio(results, settings, codec_dir, wav_dir=folder, audio_format=kind, **load)
+            done = export_audio(results, settings, None, wav_dir=folder, audio_format=kind, **load)
             if done["with_audio"]:
                 os.replace(Path(folder) / file_name(results[0].id, kind), path)
                 print(f"[{settings.method}] {done['audio_seconds']:.1f} s of audio written to {path}")
@@ -197,12 +189,22 @@ def cmd_generate(args) -> int:
         raise UsageError("give --kit DIR or --target DIR (and --draft DIR)")
     if draft is None and any(s.speculative for s in all_settings):
         raise UsageError(f"method {method!r} needs a draft: give --draft DIR (or use --method ar)")
+    audio = kind in ("parquet", *AUDIO_FILES) or bool(args.wav_dir)
+    if (audio or clips) and codec_dir is None:
+        raise UsageError(("writing audio" if audio else "items naming voice-prompt clips") +
+                         " needs an X-codec2 checkpoint: give --codec DIR (or --kit DIR)")
     from engine.api import Synthesizer  # torch: only once the arguments are known to be good
 
+    codec = None
+    if audio or clips:  # first: a bad codec fails before the models load and the texts decode
+        from engine.codec.xcodec2 import Xcodec2Codec
+
+        codec = Xcodec2Codec.load(codec_dir, device=args.device, encoder_device=args.device)
     synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
                              compile=args.compile, draft_weights=args.draft_weights,
                              batch_size=args.batch_size)
-    resolve_clips(items, clips, codec_dir, args.device)
+    if clips:
+        resolve_clips(items, clips, codec)
     runs = []
     for settings in all_settings:
         results, summary = synth.synthesize(items, settings, progress=not args.quiet, admission=args.admission)
@@ -212,8 +214,8 @@ def cmd_generate(args) -> int:
         for r in results:
             if r.error:
                 print(f"item {r.id}: {r.error}", file=sys.stderr)
-        if kind in ("parquet", *AUDIO_FILES) or args.wav_dir:
-            write_audio(args, synth, items, settings, results, codec_dir, len(all_settings) > 1)
+        if audio:
+            write_audio(args, items, settings, results, codec, len(all_settings) > 1)
     summaries = [r["summary"] for r in runs]
     print(summary_table(summaries))
     outlook = None

@@ -64,6 +64,18 @@ def test_unknown_method_and_missing_model_are_reported(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_audio_output_without_a_working_codec_is_refused_before_the_models_load(tmp_path, capsys):
+    target = tmp_path / "not-a-model"  # were it loaded first, its own error would be the one reported
+    target.mkdir()
+    base = ["generate", "--target", str(target), "--method", "ar", "--text", "hi"]
+    assert main([*base, "--out", str(tmp_path / "x.parquet")]) == 2
+    assert capsys.readouterr().err == ("error: writing audio needs an X-codec2 checkpoint: give --codec DIR "
+                                       "(or --kit DIR)\n")
+    assert main([*base, "--wav-dir", str(tmp_path / "wav"), "--codec", str(tmp_path / "no-codec")]) == 2
+    assert f"codec directory {tmp_path / 'no-codec'} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "wav").exists()
+
+
 def test_mismatched_draft_vocabulary_is_refused(kit_dir, tmp_path, capsys):
     import shutil
 
