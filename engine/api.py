@@ -327,7 +327,8 @@ class Synthesizer:
                              ok=call.ok, failed=len(results) - call.ok, wall_s=wall,
                              stats=stats, gamma_choice=choice.to_dict() if choice else None,
                              decode_rounds=session.scheduler.rounds,
-                             slot_rounds=session.scheduler.slot_rounds, batch_size=session.batch)
+                             slot_rounds=session.scheduler.slot_rounds, batch_size=session.batch,
+                             cut=sum(r.finish_reason == "length" for r in results))
         return results, summary
 
 

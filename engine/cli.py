@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from engine.cli_options import add_compile_arg, add_draft_weights_arg, add_settings_arguments, settings_from_args
 from engine.config import ADMISSIONS, METHODS, DecodingSettings, accepted_keys, decoding_default
+from engine.console import counted
 from engine.errors import did_you_mean
 
 
@@ -214,6 +215,11 @@ def cmd_generate(args) -> int:
         for r in results:
             if r.error:
                 print(f"item {r.id}: {r.error}", file=sys.stderr)
+        if summary.cut:
+            print(f"[{settings.method}] {summary.cut} of {counted(len(results), 'text')} reached the token limit "
+                  f"before the end of speech (max_new_tokens {settings.max_new_tokens} or an item's own, or the "
+                  "model's context): "
+                  "their audio is cut there; raise --max-new-tokens", file=sys.stderr)
         if audio:
             write_audio(args, items, settings, results, codec, len(all_settings) > 1)
     summaries = [r["summary"] for r in runs]

@@ -147,6 +147,7 @@ class RunSummary:
     decode_rounds: int = 0  # decode rounds of the batch
     slot_rounds: int = 0  # rows active, summed over those rounds
     batch_size: int = 1
+    cut: int = 0  # items that reached their token limit (max_new_tokens or the context) before end of speech
 
     @property
     def slot_utilisation(self) -> float:
@@ -165,6 +166,7 @@ class RunSummary:
             "items": self.items,
             "ok": self.ok,
             "failed": self.failed,
+            "cut": self.cut,
             "wall_s": round(self.wall_s, 4),
             "generated_tokens": s.generated_tokens,
             "audio_seconds": round(s.generated_tokens / CODES_PER_SECOND, 3),

@@ -173,6 +173,8 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "rows": plan.rows,
         "rows_ok": sum(r["ok"] for r in all_records),
         "rows_failed": sum(r["failed"] for r in all_records),
+        # rows whose speech reached the token limit (max_new_tokens or the context): audio cut there
+        "rows_cut": sum(r.get("cut", 0) for r in all_records),
         "rows_committed": sum(r["rows"] for r in all_records),
         "audio_seconds": round(audio, 3),
         "audio_hours": round(audio / 3600, 5),
@@ -218,6 +220,9 @@ def summary_table(s: dict) -> str:
                      f"({counted(aug['texts'] + aug['bad_rows'], 'manifest row')})")
     else:
         method, rows_line = s["method"], f"{s['rows_ok']} ok, {s['rows_failed']} failed, {s['rows']} in manifests"
+    if s.get("rows_cut"):
+        rows_line += (f"; {counted(s['rows_cut'], 'row')} reached the token limit before the end of speech "
+                      f"(audio cut there; decoding.max_new_tokens is {s['decoding']['max_new_tokens']})")
     empty = s["utilisation"].get("empty_slots")
     rows = [
         ("job", f"{s['job']} -> {s['output']}"),

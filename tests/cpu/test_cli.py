@@ -16,7 +16,7 @@ def test_generate_all_methods_writes_codes_and_statistics(kit_dir, tmp_path, cap
     code = main(["generate", "--kit", str(kit_dir), "--texts-file", str(texts), "--method", "all",
                  "--max-new-tokens", "24", "--device", "cpu", "--out", str(out), "--quiet"])
     assert code == 0
-    printed = capsys.readouterr().out
+    printed, notices = capsys.readouterr()
     for method in ("ar", "exact", "pcg", "ssd", "topk"):
         assert f"\n{method} " in printed
     doc = json.loads(out.read_text())
@@ -30,6 +30,11 @@ def test_generate_all_methods_writes_codes_and_statistics(kit_dir, tmp_path, cap
             assert 0 < len(item["codes"]) <= 24
             assert item["finish_reason"] in ("eos", "length")
             assert item["stats"]["generated_tokens"] >= len(item["codes"])
+        cut = sum(item["finish_reason"] == "length" for item in run["items"])
+        assert summary["cut"] == cut  # and said, naming the limit, where there are any
+        said = f"[{summary['method']}] {cut} of 2 texts reached the token limit before the end of speech " \
+               "(max_new_tokens 24"
+        assert (said in notices) == (cut > 0), notices
         if summary["method"] != "ar":
             assert len(summary["acceptance_per_position"]) == 3
             assert summary["mean_accepted_length"] >= 1.0

@@ -110,6 +110,7 @@ def test_stops_at_end_of_speech_or_length_and_counts_consistently(kit_synth):
         assert sum(r.stats.accepted) <= sum(r.stats.reached) == r.stats.drafted
         assert r.stats.emitted >= r.stats.generated_tokens
     assert summary.stats.generated_tokens == sum(r.stats.generated_tokens for r in results)
+    assert summary.cut == summary.to_dict()["cut"] == sum(r.finish_reason == "length" for r in results)
 
 
 def test_bad_items_become_error_results_and_the_rest_proceed(kit_dir):

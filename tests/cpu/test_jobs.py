@@ -66,6 +66,9 @@ def test_quickstart_job_end_to_end(local_ray, kit_dir, tmp_path, groups_cache, k
     assert len(good) == len(manifest) - 1 and all(audio_ok(r) for r in good)
     assert all(r["method"] == "pcg" for r in rows)
     assert summary["rows_ok"] == len(good) and summary["rows_failed"] == 1
+    # rows that ran to max_new_tokens (the kit ends some rows by then, not all): counted, and said
+    assert summary["rows_cut"] == sum(r["finish_reason"] == "length" for r in rows) > 0
+    assert f"{summary['rows_cut']} rows reached the token limit" in summary_table(summary)
     assert summary["shards"]["committed"] == summary["shards"]["total"] == 3
     assert len(summary["acceptance_per_position"]) == 3 and summary["mean_accepted_length"] >= 1
     assert set(summary["workers"]) <= {"w0", "w1"} and summary["throughput"]["tokens_per_s"] > 0
