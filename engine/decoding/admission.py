@@ -48,9 +48,11 @@ def speech_seconds(text: str, chars_per_second: float = CHARS_PER_SECOND) -> flo
     return weight / chars_per_second
 
 
-def expected_tokens(text: str, max_new_tokens: int) -> int:
-    """Estimated speech codes a row generates: its text's speaking time, at most its budget."""
-    return min(max_new_tokens, round(speech_seconds(text) * CODES_PER_SECOND))
+def expected_tokens(text: str, max_new_tokens: int | None) -> int:
+    """Estimated speech codes a row generates: its text's speaking time, at most its budget
+    (None: uncapped, what saying the whole text takes)."""
+    needed = round(speech_seconds(text) * CODES_PER_SECOND)
+    return needed if max_new_tokens is None else min(max_new_tokens, needed)
 
 
 class AdmissionQueue:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from engine.config import DecodingSettings, InputSpec, JobSpec
 from engine.console import counted
-from engine.decoding.admission import CODES_PER_SECOND, expected_tokens
+from engine.decoding.admission import CHARS_PER_SECOND, CODES_PER_SECOND, expected_tokens
 from engine.io.manifest import ManifestRow, RowError, validate
 from engine.io.storage import Storage, StorageError, join, parse, relative_to
 from engine.runtime import numerics
@@ -182,6 +182,7 @@ class RowCheck:
     errors: int = 0
     examples: list[dict] = field(default_factory=list)
     tokens: int = 0  # estimated speech codes of the rows to decode
+    long: int = 0  # rows to decode whose text takes longer to say than their max_new_tokens allows
     _clips: dict = field(default_factory=dict)  # clip URI -> exists
 
     def error(self, source: str, ident: str | None, why: str) -> None:
@@ -214,7 +215,10 @@ class RowCheck:
             elif (why := self.why_not(uri, row, duplicates.get(n))) is not None:
                 self.error(f"{uri}:{n + 1}", row.id, why)
             else:
-                self.tokens += expected_tokens(row.text, row.max_new_tokens or self.decoding.max_new_tokens)
+                limit = row.max_new_tokens or self.decoding.max_new_tokens
+                needed = expected_tokens(row.text, None)
+                self.tokens += min(needed, limit)
+                self.long += needed > limit
 
 
 def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
@@ -246,7 +250,7 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
         "failing_examples": check.examples, "warnings": plan.warnings(),
         "shards": len(plan.shards), "rows_per_shard": resources.rows_per_shard,
         "workers": resources.workers, "batch_size": resources.batch_size,
-        "estimated_tokens": check.tokens,
+        "estimated_tokens": check.tokens, "rows_too_long": check.long,
         "estimated_audio_hours": round(check.tokens / CODES_PER_SECOND / 3600, 4),
         "fingerprint": plan.fingerprint})
     if spec.kind == "sweep":
@@ -297,6 +301,11 @@ def dry_run_text(report: dict) -> str:
               + (f", {counted(report['workers'], 'worker')} at batch {report['batch_size']}" if not sweep else ""),
               f"  speech     about {report['estimated_tokens']} codes, {duration(report['estimated_audio_hours'])} "
               "of audio (estimated from the texts' length, capped by max_new_tokens)"]
+    if report["rows_too_long"]:
+        lines.append(f"  length     {counted(report['rows_too_long'], 'row')} to decode take longer to say than "
+                     f"max_new_tokens allows (at {CHARS_PER_SECOND:g} characters a second, {CODES_PER_SECOND} codes a "
+                     "second): their audio would likely be cut at the limit; raise decoding.max_new_tokens "
+                     "(or the row's own) or split the texts")
     for ex in report["failing_examples"]:
         lines.append(f"  error row  {ex['source']}: {ex['error']}")
     if report["rows_failing"] > len(report["failing_examples"]):

@@ -45,12 +45,16 @@ def test_a_dry_run_reports_rows_errors_and_shards_and_writes_nothing(kit_dir, tm
     expected = sum(min(cap, round(len(t) / 15 * 50)) for t, cap in
                    [(texts[0], 40), (texts[1], 5), ("From a CSV file.", 40)])
     assert report["estimated_tokens"] == expected
+    # rows whose text takes longer to say than their budget allows: the CSV row (53 codes > 40)
+    # and a2 (177 > its own 5), not "Fine." (17)
+    assert report["rows_too_long"] == 2
     assert not (tmp_path / "deep").exists()  # not even the output folder
     assert main(["run", spec_file(tmp_path, spec), "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert "rows       7: 3 to decode, 4 would become error records" in printed
     assert "shards     4 of up to 2 rows, 2 workers at batch 4" in printed
     assert "warning    " in printed and "nothing was decoded or written" in printed
+    assert "length     2 rows to decode take longer to say than max_new_tokens allows" in printed
 
 
 @pytest.mark.parametrize("change, message", [
