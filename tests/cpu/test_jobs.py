@@ -306,5 +306,9 @@ def test_augment_job_crosses_texts_with_voices_seeds_and_methods_within_budget(l
     assert aug["methods"] == dict(sorted(counts.items()))
     table = dict(line.split(None, 1) for line in summary_table(summary).splitlines()[:3])
     assert table["method"] == ", ".join(f"{m} ({n} variant{'' if n == 1 else 's'})" for m, n in sorted(counts.items()))
-    assert table["rows"] == "9 ok, 1 failed, of 10: 9 variants of 3 texts + 1 malformed manifest row (4 manifest rows)"
+    cut = sum(r["finish_reason"] == "length" for r in variants)  # max_new_tokens 16: the kit ends few by then
+    assert summary["rows_cut"] == cut
+    assert table["rows"] == ("9 ok, 1 failed, of 10: 9 variants of 3 texts + 1 malformed manifest row (4 manifest rows)"
+                             + (f"; {cut} row{'s' * (cut != 1)} reached the token limit before the end of speech "
+                                "(audio cut there; decoding.max_new_tokens is 16)" if cut else ""))
     assert fit_budget([1.0, 2.0], [4, 4], 6.0) == 2 and fit_budget([1.0], [4], 0.5) == 0
