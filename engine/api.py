@@ -328,7 +328,7 @@ class Synthesizer:
                              stats=stats, gamma_choice=choice.to_dict() if choice else None,
                              decode_rounds=session.scheduler.rounds,
                              slot_rounds=session.scheduler.slot_rounds, batch_size=session.batch,
-                             cut=sum(r.finish_reason == "length" for r in results))
+                             cut=sum(r.cut for r in results))
         return results, summary
 
 

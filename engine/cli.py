@@ -150,11 +150,10 @@ def per_method(path: Path, method: str, several: bool) -> Path:
     return path.with_name(f"{path.stem}.{method}{path.suffix}") if several else path
 
 
-def write_audio(args, items, settings, results, codec, several: bool) -> None:
+def write_audio(args, kind: str | None, items, settings, results, codec, several: bool) -> None:
     from engine.codec.export import export_audio, file_name
     from engine.codec.prompts import prompts_of
 
-    kind = output_kind(args.out)
     parquet = per_method(Path(args.out), settings.method, several) if kind == "parquet" else None
     wav_dir = Path(args.wav_dir) / settings.method if (args.wav_dir and several) else args.wav_dir
     load = {"codec": codec, "prompts": prompts_of(items), "prompt_audio": args.prompt_audio}
@@ -218,10 +217,9 @@ def cmd_generate(args) -> int:
         if summary.cut:
             print(f"[{settings.method}] {summary.cut} of {counted(len(results), 'text')} reached the token limit "
                   f"before the end of speech (max_new_tokens {settings.max_new_tokens} or an item's own, or the "
-                  "model's context): "
-                  "their audio is cut there; raise --max-new-tokens", file=sys.stderr)
+                  "model's context): their audio is cut there; raise --max-new-tokens", file=sys.stderr)
         if audio:
-            write_audio(args, items, settings, results, codec, len(all_settings) > 1)
+            write_audio(args, kind, items, settings, results, codec, len(all_settings) > 1)
     summaries = [r["summary"] for r in runs]
     print(summary_table(summaries))
     outlook = None

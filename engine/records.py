@@ -126,6 +126,12 @@ class SynthesisResult:
     def audio_seconds(self) -> float:
         return len(self.codes) / CODES_PER_SECOND
 
+    @property
+    def cut(self) -> bool:
+        """Its speech reached the token limit (max_new_tokens or the context) before its end:
+        the audio stops there."""
+        return self.finish_reason == "length"
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["stats"] = self.stats.to_dict() if self.stats else None

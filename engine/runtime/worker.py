@@ -293,7 +293,7 @@ class ShardProcessor:
         record = {
             "shard": shard.id, "manifest": shard.manifest, "rows": shard.rows,
             "ok": exported["with_audio"], "failed": shard.rows - exported["with_audio"],
-            "cut": sum(r.finish_reason == "length" for r in results),  # audio ends at the token limit
+            "cut": sum(r.cut for r in results),  # rows whose audio stops at the token limit
             "audio_seconds": exported["audio_seconds"], "generated_tokens": stats.generated_tokens,
             "rounds": stats.rounds, "emitted": stats.emitted, "reached": stats.reached,
             "accepted": stats.accepted, "thinning_trials": stats.thinning_trials,
