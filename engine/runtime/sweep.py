@@ -33,7 +33,9 @@ def result_row(p: dict, rep: int, summary: dict) -> dict:
     return {"point": point_id(p), "repetition": rep, "pair": p["pair"].name, "workers": p["workers"],
             "batch_size": p["batch_size"], "method": p["method"],
             "gamma": None if p["gamma"] is None else str(p["gamma"]), "theta": p["theta"],
-            "rows": summary["rows"], "generated_tokens": summary["generated_tokens"],
+            "rows": summary["rows"], "rows_failed": summary["rows_failed"],
+            # rows whose speech reached max_new_tokens (a summary written before this was counted: None)
+            "rows_cut": summary.get("rows_cut"), "generated_tokens": summary["generated_tokens"],
             "audio_seconds": summary["audio_seconds"], "steady_s": steady["wall_s"],
             "tokens_per_s": steady["tokens_per_s"], "audio_s_per_s": steady["audio_s_per_s"],
             "mean_accepted_length": summary["mean_accepted_length"],
@@ -118,11 +120,16 @@ def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True) 
 
 
 def sweep_table(rows: list[dict]) -> str:
-    head = f"{'point':42s} {'tok/s':>9s} {'vs ar':>6s} {'scaling':>8s} {'acc.len':>7s} {'slots':>6s}"
+    head = (f"{'point':42s} {'tok/s':>9s} {'vs ar':>6s} {'scaling':>8s} {'acc.len':>7s} {'slots':>6s} "
+            f"{'cut':>5s} {'failed':>6s}")
     lines = [head, "-" * len(head)]
     for r in rows:
         speedup = "-" if r["speedup_vs_ar"] is None else f"{r['speedup_vs_ar']:.2f}x"
         lines.append(f"{r['point'] + '-r' + str(r['repetition']):42s} {r['tokens_per_s'] or 0:9.1f} "
                      f"{speedup:>6s} {r['scaling_efficiency'] or 0:8.2f} {r['mean_accepted_length']:7.2f} "
-                     f"{r['slot_utilisation'] or 0:6.2f}")
+                     f"{r['slot_utilisation'] or 0:6.2f} {'-' if r['rows_cut'] is None else r['rows_cut']:>5} "
+                     f"{r['rows_failed']:>6d}")
+    if any(r["rows_cut"] for r in rows):
+        lines.append("cut: rows whose speech reached max_new_tokens (their audio ends there; tokens/s counts "
+                     "them up to the limit)")
     return "\n".join(lines)

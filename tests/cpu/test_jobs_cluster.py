@@ -155,7 +155,7 @@ def test_idle_workers_keep_one_key_and_a_kept_worker_that_died_is_replaced(clust
 def test_sweep_over_worker_counts_produces_results_and_plots(cluster, kit_dir, tmp_path):
     import pyarrow.parquet as pq
 
-    from engine.runtime.sweep import run_sweep
+    from engine.runtime.sweep import run_sweep, sweep_table
 
     gpu_nodes(cluster, count=2, gpus=1)
     manifest = write_manifest(tmp_path / "m.jsonl", texts(6))
@@ -188,7 +188,13 @@ def test_sweep_over_worker_counts_produces_results_and_plots(cluster, kit_dir, t
         rows = read_output(spec.model_copy(update={"output": spec.output.model_copy(
             update={"uri": str(tmp_path / "sweep" / "points" / f"{r['point']}-r0")})}))
         outputs[r["point"]] = sorted((x["id"], tuple(x["codes"]), x["finish_reason"]) for x in rows)
+        assert r["rows_failed"] == 0 and r["rows_cut"] == sum(x["finish_reason"] == "length" for x in rows)
     assert len(next(iter(outputs.values()))) == 6 and len(set(map(tuple, outputs.values()))) == 1
+    cut = table[0]["rows_cut"]
+    assert 0 < cut < 6  # the kit's random end of speech: some rows reach the job's 16 tokens, some end before
+    lines = sweep_table(table).splitlines()
+    assert lines[0].split()[-2:] == ["cut", "failed"] and lines[2].split()[-2:] == [str(cut), "0"]
+    assert lines[-1].startswith("cut: rows whose speech reached max_new_tokens")
     again = run_sweep(spec, progress=False)  # every point done: nothing re-measured
     assert [r["tokens_per_s"] for r in again["runs"]] == [r["tokens_per_s"] for r in doc["runs"]]
 
