@@ -28,7 +28,7 @@ PAPER_ROWS = {  # docs/pcg.md section 10: Llasa-8B target, 3-layer draft, one H1
     "ssd": {"speedup": 1.4, "wer": 18.5, "cer": 11.6, "similarity": 42.5, "nmos": 3.78},
     "pcg": {"speedup": 1.4, "wer": 13.8, "cer": 7.8, "similarity": 43.7, "nmos": 4.09},
 }
-METRICS = ("speedup", "tokens_per_s", "mean_accepted_length", "wer", "cer", "similarity", "dnsmos_ovrl")
+METRICS = ("speedup", "tokens_per_s", "mean_accepted_length", "wer", "cer", "similarity", "dnsmos_ovrl", "cut")
 
 
 @dataclass
@@ -119,7 +119,7 @@ def table_rows(per_seed: dict[int, dict[str, dict]], methods: tuple[str, ...]) -
             values["speedup"].append(tps / ar["speed"]["tokens_per_s"] if ar else None)
             values["tokens_per_s"].append(tps)
             values["mean_accepted_length"].append(run["speed"]["mean_accepted_length"])
-            for key in ("wer", "cer", "similarity", "dnsmos_ovrl"):
+            for key in ("wer", "cer", "similarity", "dnsmos_ovrl", "cut"):  # cut: rows at the token limit
                 values[key].append(run["quality"].get(key))
         out[method] = {k: mean_std(v) for k, v in values.items()}
     return out
@@ -164,16 +164,19 @@ def render(doc: dict) -> str:
         f"DNSMOS {doc['backends']['dnsmos'] or '-'}",
         f"- command: `{doc['how']}`",
         "",
-        "| method | speedup vs AR | WER % | CER % | SIM (x100) | DNSMOS | mean accepted length |",
-        "|---|---|---|---|---|---|---|",
+        "| method | speedup vs AR | WER % | CER % | SIM (x100) | DNSMOS | mean accepted length | rows cut |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     names = {"ar": "AR (target alone)", "exact": "exact SD", "ssd": f"SSD beta {s['beta']}",
              "pcg": f"PCG theta {s['theta']}", "topk": "top-k"}
     for method, row in doc["rows"].items():
         lines.append(f"| {names.get(method, method)} | {_pm(row['speedup'], spec='.2f', suffix='x')} | "
                      f"{_pm(row['wer'])} | {_pm(row['cer'])} | {_pm(row['similarity'], 100)} | "
-                     f"{_pm(row['dnsmos_ovrl'], spec='.2f')} | {_pm(row['mean_accepted_length'], spec='.2f')} |")
-    lines += ["", "The paper (Llasa-8B, 3-layer trained draft, one H100, 500 LibriTTS test-clean "
+                     f"{_pm(row['dnsmos_ovrl'], spec='.2f')} | {_pm(row['mean_accepted_length'], spec='.2f')} | "
+                     f"{_pm(row['cut'])} |")
+    lines += ["", f"rows cut: of the {doc['items']} utterances per seed, those whose speech reached the "
+              f"{s['max_new_tokens']}-token limit (their missing words count in WER and CER).",
+              "", "The paper (Llasa-8B, 3-layer trained draft, one H100, 500 LibriTTS test-clean "
               "utterances, HuBERT-large CTC ASR, WavLM verifier; NMOS, not DNSMOS):", "",
               "| method | speedup vs AR | WER | CER | Sim-O | NMOS |", "|---|---|---|---|---|---|"]
     for method, row in doc["paper"].items():

@@ -42,7 +42,7 @@ def base_row(row: dict) -> dict:
     return {"id": row["id"], "text": row.get("text"), "method": row.get("method"),
             "seed": row.get("seed"), "theta": settings.get("theta"), "gamma": settings.get("gamma"),
             "prompt_id": row.get("prompt_id"), "duration": row.get("duration"),
-            "error": row.get("error")}
+            "finish_reason": row.get("finish_reason"), "error": row.get("error")}
 
 
 def score_row(row: dict, wave: np.ndarray, hyp: str | None, backends: Backends) -> dict:
@@ -107,6 +107,8 @@ def summarize(rows: list[dict], backends: Backends) -> dict:
         sims = [r["similarity"] for r in group if r.get("similarity") is not None]
         sim_mean, sim_std = _mean_std(sims)
         entry = {"rows": len(group), "with_audio": sum(1 for r in group if not r.get("error")),
+                 # speech that reached the token limit: the words after it are missing (WER deletions)
+                 "cut": sum(1 for r in group if r.get("finish_reason") == "length"),
                  **corpus_rates(counts), "similarity": sim_mean, "similarity_std": sim_std,
                  "similarity_rows": len(sims)}
         for key in ("dnsmos_ovrl", "dnsmos_sig", "dnsmos_bak", "dnsmos_p808"):
@@ -119,14 +121,17 @@ def summarize(rows: list[dict], backends: Backends) -> dict:
 
 def summary_lines(summary: dict) -> str:
     """A readable table of the summary."""
-    head = f"{'method':7s} {'rows':>5s} {'WER %':>7s} {'CER %':>7s} {'SIM':>6s} {'DNSMOS':>6s}"
+    head = f"{'method':7s} {'rows':>5s} {'cut':>5s} {'WER %':>7s} {'CER %':>7s} {'SIM':>6s} {'DNSMOS':>6s}"
     lines = [head, "-" * len(head)]
 
     def fmt(x, spec):
         return format(x, spec) if x is not None else "-"
     for name, m in summary["methods"].items():
-        lines.append(f"{name:7s} {m['rows']:5d} {fmt(m['wer'], '7.2f')} {fmt(m['cer'], '7.2f')} "
+        lines.append(f"{name:7s} {m['rows']:5d} {m['cut']:5d} {fmt(m['wer'], '7.2f')} {fmt(m['cer'], '7.2f')} "
                      f"{fmt(m['similarity'], '6.3f')} {fmt(m.get('dnsmos_ovrl'), '6.2f')}")
+    if any(m["cut"] for m in summary["methods"].values()):
+        lines.append("cut: clips whose speech reached the token limit (max_new_tokens): their missing words "
+                     "count as deletions in WER and CER")
     b = summary["backends"]
     lines.append(f"ASR: {b['asr'] or '-'}; speaker: {b['speaker'] or '-'}; DNSMOS: {b['dnsmos'] or '-'}")
     lines.extend(summary["notes"])
