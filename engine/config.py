@@ -192,7 +192,8 @@ class InputSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     manifests: list[str] = Field(min_length=1, description=(
-        "Manifest files or directories/prefixes of them (.jsonl, .csv, .parquet; local or s3://). "
+        "Manifest files or directories/prefixes of them (.jsonl, .csv, .parquet, or .jsonl.gz, .csv.gz; "
+        "local or s3://). "
         "Rows: id, text, optional prompt_text with prompt_codes or prompt_audio (a clip URI), prompt_id, "
         "seed, temperature, top_p, top_k, repetition_penalty."))
 

@@ -1,4 +1,5 @@
-"""Text manifests: JSONL, CSV or Parquet files of utterances to synthesize.
+"""Text manifests: JSONL, CSV or Parquet files of utterances to synthesize (JSONL and CSV also
+gzipped: `.jsonl.gz`, `.csv.gz`).
 
 Row fields: `id`, `text` (required); `prompt_id`, `prompt_text`, `prompt_codes`, `prompt_audio`
 (voice prompt: transcript + X-codec2 codes, or a clip URI); `seed`, `method`, `temperature`,
@@ -11,8 +12,10 @@ rows. Fields of no meaning here are ignored, and counted (`unknown_fields`) so t
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -21,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from engine.config import Method
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+# file names a manifest may have: the formats, and the text ones gzipped (Parquet compresses itself)
+SUFFIXES = (*FORMATS, *(f"{s}.gz" for s, kind in FORMATS.items() if kind != "parquet"))
 
 
 class ManifestRow(BaseModel):
@@ -89,11 +94,27 @@ class RowError:
     text: str = ""
 
 
+def gzipped(uri: str) -> bool:
+    return PurePosixPath(uri.split("?")[0]).suffix.lower() == ".gz"
+
+
 def manifest_format(uri: str) -> str:
-    suffix = PurePosixPath(uri.split("?")[0]).suffix.lower()
-    if suffix not in FORMATS:
-        raise ValueError(f"{uri}: unknown manifest format {suffix!r} (use .jsonl, .csv or .parquet)")
+    """`jsonl`, `csv` or `parquet`, from the file name (a gzipped file: the name under `.gz`)."""
+    path = PurePosixPath(uri.split("?")[0])
+    suffix = (path.with_suffix("") if gzipped(uri) else path).suffix.lower()
+    if suffix not in FORMATS or (gzipped(uri) and FORMATS[suffix] == "parquet"):
+        name = "".join(path.suffixes[-2:]).lower() if gzipped(uri) else suffix
+        raise ValueError(f"{uri}: unknown manifest format {name!r} (use .jsonl, .csv or .parquet; "
+                         ".jsonl.gz and .csv.gz are read too)")
     return FORMATS[suffix]
+
+
+def gunzip(uri: str, data: bytes) -> bytes:
+    """A gzipped manifest's bytes, or a one-line error naming the file."""
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:  # not gzip, truncated, corrupt
+        raise ValueError(f"{uri}: not a readable gzip file ({exc})") from None
 
 
 def not_utf8(raw: bytes, exc: UnicodeDecodeError) -> BadLine:
@@ -132,8 +153,10 @@ def jsonl_offsets(data: bytes) -> list[int]:
 
 
 def parse_rows(uri: str, data: bytes) -> list[dict | str]:
-    """Every row of a manifest file's bytes."""
+    """Every row of a manifest file's bytes (as stored: a gzipped file's are decompressed here)."""
     kind = manifest_format(uri)
+    if gzipped(uri):
+        data = gunzip(uri, data)
     if kind == "parquet":
         import pyarrow.parquet as pq
 

@@ -17,7 +17,15 @@ from dataclasses import asdict, dataclass, field
 from engine.config import JobSpec
 from engine.console import counted
 from engine.errors import did_you_mean
-from engine.io.manifest import FORMATS, KNOWN_FIELDS, jsonl_offsets, manifest_format, parse_rows, unknown_fields
+from engine.io.manifest import (
+    KNOWN_FIELDS,
+    SUFFIXES,
+    gzipped,
+    jsonl_offsets,
+    manifest_format,
+    parse_rows,
+    unknown_fields,
+)
 from engine.io.storage import Storage, join
 
 PLAN_VERSION = 1
@@ -79,9 +87,10 @@ def manifest_files(spec: JobSpec, storage: Storage) -> list[str]:
         if storage.exists(entry):
             found = [entry]
         else:
-            found = [u for u in storage.list(entry) if any(u.lower().endswith(s) for s in FORMATS)]
+            found = [u for u in storage.list(entry) if u.lower().endswith(SUFFIXES)]
         if not found:
-            raise ValueError(f"input.manifests[{i}]: no manifest files (.jsonl, .csv, .parquet) at {entry}")
+            raise ValueError(f"input.manifests[{i}]: no manifest files (.jsonl, .csv, .parquet; .jsonl.gz, "
+                             f".csv.gz) at {entry}")
         files.extend(u for u in found if u not in files)
     return files
 
@@ -120,7 +129,8 @@ def plan_of(spec: JobSpec, files: list[str], contents: Iterable[tuple[str, bytes
         rows = parse_rows(uri, data)
         if extra := unknown_fields(rows):
             ignored[uri] = extra
-        offsets = jsonl_offsets(data) if manifest_format(uri) == "jsonl" else None
+        # a plain JSONL shard's worker reads only its bytes; other files are read whole (once per worker)
+        offsets = jsonl_offsets(data) if manifest_format(uri) == "jsonl" and not gzipped(uri) else None
         dups: dict[int, str] = {}
         for n, row in enumerate(rows):
             ident = row.get("id") if isinstance(row, dict) else None

@@ -1,9 +1,11 @@
 """Manifest rows that cannot be read: invalid UTF-8 becomes an error row naming its line (the
 rest proceeds), fields of no meaning here are counted for a warning, and an unreadable voice
-clip's error names the clip's URI."""
+clip's error names the clip's URI. Gzipped JSONL and CSV manifests plan and read as the plain
+files do; a corrupt one, or a gzipped Parquet file, is refused naming the file."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 
@@ -70,3 +72,39 @@ def test_an_unreadable_clip_read_from_storage_is_named_by_its_uri():
         read_clip(io.BytesIO(b"not audio at all"), name="s3://bucket/voices/clip.wav")
     message = str(info.value)
     assert "s3://bucket/voices/clip.wav" in message and "BytesIO" not in message
+
+
+def test_gzipped_manifests_plan_and_read_as_the_plain_files(tmp_path):
+    jsonl = b"".join(json.dumps({"id": f"j{i}", "text": f"Row {i}."}).encode() + b"\n" for i in range(5))
+    jsonl += b'{"id": "bad", "text": "bad \xff bytes"}\n'
+    csv_bytes = b"id,text,temperature\nc0,From a CSV file.,0.7\nc1,Another one.,\n"
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    for folder, write in ((plain, bytes), (packed, gzip.compress)):
+        folder.mkdir()
+        suffix = ".gz" if folder is packed else ""
+        (folder / f"a.jsonl{suffix}").write_bytes(write(jsonl))
+        (folder / f"b.csv{suffix}").write_bytes(write(csv_bytes))
+    (packed / "notes.txt.gz").write_bytes(gzip.compress(b"not a manifest"))  # a folder lists manifests only
+    plans = {d.name: make_plan(job_spec(tmp_path, [str(d)], str(tmp_path / "out"), resources={"rows_per_shard": 4}),
+                               Storage()) for d in (plain, packed)}
+    assert plans["packed"].manifests == [str(packed / "a.jsonl.gz"), str(packed / "b.csv.gz")]
+    shape = {k: [(s.start, s.stop, s.duplicates) for s in p.shards] for k, p in plans.items()}
+    assert shape["packed"] == shape["plain"] == [(0, 4, {}), (4, 6, {}), (0, 2, {})]
+    assert plans["plain"].shards[0].byte_range and plans["packed"].shards[0].byte_range is None  # read whole
+    for name in ("a.jsonl", "b.csv"):  # the same rows, an error row included (its line named alike)
+        rows = [validated(parse_rows(str(path), path.read_bytes()), name, 0)
+                for path in (plain / name, packed / f"{name}.gz")]
+        assert [repr(r) for r in rows[0]] == [repr(r) for r in rows[1]]
+        if name == "a.jsonl":
+            assert isinstance(rows[1][5], RowError) and rows[1][5].source == "a.jsonl:6"
+        else:
+            assert rows[1][0].overrides() == {"temperature": 0.7} and rows[1][1].overrides() == {}
+
+
+def test_a_corrupt_gzip_manifest_or_a_gzipped_parquet_file_is_refused_naming_the_file(tmp_path):
+    with pytest.raises(ValueError, match=r"s3://b/m.jsonl.gz: not a readable gzip file"):
+        parse_rows("s3://b/m.jsonl.gz", b'{"id": "a", "text": "not compressed"}\n')
+    with pytest.raises(ValueError, match=r"m.csv.gz: not a readable gzip file"):
+        parse_rows("m.csv.gz", gzip.compress(b"id,text\na,cut short\n" * 50)[:40])
+    with pytest.raises(ValueError, match=r"m.parquet.gz: unknown manifest format '.parquet.gz' \(use .jsonl"):
+        parse_rows("m.parquet.gz", gzip.compress(b"x"))
