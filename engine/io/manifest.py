@@ -152,11 +152,19 @@ def jsonl_offsets(data: bytes) -> list[int]:
     return offsets + [len(data)]
 
 
+def unpacked(uri: str, data: bytes) -> bytes:
+    """A manifest file's bytes as stored -> its content (a gzipped file's decompressed)."""
+    return gunzip(uri, data) if gzipped(uri) else data
+
+
 def parse_rows(uri: str, data: bytes) -> list[dict | str]:
-    """Every row of a manifest file's bytes (as stored: a gzipped file's are decompressed here)."""
+    """Every row of a manifest file's bytes as stored."""
+    return parse_unpacked(uri, unpacked(uri, data))
+
+
+def parse_unpacked(uri: str, data: bytes) -> list[dict | str]:
+    """Every row of a manifest file's content (`unpacked`)."""
     kind = manifest_format(uri)
-    if gzipped(uri):
-        data = gunzip(uri, data)
     if kind == "parquet":
         import pyarrow.parquet as pq
 

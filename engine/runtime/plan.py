@@ -20,11 +20,11 @@ from engine.errors import did_you_mean
 from engine.io.manifest import (
     KNOWN_FIELDS,
     SUFFIXES,
-    gzipped,
     jsonl_offsets,
     manifest_format,
-    parse_rows,
+    parse_unpacked,
     unknown_fields,
+    unpacked,
 )
 from engine.io.storage import Storage, join
 
@@ -41,7 +41,9 @@ class Shard:
         manifest: the manifest's URI.
         duplicates: row index in the file -> where that id first appeared.
         byte_range: for JSONL, the bytes holding exactly these rows (the worker reads only
-            them, with a ranged GET on S3); None: the worker reads the whole file.
+            them, with a ranged GET on S3; of a gzipped file, the decompressed bytes: the worker
+            reads and decompresses the file once and takes them); None: the worker reads the
+            whole file.
     """
 
     id: str
@@ -126,11 +128,11 @@ def plan_of(spec: JobSpec, files: list[str], contents: Iterable[tuple[str, bytes
     for uri, data in contents:
         digest.update(uri.encode())
         digest.update(hashlib.sha256(data).digest())
-        rows = parse_rows(uri, data)
+        content = unpacked(uri, data)
+        rows = parse_unpacked(uri, content)
         if extra := unknown_fields(rows):
             ignored[uri] = extra
-        # a plain JSONL shard's worker reads only its bytes; other files are read whole (once per worker)
-        offsets = jsonl_offsets(data) if manifest_format(uri) == "jsonl" and not gzipped(uri) else None
+        offsets = jsonl_offsets(content) if manifest_format(uri) == "jsonl" else None
         dups: dict[int, str] = {}
         for n, row in enumerate(rows):
             ident = row.get("id") if isinstance(row, dict) else None

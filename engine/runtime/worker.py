@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from engine.api import Synthesizer
 from engine.config import DecodingSettings, JobSpec
 from engine.groups.csr import SpeechGroups
-from engine.io.manifest import ManifestRow, RowError, parse_jsonl, parse_rows, validated
+from engine.io.manifest import ManifestRow, RowError, gzipped, parse_jsonl, parse_rows, unpacked, validated
 from engine.io.storage import Storage, StorageError, relative_to
 from engine.models.device import resolve_device
 from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
@@ -118,6 +118,7 @@ class ShardProcessor:
         if groups is not None:  # torch ops (the group index): on a short thread, as the loading's
             on_short_thread(lambda: self.synth.set_groups(groups))
         self._read_whole = lru_cache(maxsize=2)(self._parse_file)
+        self._unpacked = lru_cache(maxsize=2)(self._unpack_file)  # gzipped JSONL: read once, sliced per shard
         self._codec_stream = None
         self._numerics: dict | None = None
         self._prepare_lock = threading.Lock()  # shards arrive on several threads; prepare one at a time
@@ -175,9 +176,14 @@ class ShardProcessor:
     def _parse_file(self, uri: str) -> list:
         return parse_rows(uri, self.storage.read_bytes(uri))
 
+    def _unpack_file(self, uri: str) -> bytes:
+        return unpacked(uri, self.storage.read_bytes(uri))
+
     def rows_of(self, shard: Shard) -> list[ManifestRow | RowError]:
         """The shard's rows in manifest order; duplicates (found by the plan) become errors."""
-        if shard.byte_range is not None:
+        if shard.byte_range is not None and gzipped(shard.manifest):
+            raws = parse_jsonl(self._unpacked(shard.manifest)[slice(*shard.byte_range)])
+        elif shard.byte_range is not None:
             raws = parse_jsonl(self.storage.read_range(shard.manifest, *shard.byte_range))
         else:
             raws = self._read_whole(shard.manifest)[shard.start:shard.stop]

@@ -141,7 +141,8 @@ def test_job_reads_and_writes_s3(local_ray, kit_dir, s3_endpoint, s3_bucket, tmp
     storage.write_bytes(f"s3://{s3_bucket}/manifests/part-0.jsonl", body.encode())
     storage.write_bytes(f"s3://{s3_bucket}/manifests/part-1.csv", b"id,text\ncsv1,From a CSV file.\n")
     storage.write_bytes(f"s3://{s3_bucket}/manifests/part-2.jsonl.gz",
-                        gzip.compress(b'{"id": "gz1", "text": "From a gzipped file."}\n'))
+                        gzip.compress(b"".join(json.dumps({"id": f"gz{i}", "text": f"Gzipped row {i}."}).encode()
+                                               + b"\n" for i in range(4))))  # 2 shards of one file read once
     spec = job_spec(kit_dir, [f"s3://{s3_bucket}/manifests/"], f"s3://{s3_bucket}/runs/one",
                     storage={"endpoint_url": s3_endpoint, "region": "us-east-1"},
                     decoding={"gamma": "auto"}, profile={"rounds": 2})
@@ -154,12 +155,12 @@ def test_job_reads_and_writes_s3(local_ray, kit_dir, s3_endpoint, s3_bucket, tmp
         profile = json.loads(storage.read_bytes(uri))
         assert profile["rounds"] == 2 and profile["top_ops"] and profile["round_ms"]["mean"] > 0
     rows = read_output(spec)
-    assert sorted(r["id"] for r in rows) == ["csv1", "gz1"] + [f"u{i:03d}" for i in range(5)]
+    assert sorted(r["id"] for r in rows) == ["csv1"] + [f"gz{i}" for i in range(4)] + [f"u{i:03d}" for i in range(5)]
     assert all(audio_ok(r) for r in rows)
-    assert summary["rows_ok"] == 7
+    assert summary["rows_ok"] == 10
     assert storage.exists(f"s3://{s3_bucket}/runs/one/summary.json")
     commits = storage.list(f"s3://{s3_bucket}/runs/one/_commits")
-    assert len(commits) == summary["shards"]["total"] == 4  # 5 rows / 3 per shard + 1 CSV + 1 gzipped JSONL
+    assert len(commits) == summary["shards"]["total"] == 5  # 5 JSONL rows / 3 per shard, 1 CSV, 4 gzipped JSONL
 
 
 def test_bad_rows_become_error_records(local_ray, kit_dir, tmp_path):
