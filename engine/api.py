@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from engine.config import ADMISSIONS, Admission, DecodingSettings
 from engine.console import bar_disabled
 from engine.decoding.adaptive import GammaChoice, decide, measure_steps
-from engine.decoding.admission import expected_tokens
+from engine.decoding.admission import expected_tokens, speech_budget
 from engine.decoding.cost import ForwardClock
 from engine.decoding.scheduler import DecodeScheduler
 from engine.decoding.speculative import Request, RowResult, SpeculativeDecoder
@@ -232,10 +232,12 @@ class Synthesizer:
             result.error = (f"prompt is {len(ids)} tokens; the model's context is {self.max_context} "
                             "(shorten the text or the voice prompt)")
             return result, None
+        budget = settings.max_new_tokens
+        if settings.max_speech_ratio is not None:
+            budget = min(budget, speech_budget(item.text or "", settings.max_speech_ratio))
         request = Request(key=index if key is None else key, prompt_ids=ids, seed=seed,
-                          max_new_tokens=settings.max_new_tokens,
-                          history_out=list(item.prompt_codes or []), warp=settings.warp,
-                          priority=expected_tokens(item.text or "", settings.max_new_tokens))
+                          max_new_tokens=budget, history_out=list(item.prompt_codes or []), warp=settings.warp,
+                          priority=expected_tokens(item.text or "", budget))
         return result, request
 
     def session(self, batch_size: int | None = None, stream: bool = False,

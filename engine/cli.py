@@ -215,9 +215,12 @@ def cmd_generate(args) -> int:
             if r.error:
                 print(f"item {r.id}: {r.error}", file=sys.stderr)
         if summary.cut:
+            ratio = settings.max_speech_ratio
             print(f"[{settings.method}] {summary.cut} of {counted(len(results), 'text')} reached the token limit "
-                  f"before the end of speech (max_new_tokens {settings.max_new_tokens} or an item's own, or the "
-                  "model's context): their audio is cut there; raise --max-new-tokens", file=sys.stderr)
+                  f"before the end of speech (max_new_tokens {settings.max_new_tokens} or an item's own, "
+                  + (f"max_speech_ratio {ratio} times the text's estimated time + 2 s, " if ratio else "")
+                  + "or the model's context): their audio is cut there; raise --max-new-tokens"
+                  + (" or --max-speech-ratio" if ratio else ""), file=sys.stderr)
         if audio:
             write_audio(args, kind, items, settings, results, codec, len(all_settings) > 1)
     summaries = [r["summary"] for r in runs]

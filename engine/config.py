@@ -68,6 +68,10 @@ class DecodingSettings(BaseModel):
         "it shorter."))
     seed: int = Field(0, ge=0, description=(
         "Job seed; each item's seed is derived from it and the item's id unless given."))
+    max_speech_ratio: float | None = Field(None, ge=1.0, description=(
+        "Cap each row's speech, below max_new_tokens, at this many times its text's estimated "
+        "speaking time (15 characters a second) plus 2 s: a row whose model does not stop is cut "
+        "there and counted as cut, instead of running to max_new_tokens (None: off)."))
 
     @field_validator("gamma")
     @classmethod

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import unicodedata
 from collections.abc import Callable, Iterable
 
@@ -46,6 +47,15 @@ def speech_seconds(text: str, chars_per_second: float = CHARS_PER_SECOND) -> flo
     counting `SYLLABIC_WEIGHT` characters."""
     weight = sum(SYLLABIC_WEIGHT if syllabic(ch) else 1.0 for ch in text)
     return weight / chars_per_second
+
+
+SPEECH_MARGIN_S = 2.0  # `speech_budget`'s allowance beyond the scaled estimate (pauses, a slow voice)
+
+
+def speech_budget(text: str, ratio: float) -> int:
+    """Codes a row may take under `decoding.max_speech_ratio`: `ratio` times its text's estimated
+    speaking time, plus `SPEECH_MARGIN_S`, rounded up; a model that does not stop is cut there."""
+    return math.ceil(round((ratio * speech_seconds(text) + SPEECH_MARGIN_S) * CODES_PER_SECOND, 6))
 
 
 def expected_tokens(text: str, max_new_tokens: int | None) -> int:

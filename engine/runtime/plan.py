@@ -102,7 +102,10 @@ def settings_fingerprint(spec: JobSpec) -> dict:
     models = spec.models.model_dump()
     if models["draft_weights"] == "native":  # the default: outputs written before it existed match
         del models["draft_weights"]
-    return {"decoding": spec.decoding.model_dump(), "models": models,
+    decoding = spec.decoding.model_dump()
+    if decoding["max_speech_ratio"] is None:  # the same: off, the default
+        del decoding["max_speech_ratio"]
+    return {"decoding": decoding, "models": models,
             "output": {"audio_format": spec.output.audio_format, "prompt_audio": spec.output.prompt_audio},
             "rows_per_shard": spec.resources.rows_per_shard, "batch_size": spec.resources.batch_size}
 

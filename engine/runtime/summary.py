@@ -221,8 +221,10 @@ def summary_table(s: dict) -> str:
     else:
         method, rows_line = s["method"], f"{s['rows_ok']} ok, {s['rows_failed']} failed, {s['rows']} in manifests"
     if s.get("rows_cut"):
+        ratio = s["decoding"].get("max_speech_ratio")
         rows_line += (f"; {counted(s['rows_cut'], 'row')} reached the token limit before the end of speech "
-                      f"(audio cut there; decoding.max_new_tokens is {s['decoding']['max_new_tokens']})")
+                      f"(audio cut there; decoding.max_new_tokens is {s['decoding']['max_new_tokens']}"
+                      + (f", decoding.max_speech_ratio {ratio}" if ratio else "") + ")")
     empty = s["utilisation"].get("empty_slots")
     rows = [
         ("job", f"{s['job']} -> {s['output']}"),

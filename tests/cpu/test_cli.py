@@ -9,6 +9,23 @@ import pytest
 from engine.cli import main
 
 
+def test_generate_max_speech_ratio_cuts_a_row_at_its_texts_budget_and_says_so(kit_dir, tmp_path, capsys):
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(f'{{"id": "h{i}", "text": "Hi."}}\n' for i in range(3)))
+    out = tmp_path / "codes.json"
+    assert main(["generate", "--kit", str(kit_dir), "--texts-file", str(texts), "--method", "ar",
+                 "--max-new-tokens", "400", "--max-speech-ratio", "1", "--device", "cpu", "--out", str(out),
+                 "--quiet"]) == 0
+    items = json.loads(out.read_text())["runs"][0]["items"]
+    # "Hi.": 3 characters, 0.2 s at 15 a second, + 2 s = 110 codes, far below max_new_tokens
+    assert [(len(i["codes"]), i["finish_reason"]) for i in items if i["finish_reason"] == "length"] == [(110, "length")]
+    assert all(len(i["codes"]) < 110 for i in items if i["finish_reason"] == "eos")
+    notices = capsys.readouterr().err
+    assert ("[ar] 1 of 3 texts reached the token limit before the end of speech (max_new_tokens 400 or an item's "
+            "own, max_speech_ratio 1.0 times the text's estimated time + 2 s, or the model's context)") in notices
+    assert "raise --max-new-tokens or --max-speech-ratio" in notices
+
+
 def test_generate_all_methods_writes_codes_and_statistics(kit_dir, tmp_path, capsys):
     texts = tmp_path / "texts.jsonl"
     texts.write_text('{"id": "a", "text": "Hello there."}\n{"id": "b", "text": "A second one.", "seed": 9}\n')

@@ -113,6 +113,27 @@ def test_stops_at_end_of_speech_or_length_and_counts_consistently(kit_synth):
     assert summary.cut == summary.to_dict()["cut"] == sum(r.finish_reason == "length" for r in results)
 
 
+def test_max_speech_ratio_cuts_a_row_at_its_texts_budget_and_leaves_its_codes(synth64):
+    from engine.decoding.admission import speech_budget
+
+    # ids chosen so that, uncapped, two rows run past their text's budget and two end before
+    items = [SynthesisItem(text=t, id=i) for t, i in [("Hi.", "Hi.-0"), ("Hi.", "Hi.-1"),
+                                                     ("Call Stella.", "Call Stella.-0"),
+                                                     ("Call Stella.", "Call Stella.-2")]]
+    assert [speech_budget(it.text, 1.0) for it in items] == [110, 110, 140, 140]  # (chars / 15 + 2 s) x 50
+    assert speech_budget("Hi.", 2.5) == 125
+    settings = DecodingSettings(method="pcg", max_new_tokens=141, seed=1)  # past every budget here
+    full, _ = synth64.synthesize(items, settings)
+    capped, summary = synth64.synthesize(items, settings.model_copy(update={"max_speech_ratio": 1.0}))
+    over = [len(f.codes) > speech_budget(it.text, 1.0) for it, f in zip(items, full)]
+    assert over == [True, False, False, True]
+    for it, f, c in zip(items, full, capped):
+        budget = speech_budget(it.text, 1.0)
+        assert c.codes == f.codes[:budget]  # the same row, cut at its budget: the codes before it unchanged
+        assert c.finish_reason == ("length" if len(f.codes) >= budget else f.finish_reason)
+    assert summary.cut == 2
+
+
 def test_bad_items_become_error_results_and_the_rest_proceed(kit_dir):
     synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu",
                              batch_size=2, max_context=96)

@@ -104,7 +104,7 @@ def finished_job(local_ray, kit_dir, tmp_path_factory, groups_cache, kit_groups)
     (none of them writes rows there)."""
     root = tmp_path_factory.mktemp("finished")
     spec = job_spec(kit_dir, [str(write_manifest(root / "m.jsonl", texts(4)))], str(root / "out"),
-                    decoding={"method": "pcg"}, models={"groups_cache": str(groups_cache)})
+                    decoding={"method": "pcg", "max_speech_ratio": 1.5}, models={"groups_cache": str(groups_cache)})
     return spec, JobRunner(spec).run()
 
 
@@ -114,6 +114,11 @@ def test_a_finished_job_rerun_prints_its_figures_again(finished_job, capsys):
     assert again == first == json.loads((Path(spec.output.uri) / "summary.json").read_text())
     out = capsys.readouterr().out
     assert "was committed before; nothing to run" in out
+    # 16 tokens, below every row's speech budget (over 100 codes): the rows cut reached max_new_tokens
+    cut = [len(r["codes"]) for r in read_output(spec) if r["finish_reason"] == "length"]
+    assert first["rows_cut"] == len(cut) > 0 and set(cut) == {16}
+    assert ("reached the token limit before the end of speech (audio cut there; decoding.max_new_tokens "
+            "is 16, decoding.max_speech_ratio 1.5)") in out
     assert f"{first['throughput']['tokens_per_s']} tok/s" in out  # the first run's figures, not nulls
 
 

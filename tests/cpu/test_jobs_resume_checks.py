@@ -1,13 +1,16 @@
 """Checks a job makes before any work: a resume under another numerics environment (threads per
 worker) is refused naming the difference, or allowed with the flag and recorded; a groups file
-built for another theta, or corrupt, is refused before `_job.json` is written, naming the file."""
+built for another theta, or corrupt, is refused before `_job.json` is written, naming the file;
+a setting added since an output was written leaves its plan as it was while the setting is off."""
 
 from __future__ import annotations
 
 import pytest
 import ray
 
+from engine.io.storage import Storage
 from engine.runtime.job import JobRunner
+from engine.runtime.plan import make_plan, settings_fingerprint
 
 from jobhelpers import job_spec, texts, write_manifest
 
@@ -66,3 +69,12 @@ def test_a_groups_file_for_another_theta_or_corrupt_is_refused_before_any_work(k
     with pytest.raises(ValueError, match=rf"models.groups: {broken}: corrupt"):
         JobRunner(spec, progress=False).run()
     assert not (out / "_job.json").exists()
+
+
+def test_max_speech_ratio_off_leaves_the_plan_of_an_earlier_output_and_on_is_another_job(tmp_path):
+    manifest = write_manifest(tmp_path / "m.jsonl", texts(3))
+    off = job_spec(tmp_path, [str(manifest)], str(tmp_path / "out"))
+    on = off.model_copy(update={"decoding": off.decoding.model_copy(update={"max_speech_ratio": 2.0})})
+    assert "max_speech_ratio" not in settings_fingerprint(off)["decoding"]  # as before the setting existed
+    assert settings_fingerprint(on)["decoding"]["max_speech_ratio"] == 2.0
+    assert make_plan(off, Storage()).fingerprint != make_plan(on, Storage()).fingerprint
