@@ -130,8 +130,8 @@ def summary_lines(summary: dict) -> str:
         lines.append(f"{name:7s} {m['rows']:5d} {m['cut']:5d} {fmt(m['wer'], '7.2f')} {fmt(m['cer'], '7.2f')} "
                      f"{fmt(m['similarity'], '6.3f')} {fmt(m.get('dnsmos_ovrl'), '6.2f')}")
     if any(m["cut"] for m in summary["methods"].values()):
-        lines.append("cut: clips whose speech reached the token limit (max_new_tokens): their missing words "
-                     "count as deletions in WER and CER")
+        lines.append("cut: clips whose speech reached their token limit (max_new_tokens, or max_speech_ratio's "
+                     "budget): their missing words count as deletions in WER and CER")
     b = summary["backends"]
     lines.append(f"ASR: {b['asr'] or '-'}; speaker: {b['speaker'] or '-'}; DNSMOS: {b['dnsmos'] or '-'}")
     lines.extend(summary["notes"])

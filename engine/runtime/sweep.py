@@ -34,7 +34,7 @@ def result_row(p: dict, rep: int, summary: dict) -> dict:
             "batch_size": p["batch_size"], "method": p["method"],
             "gamma": None if p["gamma"] is None else str(p["gamma"]), "theta": p["theta"],
             "rows": summary["rows"], "rows_failed": summary["rows_failed"],
-            # rows whose speech reached max_new_tokens (a summary written before this was counted: None)
+            # rows whose speech reached its token limit (a summary written before this was counted: None)
             "rows_cut": summary.get("rows_cut"), "generated_tokens": summary["generated_tokens"],
             "audio_seconds": summary["audio_seconds"], "steady_s": steady["wall_s"],
             "tokens_per_s": steady["tokens_per_s"], "audio_s_per_s": steady["audio_s_per_s"],
@@ -130,6 +130,6 @@ def sweep_table(rows: list[dict]) -> str:
                      f"{r['slot_utilisation'] or 0:6.2f} {'-' if r['rows_cut'] is None else r['rows_cut']:>5} "
                      f"{r['rows_failed']:>6d}")
     if any(r["rows_cut"] for r in rows):
-        lines.append("cut: rows whose speech reached max_new_tokens (their audio ends there; tokens/s counts "
-                     "them up to the limit)")
+        lines.append("cut: rows whose speech reached their token limit (max_new_tokens, or max_speech_ratio's "
+                     "budget): their audio ends there; tokens/s counts them up to the limit")
     return "\n".join(lines)

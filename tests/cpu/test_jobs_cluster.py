@@ -194,7 +194,7 @@ def test_sweep_over_worker_counts_produces_results_and_plots(cluster, kit_dir, t
     assert 0 < cut < 6  # the kit's random end of speech: some rows reach the job's 16 tokens, some end before
     lines = sweep_table(table).splitlines()
     assert lines[0].split()[-2:] == ["cut", "failed"] and lines[2].split()[-2:] == [str(cut), "0"]
-    assert lines[-1].startswith("cut: rows whose speech reached max_new_tokens")
+    assert lines[-1].startswith("cut: rows whose speech reached their token limit")
     again = run_sweep(spec, progress=False)  # every point done: nothing re-measured
     assert [r["tokens_per_s"] for r in again["runs"]] == [r["tokens_per_s"] for r in doc["runs"]]
 

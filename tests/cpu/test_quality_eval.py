@@ -40,7 +40,7 @@ def test_eval_writes_per_row_metrics_and_a_summary(produced, capsys):
     assert pcg["wer"] == pytest.approx(100 * sum(r["word_errors"] for r in rows) / sum(r["ref_words"] for r in rows))
     assert summary["backends"]["asr"].startswith("pocketsphinx")
     out = capsys.readouterr().out
-    assert "WER %" in out and ("cut: clips whose speech reached the token limit" in out) == ("length" in reasons)
+    assert "WER %" in out and ("cut: clips whose speech reached their token limit" in out) == ("length" in reasons)
 
 
 def test_eval_without_prompts_says_why_similarity_is_missing(produced, tmp_path, capsys):
