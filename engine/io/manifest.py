@@ -100,10 +100,10 @@ def gzipped(uri: str) -> bool:
 
 def manifest_format(uri: str) -> str:
     """`jsonl`, `csv` or `parquet`, from the file name (a gzipped file: the name under `.gz`)."""
-    path = PurePosixPath(uri.split("?")[0])
-    suffix = (path.with_suffix("") if gzipped(uri) else path).suffix.lower()
-    if suffix not in FORMATS or (gzipped(uri) and FORMATS[suffix] == "parquet"):
-        name = "".join(path.suffixes[-2:]).lower() if gzipped(uri) else suffix
+    path, packed = PurePosixPath(uri.split("?")[0]), gzipped(uri)
+    suffix = (path.with_suffix("") if packed else path).suffix.lower()
+    if suffix not in FORMATS or (packed and FORMATS[suffix] == "parquet"):
+        name = "".join(path.suffixes[-2:]).lower() if packed else suffix
         raise ValueError(f"{uri}: unknown manifest format {name!r} (use .jsonl, .csv or .parquet; "
                          ".jsonl.gz and .csv.gz are read too)")
     return FORMATS[suffix]
