@@ -175,7 +175,8 @@ def run_job(spec, rep: int, admission: str | None = None, idle=None, tag: str = 
         update["resources"] = spec.resources.model_copy(update={"admission": admission})
     spec = spec.model_copy(update=update)
     start = time.perf_counter()
-    summary = JobRunner(spec, address="local", progress=False, warmup=True, idle=idle).run()
+    kept = {"idle": idle} if idle is not None else {}  # an older engine (--before) may have no `idle`
+    summary = JobRunner(spec, address="local", progress=False, warmup=True, **kept).run()
     if idle is None:
         ray.shutdown()
     u, steady = summary["utilisation"], summary["steady"]
@@ -190,7 +191,7 @@ def run_job(spec, rep: int, admission: str | None = None, idle=None, tag: str = 
             # the steady window apart: rounds (at what rate), writing (codec, audio, Parquet, upload)
             **decode_figures(workers), "finalise_s": round(sum(w.get("finalise_s", 0.0) for w in workers), 3),
             "codec_s": round(sum(w.get("codec_s", 0.0) for w in workers), 3),
-            "wall_s": round(time.perf_counter() - start, 1), "workers_reused": summary["shards"]["workers_reused"],
+            "wall_s": round(time.perf_counter() - start, 1), "workers_reused": summary["shards"].get("workers_reused"),
             **read_profile(summary.get("profiles"))}
 
 
