@@ -24,6 +24,10 @@ one run of this script:
 Each of them runs with both admission orders (`resources.admission`: `longest_first`, the
 default, and `arrival`); ratios compare a job with decoding alone in the same order.
 Both get the same CPU threads (`--threads`: torch threads here, `cpus_per_worker` there).
+Decoding alone runs before and again after each repetition's jobs (`--no-bracket`: before only),
+and a job's ratio is its tokens/s over the mean of the two runs around it: a host whose speed
+drifts over minutes (a VM sharing its cores) then weighs on both sides of the ratio. The tables
+give medians over repetitions with their [lowest, highest] beside them.
 `--probe` also runs decoding alone (arrival order) where a job worker decodes: on a thread of its
 own in this process, and twice in a fresh Ray actor process holding its own models (loaded and
 warmed up as a worker's); and the job's worker without Ray, in this process; and the job twice
@@ -529,10 +533,29 @@ def interpreter() -> str:
     return str(exe.relative_to(ROOT)) if exe.is_relative_to(ROOT) else exe.name
 
 
-def ratio(job: dict, alone: dict) -> float | None:
+def ratio(job: dict, alone: dict, after: dict | None = None) -> float | None:
+    """A job's steady tokens/s over decoding alone's (the mean of the runs before and after it
+    where both are given)."""
+    around = [x["tokens_per_s"] for x in (alone, after) if x and x.get("tokens_per_s")]
     if not job.get("steady_tokens_per_s") or not alone.get("tokens_per_s"):
         return None
-    return round(job["steady_tokens_per_s"] / alone["tokens_per_s"], 3)
+    return round(job["steady_tokens_per_s"] / (sum(around) / len(around)), 3)
+
+
+def ratios(jobs: list[dict], alone: list[dict], after: list[dict]) -> list[float | None]:
+    """Each repetition's `ratio` (bracketed by the run after it where there is one)."""
+    return [ratio(j, x, after[i] if i < len(after) else None) for i, (j, x) in enumerate(zip(jobs, alone))]
+
+
+def spread(values: list[float | None]) -> list[float] | None:
+    """[lowest, highest] of the values, None where fewer than two."""
+    values = [v for v in values if v is not None]
+    return [min(values), max(values)] if len(values) > 1 else None
+
+
+def with_spread(value, lo_hi: list | None) -> str:
+    """A median as the tables print it: `0.81 [0.74, 0.88]`, or the value alone."""
+    return f"{value} [{lo_hi[0]}, {lo_hi[1]}]" if lo_hi else str(value)
 
 
 def median(values: list[float]) -> float | None:
@@ -580,10 +603,13 @@ def markdown(doc: dict) -> str:
                          f"{b['tokens_per_s']} | {b['ratio']} | - | - | - | - |")
         for a in [a for a in ("arrival", "longest_first") if a in summary]:
             x = summary[a]
+            alone = with_spread(x["alone_tokens_per_s"], x.get("alone_tokens_per_s_range"))
             lines.append(f"| {name} | {a} | decoding alone (`generate`) | {x['alone_slot_utilisation']} | "
-                         f"{x['alone_tokens_per_s']} | 1 | {x['alone_tokens_per_s']} | - | - | {x['alone_decoders']} |")
-            lines.append(f"| {name} | {a} | job, streaming | {x['job_slot_utilisation']} | {x['job_tokens_per_s']} | "
-                         f"{x['job_ratio']} | {x.get('job_decode_tokens_per_s') or '-'} | {x['job_io_wait_s']} | "
+                         f"{alone} | 1 | {alone} | - | - | {x['alone_decoders']} |")
+            lines.append(f"| {name} | {a} | job, streaming | {x['job_slot_utilisation']} | "
+                         f"{with_spread(x['job_tokens_per_s'], x.get('job_tokens_per_s_range'))} | "
+                         f"{with_spread(x['job_ratio'], x.get('job_ratio_range'))} | "
+                         f"{x.get('job_decode_tokens_per_s') or '-'} | {x['job_io_wait_s']} | "
                          f"{x['job_overlap']} | {x['job_decoders']} |")
     bounds = [w["runs"]["alone_arrival"][0].get("order_bounds") if w["runs"]["alone_arrival"] else None
               for w in doc["workloads"].values()]
@@ -635,7 +661,12 @@ def markdown(doc: dict) -> str:
                    [[name, PROBE_NAMES.get(k, k.replace("_", " ")), *("-" if v is None else v for v in p[k].values())]
                     for name, p in profiles for k in p]) if profiles else []
     orders = doc.get("admissions", ["arrival", "longest_first"])
-    lines += ["", "Medians over repetitions; each repetition runs decoding alone and the jobs back to back, "
+    bracketed = all(x.get("bracketed") for _, w in doc["workloads"].items() for a, x in w["summary"].items()
+                    if a in orders)
+    lines += ["", "Medians over repetitions, [lowest, highest] beside them where there are several; each "
+              "repetition runs decoding alone and the jobs back to back"
+              + (", then decoding alone again, and a job's ratio is over the mean of the decoding-alone runs "
+                 "before and after it (decoding alone's figures: all of its runs)" if bracketed else "") + ", "
               + ("in both admission orders (the order alternates between repetitions)" if len(orders) > 1
                  else f"in {orders[0]} order only (`--admissions`)") + ". Workloads: "
               + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
@@ -682,6 +713,8 @@ def main() -> None:
                          "alike) and report where a round's time goes")
     ap.add_argument("--profile-skip", type=int, default=0, metavar="S",
                     help="rounds each run lets pass before it profiles")
+    ap.add_argument("--no-bracket", dest="bracket", action="store_false",
+                    help="decode alone before each repetition's jobs only, not again after them")
     ap.add_argument("--admissions", default="arrival,longest_first",
                     help="admission orders to run, comma-separated (default both; --probe needs arrival)")
     ap.add_argument("--job-only", action="store_true", help=argparse.SUPPRESS)
@@ -733,7 +766,8 @@ def main() -> None:
                                  compile=args.compile)
         for _, spec in workloads:  # as each job's worker warms up (`Synthesizer.warmup`)
             synth.warmup(spec.decoding, args.batch)
-        runs = {name: {f"{run}_{a}": [] for run in ("alone", "job") for a in ADMISSIONS} | {"before": []}
+        runs = {name: {f"{run}_{a}": [] for run in ("alone", "job", "alone_after") for a in ADMISSIONS}
+                | {"before": []}
                 | ({k: [] for k in PROBES[1:]} if args.probe else {})
                 for name, _ in workloads}
         for rep in range(args.reps):
@@ -745,6 +779,9 @@ def main() -> None:
                 for a in order:
                     runs[name][f"job_{a}"].append(run_job(spec, rep, a))
                     print(name, "job", a, runs[name][f"job_{a}"][-1], flush=True)
+                for a in order[::-1] if args.bracket else ():  # decoding alone again, after the jobs
+                    runs[name][f"alone_after_{a}"].append(run_alone(synth, spec, rows[name], a))
+                    print(name, "alone after", a, rate(runs[name][f"alone_after_{a}"][-1]), flush=True)
                 # the result so far after every workload's jobs: a run cut short (a lent GPU's
                 # time limit) still leaves the comparisons it finished; the probe comes after them
                 report(args, runs, models, label, dtype, synth, load_start, t0, out)
@@ -817,16 +854,22 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
             continue
         summary = {}
         for a in admissions:
-            alone, job = r[f"alone_{a}"], r[f"job_{a}"]
+            alone, job, after = r[f"alone_{a}"], r[f"job_{a}"], r.get(f"alone_after_{a}", [])
+            job_ratios = ratios(job, alone, after)
             summary[a] = {
-                "alone_tokens_per_s": median([x["tokens_per_s"] for x in alone]),
+                "alone_tokens_per_s": median([x["tokens_per_s"] for x in alone + after]),
+                # every decoding-alone run of this order, before and after the jobs: the host's swing
+                "alone_tokens_per_s_range": spread([x["tokens_per_s"] for x in alone + after]),
+                "bracketed": len(after) == len(job),
                 "alone_slot_utilisation": median([x["slot_utilisation"] for x in alone]),
                 "alone_decoders": alone[0]["decoders"],
                 "alone_before_drain": median([x.get("slot_utilisation_before_drain") for x in alone]),
                 "alone_drain_share": median([x.get("drain_share_of_slots") for x in alone]),
                 "job_tokens_per_s": median([x["steady_tokens_per_s"] for x in job]),
+                "job_tokens_per_s_range": spread([x["steady_tokens_per_s"] for x in job]),
                 "job_slot_utilisation": median([x["slot_utilisation"] for x in job]),
-                "job_ratio": median([ratio(j, x) for j, x in zip(job, alone)]),
+                "job_ratio": median(job_ratios),
+                "job_ratio_range": spread(job_ratios),
                 "job_decode_tokens_per_s": median([x.get("decode_tokens_per_s") for x in job]),
                 "job_io_wait_s": median([x["io_wait_s"] for x in job]),
                 "job_overlap": median([x["overlap"] for x in job]),
@@ -847,7 +890,7 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
             summary["before"] = {
                 "tokens_per_s": median([x["steady_tokens_per_s"] for x in r["before"]]),
                 "slot_utilisation": median([x["slot_utilisation"] for x in r["before"]]),
-                "ratio": median([ratio(j, x) for j, x in zip(r["before"], alone)])}
+                "ratio": median(ratios(r["before"], alone, r.get("alone_after_arrival", [])))}
         doc["workloads"][name] = {"description": descriptions[name], "summary": summary, "runs": r}
     write_result(doc, f"{out}.json")
     Path(f"{out}.md").write_text(markdown(doc))
