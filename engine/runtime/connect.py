@@ -5,6 +5,15 @@ recorded, including a `ray start` cluster that has since died; it then waits min
 that will never answer. `pcg-synth` promises local Ray unless told otherwise, so it asks for a
 fresh local cluster explicitly. Inside a Ray job `RAY_ADDRESS` is set and is used.
 
+A fresh local cluster starts without Ray's dashboard unless `PCG_SYNTH_RAY_DASHBOARD=1` asks for
+it (to watch a local job at http://127.0.0.1:8265): the dashboard's head and modules are more
+processes that wake up while a job runs, and on a small machine each wake-up takes a core from
+one of the OpenMP threads a round decodes on. On the 2-core lab VM a job's decode thread was
+preempted 18.8 times per round without the dashboard against 26.3 with it, and the job ran at a
+median 1.055x (0.95-1.14x over three pairs run in turns, within that VM's noise)
+(benchmarks/results/ray_beside_decoding_cpu_tiny_xeon.md). The Jobs API that `pcg-synth submit`
+uses lives on a real cluster's head, which `ray start` starts, not here.
+
 An address of a cluster (`HOST:PORT`, `ray://HOST:PORT`, `auto`) is first tried with a plain TCP
 connection: where nothing listens, Ray itself would retry for many minutes (measured: a driver
 given `127.0.0.1:1` still waiting after 5 minutes) or end in a traceback (`ray://`).
@@ -28,7 +37,8 @@ def init_ray(address: str | None = None, **kwargs) -> bool:
     Args:
         address: `auto`, `ray://HEAD:10001`, `HOST:PORT` or `local`; None means `RAY_ADDRESS`
             if set, else `local`.
-        **kwargs: passed to `ray.init`.
+        **kwargs: passed to `ray.init` (a local cluster's `include_dashboard` defaults to
+            `local_dashboard()`).
 
     Raises:
         ClusterUnreachable: the cluster's port does not accept a connection, or Ray's client
@@ -42,11 +52,19 @@ def init_ray(address: str | None = None, **kwargs) -> bool:
         why = refused(*target)
         if why is not None:
             raise ClusterUnreachable(unreachable(address, target, why))
+    if address == "local":
+        kwargs.setdefault("include_dashboard", local_dashboard())
     try:
         ray.init(address=address, **kwargs)
     except ConnectionError as exc:  # e.g. Ray's client timing out on a ray:// address
         raise ClusterUnreachable(unreachable(address, target, str(exc).splitlines()[0])) from None
     return True
+
+
+def local_dashboard() -> bool:
+    """Whether a fresh local cluster starts Ray's dashboard: only where `PCG_SYNTH_RAY_DASHBOARD`
+    says so (1, true, yes, on; module docstring)."""
+    return os.environ.get("PCG_SYNTH_RAY_DASHBOARD", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def endpoint(address: str) -> tuple[str, int] | None:
