@@ -8,7 +8,7 @@ models loaded in its own process (no Ray in it) and decodes the same rows (bench
 bench_job_throughput.py's `temps48`, arrival order, batch 8) in turns:
   * `none`: no cluster on the machine;
   * `local`: a local cluster started as `pcg-synth run` starts one (`init_ray("local")` in a
-    separate process that then waits; since this change without the dashboard);
+    separate process that then waits; without the dashboard since 2026-12-02);
   * `local_dashboard`: the same with `PCG_SYNTH_RAY_DASHBOARD=1` (Ray's dashboard on, what a
     local cluster started before this change ran).
 The order rotates between repetitions, so a host whose speed drifts weighs on every mode; each
@@ -108,17 +108,20 @@ def run_jobs(spec, n: int) -> list[dict]:
     return runs
 
 
-def jobs_summary(runs: list[dict]) -> dict:
-    by = {m: [r for r in runs if r["mode"] == m] for m in ("local", "local_dashboard")}
-    dash = {r["rep"]: r["steady_tokens_per_s"] for r in by["local_dashboard"]}
+def summarise(runs: list[dict], modes: tuple[str, ...], key: str, base: str, vs: str,
+              figures: tuple[str, ...]) -> dict:
+    """Per mode: the median of `key` with its [lowest, highest], its ratio to the `base` mode's
+    run of the same repetition (`vs`: median, lowest, highest) and the medians of `figures`."""
+    by = {m: [r for r in runs if r["mode"] == m] for m in modes}
+    ref = {r["rep"]: r[key] for r in by[base]}
     out = {}
     for mode, rs in by.items():
-        rates = [r["steady_tokens_per_s"] for r in rs]
-        vs = [round(r["steady_tokens_per_s"] / dash[r["rep"]], 3) for r in rs]
-        out[mode] = {"steady_tokens_per_s": round(statistics.median(rates), 2), "lowest": min(rates),
-                     "highest": max(rates), "vs_dashboard": round(statistics.median(vs), 3),
-                     "vs_dashboard_lowest": min(vs), "vs_dashboard_highest": max(vs),
-                     "preempted_per_round": round(statistics.median(r["preempted_per_round"] for r in rs), 2)}
+        values = [r[key] for r in rs]
+        ratios = [round(r[key] / ref[r["rep"]], 3) for r in rs]
+        out[mode] = {key: round(statistics.median(values), 2), "lowest": min(values), "highest": max(values),
+                     vs: round(statistics.median(ratios), 3), f"{vs}_lowest": min(ratios),
+                     f"{vs}_highest": max(ratios),
+                     **{f: round(statistics.median(r[f] for r in rs), 2) for f in figures}}
     return out
 
 
@@ -182,17 +185,8 @@ def main() -> None:
                 print(runs[-1], flush=True)
         dtype = str(synth.target.model.dtype).replace("torch.", "")
         jobs = run_jobs(spec, args.jobs) if args.jobs else []
-    by = {mode: [r for r in runs if r["mode"] == mode] for mode in MODES}
-    none = {r["rep"]: r["tokens_per_s"] for r in by["none"]}
-    summary = {}
-    for mode, rs in by.items():
-        rates = [r["tokens_per_s"] for r in rs]
-        vs = [round(r["tokens_per_s"] / none[r["rep"]], 3) for r in rs]
-        summary[mode] = {"tokens_per_s": round(statistics.median(rates), 2), "lowest": min(rates),
-                         "highest": max(rates), "vs_none": round(statistics.median(vs), 3),
-                         "vs_none_lowest": min(vs), "vs_none_highest": max(vs),
-                         "preempted_per_round": round(statistics.median(r["preempted_per_round"] for r in rs), 2),
-                         "waits_per_round": round(statistics.median(r["waits_per_round"] for r in rs), 2)}
+    summary = summarise(runs, MODES, "tokens_per_s", "none", "vs_none",
+                        ("preempted_per_round", "waits_per_round"))
     doc = {"benchmark": "decoding alone beside an idle local Ray cluster", "machine": describe("cpu"),
            "how": f"{jt.interpreter()} benchmarks/bench_ray_beside_decoding.py " + " ".join(sys.argv[1:]),
            "threads": args.threads, "reps": args.reps, "dtype": dtype, "ray": ray.__version__,
@@ -201,7 +195,8 @@ def main() -> None:
            "labels": {"none": "none", "local": "local, as `pcg-synth run` starts it (no dashboard)",
                       "local_dashboard": "local with Ray's dashboard (`PCG_SYNTH_RAY_DASHBOARD=1`)"},
            "summary": summary, "runs": runs, "jobs": args.jobs,
-           "jobs_summary": jobs_summary(jobs) if jobs else None, "job_runs": jobs}
+           "jobs_summary": summarise(jobs, ("local", "local_dashboard"), "steady_tokens_per_s", "local_dashboard",
+                                     "vs_dashboard", ("preempted_per_round",)) if jobs else None, "job_runs": jobs}
     write_result_pair(Path(args.out), doc, markdown(doc))
 
 
