@@ -779,12 +779,15 @@ def main() -> None:
                 for a in order:
                     runs[name][f"job_{a}"].append(run_job(spec, rep, a))
                     print(name, "job", a, runs[name][f"job_{a}"][-1], flush=True)
-                for a in order[::-1] if args.bracket else ():  # decoding alone again, after the jobs
-                    runs[name][f"alone_after_{a}"].append(run_alone(synth, spec, rows[name], a))
-                    print(name, "alone after", a, rate(runs[name][f"alone_after_{a}"][-1]), flush=True)
                 # the result so far after every workload's jobs: a run cut short (a lent GPU's
-                # time limit) still leaves the comparisons it finished; the probe comes after them
+                # time limit) still leaves the comparisons it finished; the bracket and the probe
+                # come after them (a job without its run after is compared with the run before)
                 report(args, runs, models, label, dtype, synth, load_start, t0, out)
+                if args.bracket:  # decoding alone again, after the jobs
+                    for a in order[::-1]:
+                        runs[name][f"alone_after_{a}"].append(run_alone(synth, spec, rows[name], a))
+                        print(name, "alone after", a, rate(runs[name][f"alone_after_{a}"][-1]), flush=True)
+                    report(args, runs, models, label, dtype, synth, load_start, t0, out)
                 if args.probe:  # the kept worker first: the one a short lease most needs (README, the H100 probe)
                     runs[name]["job_kept_arrival"].append(run_job_kept(spec, rep, "arrival"))
                     report(args, runs, models, label, dtype, synth, load_start, t0, out)
