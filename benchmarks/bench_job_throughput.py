@@ -536,9 +536,9 @@ def interpreter() -> str:
 def ratio(job: dict, alone: dict, after: dict | None = None) -> float | None:
     """A job's steady tokens/s over decoding alone's (the mean of the runs before and after it
     where both are given)."""
-    around = [x["tokens_per_s"] for x in (alone, after) if x and x.get("tokens_per_s")]
     if not job.get("steady_tokens_per_s") or not alone.get("tokens_per_s"):
         return None
+    around = [x["tokens_per_s"] for x in (alone, after) if x and x.get("tokens_per_s")]
     return round(job["steady_tokens_per_s"] / (sum(around) / len(around)), 3)
 
 

@@ -52,14 +52,20 @@ ray.shutdown()
 """
 
 
+def set_dashboard(env, mode: str) -> None:
+    """`PCG_SYNTH_RAY_DASHBOARD` in `env` (a dict, or os.environ) as `mode` asks: 1 for
+    `local_dashboard`, else unset (a local cluster's default, no dashboard)."""
+    env.pop("PCG_SYNTH_RAY_DASHBOARD", None)
+    if mode == "local_dashboard":
+        env["PCG_SYNTH_RAY_DASHBOARD"] = "1"
+
+
 class Cluster:
     """A local cluster in a process of its own, as `pcg-synth run` would start it (`mode`)."""
 
     def __init__(self, mode: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        env.pop("PCG_SYNTH_RAY_DASHBOARD", None)
-        if mode == "local_dashboard":
-            env["PCG_SYNTH_RAY_DASHBOARD"] = "1"
+        set_dashboard(env, mode)
         self.proc = subprocess.Popen([sys.executable, "-c", CLUSTER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         line = self.proc.stdout.readline()
@@ -93,9 +99,7 @@ def run_jobs(spec, n: int) -> list[dict]:
     runs = []
     for rep in range(n):
         for mode in ("local", "local_dashboard") if rep % 2 == 0 else ("local_dashboard", "local"):
-            os.environ.pop("PCG_SYNTH_RAY_DASHBOARD", None)
-            if mode == "local_dashboard":
-                os.environ["PCG_SYNTH_RAY_DASHBOARD"] = "1"
+            set_dashboard(os.environ, mode)
             try:
                 r = jt.run_job(spec, rep, "arrival", tag=f"-{mode}")
             finally:
