@@ -18,6 +18,7 @@ import soundfile as sf
 import torch
 
 from engine import SynthesisItem
+from engine.codec import export
 from engine.io.manifest import ManifestRow
 from engine.io.storage import Storage
 from engine.runtime.plan import make_plan
@@ -214,13 +215,13 @@ def test_empty_slots_are_told_apart_by_cause(kit_dir, tmp_path):
                      "end_of_work": round(second_empty / slots, 4)}
 
 
-def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path):
+def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path, monkeypatch):
     manifest = write_manifest(tmp_path / "m.jsonl", texts(4))
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
                     decoding={"method": "exact", "max_new_tokens": 4, "seed": 1},
                     resources={"workers": 1, "batch_size": 2, "rows_per_shard": 2})
     processor = ShardProcessor(spec)
-    seen: dict[str, set] = {"warmup": set(), "step": set(), "codec": set(), "encode": set()}
+    seen: dict[str, set] = {"warmup": set(), "step": set(), "codec": set(), "encode": set(), "export": set()}
 
     def on(key, fn):  # the real function, noting which thread ran it
         def run(*args, **kwargs):
@@ -231,6 +232,7 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path)
     processor.stream.session.step = on("step", processor.stream.session.step)
     processor.codec.decode = on("codec", processor.codec.decode)
     processor.codec.encode = on("encode", processor.codec.encode)
+    monkeypatch.setattr(export, "export_audio", on("export", export.export_audio))
     clip = tmp_path / "voice.wav"
     sf.write(clip, np.sin(np.arange(8000) / 7.0).astype(np.float32) * 0.3, 16000)
     shard = make_plan(spec, processor.storage).shards[0]
@@ -238,6 +240,8 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path)
     try:
         processor.warmup()
         assert seen["warmup"] == {"decode"} and seen["codec"] == {"shard-io"}
+        # a shard's export ran once on the IO thread (its libraries' first use), writing nothing
+        assert seen["export"] == {"shard-io"} and not (tmp_path / "out").exists()
         threads = {"decode": processor.stream.on_decode_thread(torch.get_num_threads).result(),
                    "io": processor.stream.on_io_thread(torch.get_num_threads).result()}
         with ThreadPoolExecutor(1) as fresh:  # torch's default for new threads is left as it was
