@@ -149,9 +149,8 @@ class ShardProcessor:
         built) are paid for before anything is timed (`Synthesizer.warmup`). Each runs on the
         thread that will run it in the job (the decode loop's, the IO thread's on the codec's
         CUDA stream), since part of that cost is per thread: with `models.compile: cudagraphs`,
-        a thread's graphs. Measured on the 2-core lab VM (temps48's 8 shards, the worker without
-        Ray): the IO thread's CPU for the job's exports 0.97 s when its first shard paid for
-        those first uses, 0.48 s when they were paid before."""
+        a thread's graphs. (Before the export was warmed up, the first shard's paid for
+        those first uses inside the job's timed window, beside the decode loop.)"""
         results = self.stream.on_decode_thread(
             lambda: self.synth.warmup(self.spec.decoding, self.spec.resources.batch_size)).result()
 
