@@ -240,7 +240,7 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path,
     try:
         processor.warmup()
         assert seen["warmup"] == {"decode"} and seen["codec"] == {"shard-io"}
-        # a shard's export ran once on the IO thread (its libraries' first use), writing nothing
+        # a shard's export ran on the IO thread (its libraries' first use), writing nothing
         assert seen["export"] == {"shard-io"} and not (tmp_path / "out").exists()
         threads = {"decode": processor.stream.on_decode_thread(torch.get_num_threads).result(),
                    "io": processor.stream.on_io_thread(torch.get_num_threads).result()}
