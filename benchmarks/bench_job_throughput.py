@@ -63,6 +63,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -553,6 +554,11 @@ def spread(values: list[float | None]) -> list[float] | None:
     return [min(values), max(values)] if len(values) > 1 else None
 
 
+def before_commit(doc: dict) -> str:
+    """The commit `--before` held: the first word of its label (`2baeb1d (warm-up: codec only)`)."""
+    return (doc.get("before_label") or "22b6ad8").split()[0]
+
+
 def with_spread(value, lo_hi: list | None) -> str:
     """A median as the tables print it: `0.81 [0.74, 0.88]`, or the value alone."""
     return f"{value} [{lo_hi[0]}, {lo_hi[1]}]" if lo_hi else str(value)
@@ -600,7 +606,8 @@ def markdown(doc: dict) -> str:
             b = summary["before"]
             lines.append(f"| {name} | arrival | job, before ({doc.get('before_label', '22b6ad8')}) | "
                          f"{b['slot_utilisation']} | "
-                         f"{b['tokens_per_s']} | {b['ratio']} | - | - | - | - |")
+                         f"{with_spread(b['tokens_per_s'], b.get('tokens_per_s_range'))} | "
+                         f"{with_spread(b['ratio'], b.get('ratio_range'))} | - | - | - | - |")
         for a in [a for a in ("arrival", "longest_first") if a in summary]:
             x = summary[a]
             alone = with_spread(x["alone_tokens_per_s"], x.get("alone_tokens_per_s_range"))
@@ -671,7 +678,7 @@ def markdown(doc: dict) -> str:
                  else f"in {orders[0]} order only (`--admissions`)") + ". Workloads: "
               + "; ".join(f"`{k}`: {v['description']}" for k, v in doc["workloads"].items()) + ".",
               "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)" + (
-                  f"; the before code: `git archive {doc.get('before_label', '22b6ad8')} | tar -x -C DIR`."
+                  f"; the before code: `git archive {before_commit(doc)} | tar -x -C DIR`."
                   if doc.get("before") else ".")]
     if not doc.get("complete", True):
         done = min((len(v) for w in doc["workloads"].values() for k, v in w["runs"].items() if k != "before"),
@@ -687,7 +694,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--before", help="an older engine checkout (the jobs of temps48 and augment run with it too)")
-    ap.add_argument("--before-label", default="22b6ad8", help="the commit --before holds (for the tables)")
+    ap.add_argument("--before-label", default="22b6ad8",
+                    help="the commit --before holds, then optionally a few words on it (for the tables)")
     ap.add_argument("--out", help=f"result-file stem (default {RESULT.relative_to(ROOT)} for the kit on a CPU, "
                                   "else job_throughput_<device>_<models>)")
     ap.add_argument("--preset", choices=["llasa-1b-shape"],
@@ -843,7 +851,7 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
                                   f"variants + 1 bad row, batch {b}, 12 rows per shard, 1 worker"}
     doc = {"benchmark": "job throughput: slot utilisation and steady tokens/s vs decoding alone "
                         f"({label}, {args.device})",
-           "how": f"{interpreter()} benchmarks/bench_job_throughput.py " + " ".join(sys.argv[1:]),
+           "how": f"{interpreter()} benchmarks/bench_job_throughput.py " + shlex.join(sys.argv[1:]),
            "machine": describe(args.device), "threads": args.threads, "reps": args.reps,
            "models": {"label": label, **models},
            "dtype": {"models.dtype": dtype, "resolved": str(synth.target.model.dtype).replace("torch.", "")},
@@ -890,10 +898,12 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
                                   for k, v in profiled.items() if v}
         if r["before"]:  # against decoding alone in arrival order, as the code before had no other
             alone = r["alone_arrival"]
+            before_ratios = ratios(r["before"], alone, r.get("alone_after_arrival", []))
             summary["before"] = {
                 "tokens_per_s": median([x["steady_tokens_per_s"] for x in r["before"]]),
+                "tokens_per_s_range": spread([x["steady_tokens_per_s"] for x in r["before"]]),
                 "slot_utilisation": median([x["slot_utilisation"] for x in r["before"]]),
-                "ratio": median(ratios(r["before"], alone, r.get("alone_after_arrival", [])))}
+                "ratio": median(before_ratios), "ratio_range": spread(before_ratios)}
         doc["workloads"][name] = {"description": descriptions[name], "summary": summary, "runs": r}
     write_result(doc, f"{out}.json")
     Path(f"{out}.md").write_text(markdown(doc))
