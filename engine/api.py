@@ -30,6 +30,7 @@ from engine.groups.source import stored_speech_rows
 from engine.models.device import resolve_device
 from engine.models.llasa import DEFAULT_DATE_STRING, LLASA_CONTEXT, LlasaPrompter
 from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
+from engine.models.malloc import keep_freed_memory
 from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate, item_seed
 
 PILOT_GAMMA, PILOT_TOKENS = 4, 48  # `gamma: auto`'s pilot decode: draft length, tokens per row
@@ -76,8 +77,12 @@ class Synthesizer:
              dtype: str = "auto", compile: str = "none", draft_weights: str = "native",
              **kwargs) -> Synthesizer:
         """Load target (and draft) from local Hugging Face directories; `compile` as in
-        `LlamaLM.compile_step` (both models), `draft_weights` as `load_model`'s `weights`."""
+        `LlamaLM.compile_step` (both models), `draft_weights` as `load_model`'s `weights`. On a
+        CPU the process's C allocator keeps the memory a decode round frees
+        (`engine.models.malloc`; `PCG_SYNTH_MALLOC=default` leaves it as it is)."""
         device = resolve_device(device)
+        if device.type == "cpu":
+            keep_freed_memory()
         tgt = load_model(target, device=device, dtype=dtype, compile=compile)
         drf = (load_model(draft, device=device, dtype=dtype, compile=compile, weights=draft_weights)
                if draft is not None else None)

@@ -61,7 +61,8 @@ def per_worker(records: list[dict]) -> dict:
         w["slots"] += slots_of(r)
         w["decoders"] = max(w["decoders"], r.get("decoders", 0))
         w.update(node=r.get("node"), gpu_ids=r.get("gpu_ids"), device=r.get("device"), host=r.get("host"),
-                 torch_threads=r.get("torch_threads"), omp_wait_policy=r.get("omp_wait_policy"))
+                 torch_threads=r.get("torch_threads"), omp_wait_policy=r.get("omp_wait_policy"),
+                 malloc=r.get("malloc"))
     for w in out.values():
         w["tokens_per_s"] = round(w["generated_tokens"] / w["decode_s"], 2) if w["decode_s"] else None
         # how full the batch was while decoding (continuous batching keeps it near 1)

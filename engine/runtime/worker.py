@@ -31,6 +31,7 @@ from engine.groups.csr import SpeechGroups
 from engine.io.manifest import ManifestRow, RowError, gzipped, parse_jsonl, parse_rows, unpacked, validated
 from engine.io.storage import Storage, StorageError, relative_to
 from engine.models.device import resolve_device
+from engine.models.malloc import described as malloc_described
 from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
 from engine.runtime.numerics import worker_device
 from engine.runtime.plan import Layout, Shard
@@ -180,7 +181,8 @@ class ShardProcessor:
                 "node": node, "gpu_ids": [str(g) for g in gpus], "device": self.device,
                 "torch_threads": self.stream.torch_threads, "numerics": self._numerics,
                 # not part of the numerics (same results), but of the speed on a CPU: README, Streaming
-                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                "malloc": malloc_described()}
 
     # ---- reading ---------------------------------------------------------------------------
 

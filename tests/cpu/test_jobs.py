@@ -83,6 +83,12 @@ def test_quickstart_job_end_to_end(local_ray, kit_dir, tmp_path, groups_cache, k
     assert all(0 < w["slot_utilisation"] <= 1 for w in summary["workers"].values())
     # what the workers' processes found (conftest sets it for the tests and Ray workers inherit it)
     assert {w["omp_wait_policy"] for w in summary["workers"].values()} == {os.environ["OMP_WAIT_POLICY"]}
+    # and the allocator its models' loading kept freed memory with (engine/models/malloc.py)
+    from engine.models.malloc import SETTINGS, is_glibc
+
+    kept = ({name: value for name, (_, value) in SETTINGS.items()} if is_glibc()
+            else {"left": "the C library is not glibc"})
+    assert [w["malloc"] for w in summary["workers"].values()] == [kept] * len(summary["workers"])
     on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert on_disk["rows_ok"] == summary["rows_ok"]
     import datasets

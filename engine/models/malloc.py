@@ -1,0 +1,99 @@
+"""The C allocator for CPU decoding: memory a decode round frees stays with the process.
+
+A decode round on a CPU allocates and frees tens of megabytes of vocabulary-wide temporaries
+(logits, probabilities, sorts and cumulative sums over 66k tokens for every row and position).
+glibc's malloc, left to its defaults, hands much of that back to the kernel after each round:
+blocks above its mmap threshold are unmapped on free, the top of a heap above its trim threshold
+is trimmed, and a thread's arena deletes a heap that falls empty. The next round then touches
+fresh pages again, each a minor page fault in which the kernel zeroes 4 KiB, and on 2 cores a
+fault in either OpenMP thread stalls the other at the op's barrier.
+
+Measured on the lab's 2-core Intel Xeon VM (AMX), 2026-12-02, the tiny kit in bfloat16: decoding
+the temps48 rows alone on a process's main thread took 786,000 minor faults and 1.29 s of system
+CPU time per run with glibc's defaults, 11,000 and 0.06 s with the settings below, and ran 1.10x
+as fast (benchmarks/results/malloc_cpu_tiny_xeon.md); the temps48 and augment jobs ran 1.19x and
+1.16x as fast as the engine before this in the same repetitions
+(benchmarks/results/job_throughput_cpu_tiny_xeon_dec02_malloc.md). A one-off probe of the job's
+worker found its two decode threads at 470,000 faults and 1.25 s of system time in its first
+job's 10-second steady window before, 25,000 and 0.1 s after.
+
+The two thresholds go together: setting either turns off glibc's own adjustment of both (it
+raises them as large blocks are freed), and in that probe either one set alone made the job's
+faults worse (4.2 and 9.3 million). The top pad is for a thread's arena: with the thresholds
+alone, rounds of 8-23 MiB blocks on a thread of its own still faulted about 11,000 times a round,
+and none with it (the pattern of tests/cpu/test_malloc.py).
+
+Where glibc is not the C library, or the user has set the allocator's environment variables
+(`MALLOC_*_`, `GLIBC_TUNABLES`), or `PCG_SYNTH_MALLOC=default`, nothing is changed. What is kept
+is bounded by the process's peak: a round's temporaries come back every round anyway.
+"""
+
+from __future__ import annotations
+
+import os
+
+# mallopt(3) parameters
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+
+SETTINGS = {
+    # glibc's own ceiling for its adjusted threshold on 64-bit: blocks up to it come from the heap
+    "mmap_threshold": (M_MMAP_THRESHOLD, 32 << 20),
+    # free memory at the top of a heap up to this stays mapped
+    "trim_threshold": (M_TRIM_THRESHOLD, 1 << 30),
+    # what a heap grows by beyond a request, and keeps when it shrinks: a thread's arena (the
+    # decode thread's) keeps its heaps instead of deleting each one that falls empty
+    "top_pad": (M_TOP_PAD, 64 << 20),
+}
+
+USER_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+
+_applied: dict | None = None
+_tried = False
+
+
+def why_not() -> str | None:
+    """Why the process's allocator is left as it is (None: it is tuned here)."""
+    if os.environ.get("PCG_SYNTH_MALLOC", "").strip().lower() == "default":
+        return "PCG_SYNTH_MALLOC=default"
+    for name in USER_VARIABLES:
+        if name in os.environ:
+            return f"{name} is set"
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        return "GLIBC_TUNABLES sets glibc.malloc"
+    return None if is_glibc() else "the C library is not glibc"
+
+
+def is_glibc() -> bool:
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError, AttributeError):  # no such name: not glibc
+        return False
+
+
+def keep_freed_memory() -> dict | None:
+    """Apply `SETTINGS` to this process's glibc malloc, once; returns what was applied (name ->
+    bytes), or None where it was left alone (`why_not`). Safe to call from any thread, any time:
+    it changes only what later allocations and frees do."""
+    global _applied, _tried
+    if _tried:
+        return _applied
+    _tried = True
+    if why_not() is not None:
+        return None
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    applied = {name: value for name, (param, value) in SETTINGS.items() if mallopt(param, value) == 1}
+    _applied = applied or None
+    return _applied
+
+
+def described() -> dict:
+    """What this process's allocator runs with, for records: the settings applied here (bytes),
+    or `{"left": why}`."""
+    return dict(_applied) if _applied else {"left": why_not() or "not tuned in this process"}
+

@@ -1,0 +1,72 @@
+"""The C allocator's settings for CPU decoding (`engine.models.malloc`): memory a round frees stays
+with the process, on the main thread and on a thread of its own (a job worker's decode loop)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from engine.models import malloc
+
+glibc = pytest.mark.skipif(not malloc.is_glibc(), reason="the settings are glibc's")
+
+# Rounds of blocks of 8-23 MiB (93 MiB at once), written and freed, as a decode round's
+# vocabulary-wide temporaries are; minor page faults over 10 rounds after a first one.
+PROBE = r"""
+import ctypes, json, resource, sys, threading
+from engine.models.malloc import described, keep_freed_memory
+applied = keep_freed_memory()
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+SIZES = [(8 + 3 * i) << 20 for i in range(6)]
+def round_():
+    blocks = [libc.malloc(n) for n in SIZES]
+    for b, n in zip(blocks, SIZES):
+        ctypes.memset(b, 1, n)
+    for b in reversed(blocks):
+        libc.free(b)
+def faults(out):
+    round_()
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        round_()
+    out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start)
+out = []
+faults(out)
+t = threading.Thread(target=faults, args=(out,))
+t.start(); t.join()
+print(json.dumps({"applied": applied, "described": described(), "main": out[0], "thread": out[1]}))
+"""
+
+
+def probe(**env) -> dict:
+    full = {k: v for k, v in os.environ.items() if k != "PCG_SYNTH_MALLOC" and not k.startswith("MALLOC_")}
+    run = subprocess.run([sys.executable, "-c", PROBE], env={**full, **env}, capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@glibc
+def test_freed_rounds_stay_mapped_on_the_main_thread_and_another_thread():
+    default = probe(PCG_SYNTH_MALLOC="default")
+    tuned = probe()
+    # 10 rounds of 93 MiB: glibc's defaults give the pages back and fault them in again
+    assert default["applied"] is None and default["described"] == {"left": "PCG_SYNTH_MALLOC=default"}
+    assert default["main"] > 20_000 and default["thread"] > 20_000
+    assert tuned["applied"] == {name: value for name, (_, value) in malloc.SETTINGS.items()}
+    assert tuned["described"] == tuned["applied"]
+    assert tuned["main"] < 1_000 and tuned["thread"] < 1_000
+
+
+@glibc
+def test_the_users_own_allocator_settings_are_left_alone():
+    mine = probe(MALLOC_TRIM_THRESHOLD_="131072")
+    assert mine["applied"] is None and mine["described"] == {"left": "MALLOC_TRIM_THRESHOLD_ is set"}
+    assert mine["main"] > 20_000  # what the user's setting does, not ours
+    tunables = probe(GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072")
+    assert tunables["described"] == {"left": "GLIBC_TUNABLES sets glibc.malloc"}
