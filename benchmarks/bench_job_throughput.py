@@ -591,6 +591,10 @@ def markdown(doc: dict) -> str:
     compiled = f", models.compile {doc['compile']}" if doc.get("compile", "none") != "none" else ""
     policy = ("" if "omp_wait_policy" not in doc  # files written before the script recorded it
               else f"; OMP_WAIT_POLICY {doc['omp_wait_policy'] or 'unset (OpenMP default)'}")
+    if "malloc" in doc:  # files written before the script recorded it have no such clause
+        kept = doc["malloc"].get("left") is None
+        policy += (f"; C allocator: {'freed memory kept (engine/models/malloc.py)' if kept else 'glibc defaults'}"
+                   f" in this process{'' if kept else ' (' + doc['malloc']['left'] + ')'}")
     lines = [f"Job throughput on {'the tiny kit' if label == 'tiny' else label}: {where}, torch {m['torch']}, "
              f"models.dtype {doc['dtype']['models.dtype']} "
              f"({doc['dtype']['resolved']} here){compiled} for jobs and decoding alone, {m['date']}; "
@@ -835,6 +839,8 @@ def admissions_of(args) -> tuple[str, ...]:
 def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_start: float, t0: float,
            out: str, final: bool = False) -> None:
     """Write the result files (JSON and markdown) over the workloads that have runs so far."""
+    from engine.models.malloc import described as malloc_described
+
     from machine import describe, write_result
 
     admissions = admissions_of(args)
@@ -859,7 +865,7 @@ def report(args, runs: dict, models: dict, label: str, dtype: str, synth, load_s
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
            "seconds": round(time.perf_counter() - t0, 1), "before": args.before,
            "before_label": args.before_label if args.before else None, "omp_wait_policy": OMP_WAIT_POLICY,
-           "complete": final, "admissions": list(admissions), "workloads": {}}
+           "malloc": malloc_described(), "complete": final, "admissions": list(admissions), "workloads": {}}
     for name, r in runs.items():
         if not all(r[f"job_{a}"] for a in admissions):
             continue
