@@ -60,6 +60,8 @@ class Synthesizer:
             if draft.model.device != target.model.device:
                 raise ValueError("draft and target must live on the same device")
         self.target, self.draft = target, draft
+        if self.device.type == "cpu":  # from now on this process's C allocator keeps what a round
+            keep_freed_memory()  # frees (engine.models.malloc; PCG_SYNTH_MALLOC=default: as it is)
         self.batch_size, self.max_context = batch_size, max_context
         self.prompter = LlasaPrompter(target.tokenizer, target.layout, date_string)
         self._groups: dict[tuple, GroupIndex] = {}
@@ -77,12 +79,8 @@ class Synthesizer:
              dtype: str = "auto", compile: str = "none", draft_weights: str = "native",
              **kwargs) -> Synthesizer:
         """Load target (and draft) from local Hugging Face directories; `compile` as in
-        `LlamaLM.compile_step` (both models), `draft_weights` as `load_model`'s `weights`. On a
-        CPU the process's C allocator keeps the memory a decode round frees
-        (`engine.models.malloc`; `PCG_SYNTH_MALLOC=default` leaves it as it is)."""
+        `LlamaLM.compile_step` (both models), `draft_weights` as `load_model`'s `weights`."""
         device = resolve_device(device)
-        if device.type == "cpu":
-            keep_freed_memory()
         tgt = load_model(target, device=device, dtype=dtype, compile=compile)
         drf = (load_model(draft, device=device, dtype=dtype, compile=compile, weights=draft_weights)
                if draft is not None else None)
