@@ -72,8 +72,8 @@ def is_glibc() -> bool:
 
 def keep_freed_memory() -> dict | None:
     """Apply `SETTINGS` to this process's glibc malloc, once; returns what was applied (name ->
-    bytes), or None where it was left alone (`why_not`). Safe to call from any thread, any time:
-    it changes only what later allocations and frees do."""
+    bytes), or None where it was left alone (`why_not`). Idempotent, and safe at any time: it
+    changes only what later allocations and frees do."""
     global _applied, _tried
     if _tried:
         return _applied
@@ -96,4 +96,3 @@ def described() -> dict:
     """What this process's allocator runs with, for records: the settings applied here (bytes),
     or `{"left": why}`."""
     return dict(_applied) if _applied else {"left": why_not() or "not tuned in this process"}
-
