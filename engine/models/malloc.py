@@ -9,13 +9,14 @@ fresh pages again, each a minor page fault in which the kernel zeroes 4 KiB, and
 fault in either OpenMP thread stalls the other at the op's barrier.
 
 Measured on the lab's 2-core Intel Xeon VM (AMX), 2026-12-02, the tiny kit in bfloat16: decoding
-the temps48 rows alone on a process's main thread took 786,000 minor faults and 1.29 s of system
-CPU time per run with glibc's defaults, 11,000 and 0.06 s with the settings below, and ran 1.10x
-as fast (benchmarks/results/malloc_cpu_tiny_xeon.md); the temps48 and augment jobs ran 1.19x and
-1.16x as fast as the engine before this in the same repetitions
-(benchmarks/results/job_throughput_cpu_tiny_xeon_dec02_malloc.md). A one-off probe of the job's
-worker found its two decode threads at 470,000 faults and 1.25 s of system time in its first
-job's 10-second steady window before, 25,000 and 0.1 s after.
+the temps48 rows alone on a process's main thread took 775,000-786,000 minor faults and 1.3 s of
+system CPU time per run with glibc's defaults, 11,000 and 0.05-0.06 s with the settings below,
+and ran 1.10x and 1.05x as fast in two runs an hour apart
+(benchmarks/results/malloc_cpu_tiny_xeon{,_after_load}.md); the temps48 job ran 1.19x and 1.10x
+as fast as the engine before this in the same repetitions, augment's 40 rows 1.16x and 0.95x
+(benchmarks/results/job_throughput_cpu_tiny_xeon_dec02_malloc{,_after_load}.md). A one-off probe
+of the job's worker found its two decode threads at 470,000 faults and 1.25 s of system time in
+its first job's 10-second steady window before, 4,000-25,000 and 0.1 s after.
 
 The two thresholds go together: setting either turns off glibc's own adjustment of both (it
 raises them as large blocks are freed), and in that probe either one set alone made the job's
