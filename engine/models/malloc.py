@@ -16,7 +16,7 @@ and ran 1.10x and 1.05x as fast in two runs an hour apart
 as fast as the engine before this in the same repetitions, augment's 40 rows 1.16x and 0.95x
 (benchmarks/results/job_throughput_cpu_tiny_xeon_dec02_malloc{,_after_load}.md). A one-off probe
 of the job's worker found its two decode threads at 470,000 faults and 1.25 s of system time in
-its first job's 10-second steady window before, 4,000-25,000 and 0.1 s after.
+its first job's 10-second steady window before, 8,000-25,000 and 0.1 s after (both threads).
 
 The two thresholds go together: setting either turns off glibc's own adjustment of both (it
 raises them as large blocks are freed), and in that probe either one set alone made the job's
