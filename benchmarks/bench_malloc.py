@@ -21,12 +21,13 @@ import json
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+from bench_job_throughput import median
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = {"default": "glibc's defaults (`PCG_SYNTH_MALLOC=default`)", "kept": "the engine's (freed memory kept)"}
@@ -37,7 +38,6 @@ def child(args) -> None:
 
     from engine import Synthesizer
     from engine.models.malloc import described
-    from engine.runtime.stream import on_short_thread
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -50,10 +50,8 @@ def child(args) -> None:
     for where in ("main", "thread"):
         for _ in range(args.runs):
             before = resource.getrusage(resource.RUSAGE_SELF)
-            if where == "main":
-                r = jobs.run_alone(synth, spec, rows, "arrival")
-            else:
-                r = on_short_thread(lambda: jobs.run_alone(synth, spec, rows, "arrival"), name="decode")
+            alone = jobs.run_alone if where == "main" else jobs.run_alone_in_thread
+            r = alone(synth, spec, rows, "arrival")
             after = resource.getrusage(resource.RUSAGE_SELF)
             out["runs"].append({"where": where, "tokens_per_s": r["tokens_per_s"],
                                 "generated_tokens": r["generated_tokens"],
@@ -63,7 +61,7 @@ def child(args) -> None:
 
 
 def med(values: list[float]) -> float:
-    return round(statistics.median(values), 2)
+    return round(median(values), 2)
 
 
 def markdown(doc: dict) -> str:
@@ -83,7 +81,7 @@ def markdown(doc: dict) -> str:
             base = m if mode == "default" else base
             lines.append(f"| {'main thread' if where == 'main' else 'a thread of its own'} | {MODES[mode]} | "
                          f"{len(runs)} | {m} [{min(tps)}, {max(tps)}] | {round(m / base, 3)} | "
-                         f"{int(statistics.median(r['minor_faults'] for r in runs))} | "
+                         f"{int(med([r['minor_faults'] for r in runs]))} | "
                          f"{med([r['sys_s'] for r in runs])} |")
     lines += ["", f"{doc['reps']} repetitions, each one process per setting in turn (default first), every process "
               f"loading the models, warming up and decoding the temps48 rows (48 texts x 4 per-row temperatures, "
@@ -106,7 +104,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args)
-    sys.path.insert(0, str(ROOT))
     import torch
 
     from machine import describe, write_result_pair
