@@ -433,7 +433,7 @@ def run_alone_in_actor(models: dict, spec, rows: list[dict], admission: str, dev
     shows what a process's first run costs beyond that."""
     import ray
 
-    from engine.runtime.connect import init_ray
+    from engine.connect import init_ray
 
     init_ray("local", log_to_driver=False, configure_logging=False)
     try:

@@ -43,7 +43,7 @@ MODES = ("none", "local", "local_dashboard")
 SETTLE_S = 5.0  # after the cluster answers: its processes finish starting before the clock runs
 CLUSTER = """
 import sys
-from engine.runtime.connect import init_ray
+from engine.connect import init_ray
 init_ray("local", log_to_driver=False, configure_logging=False)
 print("ready", flush=True)
 sys.stdin.read()  # until the benchmark closes it

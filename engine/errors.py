@@ -17,7 +17,7 @@ class GroupBuildError(RuntimeError):
 
 
 class ClusterUnreachable(ConnectionError):
-    """Nothing answers at the Ray address given (`engine.runtime.connect`)."""
+    """Nothing answers at the Ray address given (`engine.connect`)."""
 
 
 class JobFailed(RuntimeError):

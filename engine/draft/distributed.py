@@ -90,7 +90,7 @@ def train_draft_ray(settings: TrainSettings, workers: int, use_gpu: bool | None 
             with `use_gpu`, else the CPU).
         workers: Ray Train workers (>= 1).
         use_gpu: one GPU per worker; None: when the cluster has a GPU for every worker.
-        address: the Ray cluster (see `engine.runtime.connect.init_ray`).
+        address: the Ray cluster (see `engine.connect.init_ray`).
         storage_path: where Ray keeps the run's checkpoints (shared or s3:// for multi-node);
             default `OUT/ray`. The same path resumes the run.
         max_failures: worker-group restarts (from the newest checkpoint) before giving up.
@@ -103,7 +103,7 @@ def train_draft_ray(settings: TrainSettings, workers: int, use_gpu: bool | None 
     from ray.train.torch import TorchTrainer
     from safetensors.torch import load_file
 
-    from engine.runtime.connect import init_ray
+    from engine.connect import init_ray
 
     if workers < 1:
         raise ValueError(f"--workers must be >= 1 for Ray Train; got {workers}")

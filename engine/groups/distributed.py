@@ -16,6 +16,7 @@ import ray
 import torch
 from tqdm.auto import tqdm
 
+from engine.connect import init_ray
 from engine.console import bar_disabled
 from engine.errors import GroupBuildError
 from engine.groups.build import (
@@ -69,8 +70,6 @@ class SliceWorker:
 def ensure_ray() -> bool:
     """The cluster in `RAY_ADDRESS`, else a fresh local one (never a stale `ray start` cluster).
     Returns True if this call initialised Ray."""
-    from engine.runtime.connect import init_ray
-
     return init_ray(include_dashboard=False)
 
 

@@ -11,9 +11,9 @@ import ray
 from tqdm.auto import tqdm
 
 from engine.config import JobSpec
+from engine.connect import init_ray
 from engine.console import bar_disabled, counted
 from engine.io.storage import Storage
-from engine.runtime.connect import init_ray
 from engine.runtime.plan import Layout, make_plan
 from engine.runtime.pool import IdleWorkers, JobFailed, WorkerPool
 from engine.runtime.preflight import check_groups_file, check_resume, finished_summary, needs_groups, preflight

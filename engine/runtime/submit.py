@@ -24,7 +24,7 @@ def client(address: str):
     from ray.exceptions import RpcError
     from ray.job_submission import JobSubmissionClient
 
-    from engine.runtime.connect import endpoint, refused
+    from engine.connect import endpoint, refused
 
     # A GCS address (HOST:PORT, auto) is tried with a plain connection first: where nothing listens
     # Ray's client waits 42 s before it gives up (measured: 127.0.0.1:1). A dashboard URL is left

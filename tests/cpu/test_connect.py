@@ -1,11 +1,11 @@
 """A fresh local cluster (`address: local`, what `pcg-synth run` starts by default) runs without
-Ray's dashboard unless PCG_SYNTH_RAY_DASHBOARD asks for it (engine/runtime/connect.py)."""
+Ray's dashboard unless PCG_SYNTH_RAY_DASHBOARD asks for it (engine/connect.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.runtime.connect import init_ray, local_dashboard
+from engine.connect import init_ray, local_dashboard
 
 
 @pytest.mark.parametrize(("value", "wanted"), [(None, False), ("", False), ("0", False), ("no", False),
