@@ -1,11 +1,13 @@
-"""Which threads on the machine wake up while a job decodes (a one-off probe, CPU).
+"""Which threads on the machine wake up, and fault pages in, while a job decodes (a probe, CPU).
 
 Runs the `temps144` workload of bench_job_throughput.py (temps48's rows three times over) as a
-job on a local Ray cluster and, once the job is in its steady state (`--after` seconds from its
-start), counts every thread's voluntary and involuntary context switches and CPU time over
-`--window` seconds from /proc. On a 2-core machine that a worker's two decode threads keep busy,
-every other thread that wakes takes a core from one of them for a moment (the job's figures
-say how often: `preempted_per_round`).
+job on a local Ray cluster and, once the job is in its steady state (`--after` seconds after its
+worker took its first shard), counts every thread's voluntary and involuntary context switches, CPU time, minor page
+faults and system CPU time over `--window` seconds from /proc (`--malloc default`: the job's
+worker keeps glibc's own malloc settings, engine/models/malloc.py). On a 2-core machine that a
+worker's two decode threads keep busy, every other thread that wakes takes a core from one of
+them for a moment (the job's figures say how often: `preempted_per_round`), and so does a page
+fault in either of them.
 
     .venv/bin/python benchmarks/probe_wakeups.py --out benchmarks/results/wakeups_cpu_tiny_NAME
 """
@@ -29,7 +31,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def all_threads() -> dict:
-    """(pid, tid) -> (process command line, thread name, voluntary, involuntary, CPU ticks)."""
+    """(pid, tid) -> (process command line, thread name, voluntary, involuntary, CPU ticks,
+    minor faults, system CPU ticks)."""
     out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -40,7 +43,8 @@ def all_threads() -> dict:
                 stat = open(f"/proc/{pid}/task/{tid}/stat").read()
                 fields = stat[stat.rindex(")") + 2:].split()
                 out[(pid, tid)] = (cmd, status["Name"].strip(), int(status["voluntary_ctxt_switches"]),
-                                   int(status["nonvoluntary_ctxt_switches"]), int(fields[11]) + int(fields[12]))
+                                   int(status["nonvoluntary_ctxt_switches"]), int(fields[11]) + int(fields[12]),
+                                   int(fields[7]), int(fields[12]))
         except (OSError, ValueError, KeyError):
             continue  # a process or thread that ended while read
     return out
@@ -49,17 +53,26 @@ def all_threads() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kit", default="kit")
-    ap.add_argument("--after", type=float, default=20.0, help="seconds from the job's start to the window")
+    ap.add_argument("--after", type=float, default=8.0,
+                    help="seconds from the worker's first shard to the window")
     ap.add_argument("--window", type=float, default=10.0, help="seconds counted")
     ap.add_argument("--top", type=int, default=25, help="threads listed")
+    ap.add_argument("--malloc", choices=("engine", "default"), default="engine",
+                    help="default: the worker keeps glibc's malloc settings (PCG_SYNTH_MALLOC=default)")
     ap.add_argument("--out", required=True, help="result path without extension (.json and .md written)")
     args = ap.parse_args()
 
+    if args.malloc == "default":  # the local cluster started below, and so its workers, inherit it
+        os.environ["PCG_SYNTH_MALLOC"] = "default"
     work = Path(tempfile.mkdtemp(prefix="probe-wakeups-"))
     spec = dict(jobs.specs(jobs.kit_models(Path(args.kit).resolve()), work, 2, scale=3))["temps144"]
     snaps: list = []
 
     def sample() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any("SynthesisWorker.process" in v[0]
+                                                      for v in all_threads().values()):
+            time.sleep(0.2)  # Ray titles the worker's process so while it runs `process` (a shard)
         time.sleep(args.after)
         snaps.append((time.perf_counter(), all_threads()))
         time.sleep(args.window)
@@ -69,7 +82,7 @@ def main() -> None:
     sampler.start()
     job = jobs.run_job(spec, 0, "arrival")
     sampler.join()
-    if job["steady_s"] < args.after + args.window:
+    if len(snaps) < 2 or job["steady_s"] < args.after + args.window:
         sys.exit(f"the job's steady state ({job['steady_s']} s) did not cover the window: lower --after")
     (t0, first), (t1, last) = snaps
     seconds = t1 - t0
@@ -81,27 +94,35 @@ def main() -> None:
                          "main_thread": key[0] == key[1],
                          "voluntary_per_s": round((now[2] - then[2]) / seconds, 1),
                          "involuntary_per_s": round((now[3] - then[3]) / seconds, 1),
-                         "cpu_share": round((now[4] - then[4]) / TICK / seconds, 3)})
+                         "cpu_share": round((now[4] - then[4]) / TICK / seconds, 3),
+                         "minor_faults": now[5] - then[5], "sys_s": round((now[6] - then[6]) / TICK, 2)})
     rows.sort(key=lambda r: -r["voluntary_per_s"])
-    result = {"probe": "wakeups", "machine": describe(),
+    result = {"probe": "wakeups", "machine": describe(), "malloc": args.malloc,
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "window_s": round(seconds, 2),
               "job": {k: job.get(k) for k in ("steady_tokens_per_s", "steady_s", "preempted_per_round",
                                                "cpu_share", "slot_utilisation")},
               "voluntary_per_s": round(sum(r["voluntary_per_s"] for r in rows)),
               "involuntary_per_s": round(sum(r["involuntary_per_s"] for r in rows)),
+              "minor_faults": sum(r["minor_faults"] for r in rows),
               "threads": rows}
+    malloc = "glibc's defaults (PCG_SYNTH_MALLOC=default)" if args.malloc == "default" else "the engine's"
     lines = [f"Context switches of every thread on the machine over {result['window_s']} s of a temps144 job's "
              f"steady state: {result['machine']['cpu']}, {result['machine']['cpu_cores_visible']} cores, "
-             f"{result['when']}. The job: "
+             f"{result['when']}, the worker's C allocator settings {malloc}. The job: "
              f"{job['steady_tokens_per_s']} tokens/s, its decode thread on the CPU {job['cpu_share']} of its "
              f"rounds and preempted {job['preempted_per_round']} times a round. Machine-wide: "
              f"{result['voluntary_per_s']} voluntary and {result['involuntary_per_s']} involuntary switches a "
-             f"second. The {args.top} threads that woke most:", "",
-             "| thread | process | voluntary / s | involuntary / s | CPU share |", "|---|---|---|---|---|"]
-    lines += [f"| {r['thread']}{' (main thread)' if r['main_thread'] else ''} (tid {r['tid']}) | "
-              f"{r['process'][:50].replace('|', '/')} (pid {r['pid']}) | {r['voluntary_per_s']} | "
-              f"{r['involuntary_per_s']} | {r['cpu_share']} |" for r in rows[:args.top]]
-    lines += ["", f"How: `{' '.join(['.venv/bin/python', *sys.argv])}`"]
+             f"second, {result['minor_faults']} minor page faults. The {args.top} threads that woke most, "
+             f"then the {args.top} that faulted most:", ""]
+    header = ["| thread | process | voluntary / s | involuntary / s | CPU share | minor faults | system CPU s |",
+              "|---|---|---|---|---|---|---|"]
+    for ranked in (rows, sorted(rows, key=lambda r: -r["minor_faults"])):
+        lines += header + [
+            f"| {r['thread']}{' (main thread)' if r['main_thread'] else ''} (tid {r['tid']}) | "
+            f"{r['process'][:50].replace('|', '/')} (pid {r['pid']}) | {r['voluntary_per_s']} | "
+            f"{r['involuntary_per_s']} | {r['cpu_share']} | {r['minor_faults']} | {r['sys_s']} |"
+            for r in ranked[:args.top]] + [""]
+    lines += [f"How: `{' '.join(['.venv/bin/python', *sys.argv])}`"]
     write_result_pair(Path(args.out), result, "\n".join(lines) + "\n")
 
 
