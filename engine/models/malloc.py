@@ -14,9 +14,10 @@ system CPU time per run with glibc's defaults, 11,000 and 0.05-0.06 s with the s
 and ran 1.10x and 1.05x as fast in two runs an hour apart
 (benchmarks/results/malloc_cpu_tiny_xeon{,_after_load}.md); the temps48 job ran 1.19x and 1.10x
 as fast as the engine before this in the same repetitions, augment's 40 rows 1.16x and 0.95x
-(benchmarks/results/job_throughput_cpu_tiny_xeon_dec02_malloc{,_after_load}.md). A one-off probe
-of the job's worker found its two decode threads at 470,000 faults and 1.25 s of system time in
-its first job's 10-second steady window before, 8,000-25,000 and 0.1 s after (both threads).
+(benchmarks/results/job_throughput_cpu_tiny_xeon_dec02_malloc{,_after_load}.md). In the first
+10 seconds after a job's worker took its first shard, its two decode threads took 465,000 and
+429,000 faults and 3.0 s of system time with glibc's defaults, 115 and 0 faults (0.12 s) with
+these settings (benchmarks/results/wakeups_cpu_tiny_xeon{_malloc_default,}.md).
 
 The two thresholds go together: setting either turns off glibc's own adjustment of both (it
 raises them as large blocks are freed), and in that probe either one set alone made the job's
