@@ -1,0 +1,252 @@
+"""What a job worker's own machinery costs its decode rounds, with no Ray anywhere.
+
+A job's worker (`engine/runtime/worker.py`: `ShardProcessor`) decodes its shards' rows in one
+continuously batched loop on its models' decode thread, while an IO thread beside it turns each
+finished shard into audio, a Parquet file and a commit record, and the threads that hand it
+shards wait. This script loads one set of models as a worker loads them (`WorkerModels`) in its
+own process (no Ray in it, no cluster on the machine) and decodes the same rows, on that same
+decode thread, in turns:
+  * `alone`: a decode session over the rows at the job's batch size (what `pcg-synth generate`
+    runs; bench_job_throughput.py's baseline);
+  * `worker`: the job's `ShardProcessor` fed the job's shards by as many threads as the job's
+    window, writing FLAC, Parquet and commits to local files;
+  * `worker_no_export`: the same worker whose IO thread writes only a small commit record (no
+    codec, no audio encoding, no Parquet): the stream's own cost apart from the export's CPU.
+All three decode on one thread, so they share its OpenMP team (bench_job_throughput.py's
+`--probe` row "job's worker, no Ray" decodes beside the OpenMP team of a main thread that
+decoded alone, which a worker's process does not have). The order is alone, a worker run,
+alone, the other worker run, alone, ... (which worker run comes first alternates between
+repetitions), and each worker run's ratio is its tokens/s inside decode rounds over the mean of
+the two alone runs around it. Every run reports its decode thread's CPU share of the rounds and
+its context switches per round, and a worker run the CPU time its IO thread used (writing the
+shards) per second of rounds.
+
+    .venv/bin/python benchmarks/bench_worker_machinery.py --reps 4 \\
+        --out benchmarks/results/worker_machinery_cpu_tiny_xeon
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_job_throughput as jt  # noqa: E402
+
+from machine import describe, write_result_pair  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("alone", "worker", "worker_no_export")
+LABELS = {"alone": "decoding alone, on the worker's decode thread",
+          "worker": "the job's worker (`ShardProcessor`: shards in, FLAC + Parquet + commits out)",
+          "worker_no_export": "the same worker, its IO thread writing only a commit record"}
+
+
+def run_alone(models, spec, rows: list[dict]) -> dict:
+    """Decoding alone (arrival order) on the models' decode thread."""
+    r = models.decode_thread.run(lambda: jt.run_alone(models.synth, spec, rows, "arrival")).result()
+    return {"tokens_per_s": r["tokens_per_s"], "generated_tokens": r["generated_tokens"],
+            "rows": r["rows"], "seconds": r["seconds"], "slot_utilisation": r["slot_utilisation"],
+            "cpu_share": r["cpu_share"], "waits_per_round": r["waits_per_round"],
+            "preempted_per_round": r["preempted_per_round"], "io_cpu_per_s": 0.0}
+
+
+def worker_class(export: bool):
+    """A `ShardProcessor` that counts its IO thread's CPU time in `finalise` (`io_cpu_s`);
+    without `export`, one whose IO thread writes a commit record only (no codec, audio, Parquet)."""
+    from engine.records import aggregate
+    from engine.runtime.stream import thread_clock
+    from engine.runtime.worker import ShardProcessor
+
+    class Counted(ShardProcessor):
+        io_cpu_s = 0.0
+
+        def finalise(self, task, figures) -> dict:
+            cpu = thread_clock()[0]
+            try:
+                if export:
+                    return super().finalise(task, figures)
+                stats = aggregate([r.stats for r in task.results if r.stats is not None])
+                record = {"shard": task.shard.id, "rows": task.shard.rows,
+                          "generated_tokens": stats.generated_tokens, "audio_seconds": 0.0,
+                          "wall_s": round(time.perf_counter() - task.received, 4), **figures(), **self.info()}
+                self.storage.write_bytes(self.layout.commit(task.shard), json.dumps(record).encode())
+                return record
+            finally:
+                self.io_cpu_s += thread_clock()[0] - cpu
+    return Counted
+
+
+def run_worker(models, spec, groups, out: str, export: bool, manifest: str | None) -> dict:
+    """The job's shards through a fresh `ShardProcessor` on `models` (warmed up first, as a
+    job's worker is), into `out`; figures of its decode rounds. `manifest`: an augment job's
+    variants file (the shards are planned over it, as the driver plans them)."""
+    from engine.config import InputSpec
+    from engine.io.storage import Storage
+    from engine.runtime.plan import make_plan
+    from engine.runtime.summary import per_worker
+
+    spec = spec.model_copy(update={"output": spec.output.model_copy(update={"uri": out}),
+                                   "resources": spec.resources.model_copy(update={"admission": "arrival"})})
+    planned = spec.model_copy(update={"input": InputSpec(manifests=[manifest])}) if manifest else spec
+    shards = make_plan(planned, Storage(spec.storage)).shards
+    worker = worker_class(export)(spec, groups, "in-process", models=models)
+    try:
+        worker.warmup()
+        worker.io_cpu_s, start = 0.0, time.perf_counter()  # the warm-up's export not counted
+        with ThreadPoolExecutor(max_workers=spec.resources.window) as pool:
+            records = list(pool.map(worker.process, shards))
+        wall = time.perf_counter() - start
+    finally:
+        worker.stream.close()  # the decode loop and IO thread; the models' decode thread stays
+    w = per_worker(records)["in-process"]
+    d = jt.decode_figures([w])
+    return {"tokens_per_s": d["decode_tokens_per_s"], "generated_tokens": w["generated_tokens"],
+            "seconds": d["decode_s"], "wall_s": round(wall, 3), "slot_utilisation": w["slot_utilisation"],
+            "cpu_share": d["cpu_share"], "waits_per_round": d["waits_per_round"],
+            "preempted_per_round": d["preempted_per_round"],
+            "io_cpu_per_s": round(worker.io_cpu_s / d["decode_s"], 3), "finalise_s": w["finalise_s"],
+            "io_wait_s": w["io_wait_s"], "rows": w["rows"], "shards": w["shards"]}
+
+
+def bracketed(runs: list[dict]) -> list[dict]:
+    """Each worker run with its ratio over the mean of the alone runs before and after it."""
+    out = []
+    for i, r in enumerate(runs):
+        if r["mode"] == "alone":
+            continue
+        around = [runs[j]["tokens_per_s"] for j in (i - 1, i + 1) if 0 <= j < len(runs)
+                  and runs[j]["mode"] == "alone"]
+        out.append({**r, "vs_alone": round(r["tokens_per_s"] / statistics.mean(around), 3)})
+    return out
+
+
+def summarise(runs: list[dict], ratios: list[dict]) -> dict:
+    figures = ("tokens_per_s", "slot_utilisation", "cpu_share", "waits_per_round", "preempted_per_round",
+               "io_cpu_per_s")
+    out = {}
+    for mode in MODES:
+        rs = [r for r in runs if r["mode"] == mode]
+        s = {f: round(statistics.median(r[f] for r in rs), 3) for f in figures}
+        s.update(lowest=min(r["tokens_per_s"] for r in rs), highest=max(r["tokens_per_s"] for r in rs),
+                 runs=len(rs), generated_tokens=sorted({r["generated_tokens"] for r in rs}))
+        vs = [r["vs_alone"] for r in ratios if r["mode"] == mode]
+        if vs:
+            s.update(vs_alone=round(statistics.median(vs), 3), vs_alone_lowest=min(vs), vs_alone_highest=max(vs))
+        out[mode] = s
+    return out
+
+
+def markdown(doc: dict) -> str:
+    m = doc["machine"]
+    lines = [f"A job worker's machinery beside decoding, one process, no Ray: {m['cpu']}, "
+             f"{m['cpu_cores_visible']} cores, {doc['threads']} threads, torch {m['torch']}, {doc['dtype']}, "
+             f"{m['date']}; load average (1 min) {doc['load_average']['start']} at the start, "
+             f"{doc['load_average']['end']} at the end.", ""]
+    for name, w in doc["workloads"].items():
+        lines += [f"`{name}`: {w['describe']}", "",
+                  "| run | tokens/s inside decode rounds: median [lowest, highest] | vs decoding alone around it: "
+                  "median [lowest, highest] | slot utilisation | decode thread's CPU share | waits per round | "
+                  "preempted per round | IO thread's CPU per second of rounds | generated tokens |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for mode, s in w["summary"].items():
+            vs = (f"{s['vs_alone']} [{s['vs_alone_lowest']}, {s['vs_alone_highest']}]" if "vs_alone" in s else "1")
+            lines.append(f"| {LABELS[mode]} | {s['tokens_per_s']} [{s['lowest']}, {s['highest']}] | {vs} | "
+                         f"{s['slot_utilisation']} | {s['cpu_share']} | {s['waits_per_round']} | "
+                         f"{s['preempted_per_round']} | {s['io_cpu_per_s']} | "
+                         f"{', '.join(map(str, s['generated_tokens']))} |")
+        lines.append("")
+    lines += [f"{doc['reps']} repetitions, each: alone, one worker run, alone, the other worker run (which first "
+              "alternates), then a last alone run; all decode on the same thread of one set of models, loaded as a "
+              "job's worker loads them; C allocator: " + ("freed memory kept (engine/models/malloc.py)"
+                                                          if doc["malloc"].get("left") is None
+                                                          else f"glibc defaults ({doc['malloc']['left']})") + ".",
+              "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)."]
+    return "\n".join(lines) + "\n"
+
+
+def run_workload(models, spec, rows: list[dict], groups, reps: int, work: Path, manifest: str | None) -> list[dict]:
+    runs = []
+
+    def alone(rep: int) -> None:
+        runs.append({"rep": rep, "mode": "alone", **run_alone(models, spec, rows)})
+        print(spec.name, runs[-1], flush=True)
+    for rep in range(reps):
+        order = ("worker", "worker_no_export") if rep % 2 == 0 else ("worker_no_export", "worker")
+        for mode in order:
+            alone(rep)
+            out = str(work / f"out-{spec.name}-r{rep}-{mode}")
+            runs.append({"rep": rep, "mode": mode,
+                         **run_worker(models, spec, groups, out, mode == "worker", manifest)})
+            print(spec.name, runs[-1], flush=True)
+    alone(reps)
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kit", default=str(ROOT / "kit"))
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--workloads", default="temps48", help="comma-separated: temps48, augment")
+    ap.add_argument("--out", required=True, help="result-file stem (.json and .md are written)")
+    args = ap.parse_args()
+    import torch
+
+    from engine.io.storage import Storage
+    from engine.kit import build_kit
+    from engine.models.malloc import described as malloc_described
+    from engine.runtime.augment import expand
+    from engine.runtime.job import prepare_groups
+    from engine.runtime.stream import on_short_thread
+    from engine.runtime.worker import WorkerModels
+
+    torch.set_num_threads(args.threads)
+    kit = Path(args.kit)
+    if not (kit / "kit.json").exists():
+        build_kit(kit)
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    t0, load_start = time.perf_counter(), round(os.getloadavg()[0], 2)
+    workloads = {}
+    with tempfile.TemporaryDirectory(prefix="bench-worker-machinery-") as tmp:
+        work = Path(tmp)
+        specs = dict(jt.specs(jt.kit_models(kit), work, args.threads))
+        unknown = [n for n in names if n not in ("temps48", "augment")]
+        if unknown:
+            raise SystemExit(f"unknown workloads {unknown}: temps48, augment")
+        first = specs[names[0]]
+        storage = Storage(first.storage)
+        models = WorkerModels.load(first, storage, "cpu")  # loaded on a short thread, as a worker's
+        dtype = str(models.synth.target.model.dtype).replace("torch.", "")
+        for name in names:
+            spec = specs[name]
+            rows = jt.job_rows(spec, work)
+            # an augment job's shards are planned over its variants file, written as the driver writes it
+            manifest = expand(spec, storage, str(work / f"variants-{name}")).uri if spec.kind == "augment" else None
+            groups = on_short_thread(lambda s=spec: prepare_groups(s, storage, progress=False))
+            runs = run_workload(models, spec, rows, groups, args.reps, work, manifest)
+            ratios = bracketed(runs)
+            decoded = runs[0]["rows"]  # rows with text (a variant without any is an error record)
+            workloads[name] = {"describe": f"{decoded} rows decoded, batch {spec.resources.batch_size}, "
+                                           f"{spec.resources.rows_per_shard} rows per shard, a window of "
+                                           f"{spec.resources.window} shards, method {spec.decoding.method}",
+                               "summary": summarise(runs, ratios), "runs": runs, "ratios": ratios}
+        models.decode_thread.close()
+    doc = {"benchmark": "a job worker's machinery beside decoding, one process, no Ray", "machine": describe("cpu"),
+           "how": f"{jt.interpreter()} benchmarks/bench_worker_machinery.py " + " ".join(sys.argv[1:]),
+           "threads": args.threads, "reps": args.reps, "dtype": dtype, "malloc": malloc_described(),
+           "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
+           "seconds": round(time.perf_counter() - t0, 1), "workloads": workloads}
+    write_result_pair(Path(args.out), doc, markdown(doc))
+
+
+if __name__ == "__main__":
+    main()
