@@ -3,8 +3,10 @@
 Runs the `temps144` workload of bench_job_throughput.py (temps48's rows three times over) as a
 job on a local Ray cluster and, once the job is in its steady state (`--after` seconds after its
 worker took its first shard), counts every thread's voluntary and involuntary context switches, CPU time, minor page
-faults and system CPU time over `--window` seconds from /proc (`--malloc default`: the job's
-worker keeps glibc's own malloc settings, engine/models/malloc.py). On a 2-core machine that a
+faults and system CPU time over `--window` seconds from /proc (`--malloc`: the job's worker's C
+allocator as the engine sets it, engine/models/malloc.py; `default`: glibc's own settings;
+`mmap_threshold` or `trim_threshold`: only that one of the engine's settings, through glibc's
+environment variable, which leaves the rest to glibc). On a 2-core machine that a
 worker's two decode threads keep busy, every other thread that wakes takes a core from one of
 them for a moment (the job's figures say how often: `preempted_per_round`), and so does a page
 fault in either of them.
@@ -28,6 +30,17 @@ import bench_job_throughput as jobs  # noqa: E402
 from machine import describe, write_result_pair  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+
+
+def malloc_modes() -> dict:
+    """`--malloc` -> (environment the local cluster, and so its workers, inherit; its label)."""
+    from engine.models.malloc import SETTINGS
+
+    one = {name: ({env: str(SETTINGS[name][1])}, f"{env}={SETTINGS[name][1]} only (glibc then adjusts nothing)")
+           for name, env in (("mmap_threshold", "MALLOC_MMAP_THRESHOLD_"),
+                             ("trim_threshold", "MALLOC_TRIM_THRESHOLD_"))}
+    return {"engine": ({}, "the engine's"),
+            "default": ({"PCG_SYNTH_MALLOC": "default"}, "glibc's defaults (PCG_SYNTH_MALLOC=default)"), **one}
 
 
 def all_threads() -> dict:
@@ -57,13 +70,14 @@ def main() -> None:
                     help="seconds from the worker's first shard to the window")
     ap.add_argument("--window", type=float, default=10.0, help="seconds counted")
     ap.add_argument("--top", type=int, default=25, help="threads listed")
-    ap.add_argument("--malloc", choices=("engine", "default"), default="engine",
-                    help="default: the worker keeps glibc's malloc settings (PCG_SYNTH_MALLOC=default)")
+    modes = malloc_modes()
+    ap.add_argument("--malloc", choices=tuple(modes), default="engine",
+                    help="the worker's C allocator: the engine's settings, glibc's defaults, or one setting only")
     ap.add_argument("--out", required=True, help="result path without extension (.json and .md written)")
     args = ap.parse_args()
 
-    if args.malloc == "default":  # the local cluster started below, and so its workers, inherit it
-        os.environ["PCG_SYNTH_MALLOC"] = "default"
+    env, malloc = modes[args.malloc]
+    os.environ.update(env)  # the local cluster started below, and so its workers, inherit it
     work = Path(tempfile.mkdtemp(prefix="probe-wakeups-"))
     spec = dict(jobs.specs(jobs.kit_models(Path(args.kit).resolve()), work, 2, scale=3))["temps144"]
     snaps: list = []
@@ -105,7 +119,6 @@ def main() -> None:
               "involuntary_per_s": round(sum(r["involuntary_per_s"] for r in rows)),
               "minor_faults": sum(r["minor_faults"] for r in rows),
               "threads": rows}
-    malloc = "glibc's defaults (PCG_SYNTH_MALLOC=default)" if args.malloc == "default" else "the engine's"
     lines = [f"Context switches of every thread on the machine over {result['window_s']} s of a temps144 job's "
              f"steady state: {result['machine']['cpu']}, {result['machine']['cpu_cores_visible']} cores, "
              f"{result['when']}, the worker's C allocator settings {malloc}. The job: "

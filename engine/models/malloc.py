@@ -21,9 +21,11 @@ these settings (benchmarks/results/wakeups_cpu_tiny_xeon{_malloc_default,}.md).
 
 The two thresholds go together: setting either turns off glibc's own adjustment of both (it
 raises them as large blocks are freed), and in that probe either one set alone made the job's
-faults worse (4.2 and 9.3 million). The top pad is for a thread's arena: with the thresholds
-alone, rounds of 8-23 MiB blocks on a thread of its own still faulted about 11,000 times a round,
-and none with it (the pattern of tests/cpu/test_malloc.py).
+faults worse than glibc's defaults: 3.3 million with the mmap threshold only, 4.7 million with
+the trim threshold only, against 0.9 million, and the job ran at 330 and 240 tokens/s against 427
+(benchmarks/results/wakeups_cpu_tiny_xeon_malloc_{mmap,trim}_threshold.md). The top pad is for a
+thread's arena: with the thresholds alone, rounds of 8-23 MiB blocks on a thread of its own
+still faulted about 11,000 times a round, and none with it (tests/cpu/test_malloc.py pins both).
 
 Where glibc is not the C library, or the user has set the allocator's environment variables
 (`MALLOC_*_`, `GLIBC_TUNABLES`), or `PCG_SYNTH_MALLOC=default`, nothing is changed. What is kept

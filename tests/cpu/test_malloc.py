@@ -70,3 +70,15 @@ def test_the_users_own_allocator_settings_are_left_alone():
     assert mine["main"] > 20_000  # what the user's setting does, not ours
     tunables = probe(GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072")
     assert tunables["described"] == {"left": "GLIBC_TUNABLES sets glibc.malloc"}
+
+
+@glibc
+def test_the_thresholds_without_the_top_pad_leave_a_threads_arena_faulting():
+    # why `top_pad` is among the settings: with the two thresholds alone (set through glibc's own
+    # variables, so the engine leaves the rest to glibc) the main thread's heap keeps its pages,
+    # but a thread's arena deletes each heap that falls empty and faults it in again next round
+    sizes = {name: str(value) for name, (_, value) in malloc.SETTINGS.items()}
+    alone = probe(MALLOC_MMAP_THRESHOLD_=sizes["mmap_threshold"], MALLOC_TRIM_THRESHOLD_=sizes["trim_threshold"])
+    assert alone["applied"] is None
+    assert alone["main"] < 1_000
+    assert alone["thread"] > 20_000
