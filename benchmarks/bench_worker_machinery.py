@@ -11,7 +11,11 @@ decode thread, in turns:
   * `worker`: the job's `ShardProcessor` fed the job's shards by as many threads as the job's
     window, writing FLAC, Parquet and commits to local files;
   * `worker_no_export`: the same worker whose IO thread writes only a small commit record (no
-    codec, no audio encoding, no Parquet): the stream's own cost apart from the export's CPU.
+    codec, no audio encoding, no Parquet): the stream's own cost apart from the export's;
+  * `worker_switch` (with `--switch-interval S`): the worker with Python's thread switch interval
+    (`sys.setswitchinterval`, 5 ms by default) at S during its run: how long a thread that wants
+    the GIL waits before the holder is asked to drop it, which bounds how long the decode thread
+    waits whenever the IO thread's Python code holds it.
 All three decode on one thread, so they share its OpenMP team (bench_job_throughput.py's
 `--probe` row "job's worker, no Ray" decodes beside the OpenMP team of a main thread that
 decoded alone, which a worker's process does not have). The order is alone, a worker run,
@@ -44,10 +48,11 @@ import bench_job_throughput as jt  # noqa: E402
 from machine import describe, write_result_pair  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("alone", "worker", "worker_no_export")
+MODES = ("alone", "worker", "worker_no_export", "worker_switch")
 LABELS = {"alone": "decoding alone, on the worker's decode thread",
           "worker": "the job's worker (`ShardProcessor`: shards in, FLAC + Parquet + commits out)",
-          "worker_no_export": "the same worker, its IO thread writing only a commit record"}
+          "worker_no_export": "the same worker, its IO thread writing only a commit record",
+          "worker_switch": "the worker with Python's switch interval at `--switch-interval`"}
 
 
 def run_alone(models, spec, rows: list[dict]) -> dict:
@@ -135,6 +140,8 @@ def summarise(runs: list[dict], ratios: list[dict]) -> dict:
     out = {}
     for mode in MODES:
         rs = [r for r in runs if r["mode"] == mode]
+        if not rs:
+            continue
         s = {f: round(statistics.median(r[f] for r in rs), 3) for f in figures}
         s.update(lowest=min(r["tokens_per_s"] for r in rs), highest=max(r["tokens_per_s"] for r in rs),
                  runs=len(rs), generated_tokens=sorted({r["generated_tokens"] for r in rs}))
@@ -159,33 +166,42 @@ def markdown(doc: dict) -> str:
                   "|---|---|---|---|---|---|---|---|---|"]
         for mode, s in w["summary"].items():
             vs = (f"{s['vs_alone']} [{s['vs_alone_lowest']}, {s['vs_alone_highest']}]" if "vs_alone" in s else "1")
-            lines.append(f"| {LABELS[mode]} | {s['tokens_per_s']} [{s['lowest']}, {s['highest']}] | {vs} | "
+            label = LABELS[mode].replace("`--switch-interval`", f"{doc.get('switch_interval')} s (default "
+                                                                   f"{doc.get('default_switch_interval')} s)")
+            lines.append(f"| {label} | {s['tokens_per_s']} [{s['lowest']}, {s['highest']}] | {vs} | "
                          f"{s['slot_utilisation']} | {s['cpu_share']} | {s['waits_per_round']} | "
                          f"{s['preempted_per_round']} | {s['io_cpu_per_s']} | "
                          f"{', '.join(map(str, s['generated_tokens']))} |")
         lines.append("")
-    lines += [f"{doc['reps']} repetitions, each: alone, one worker run, alone, the other worker run (which first "
-              "alternates), then a last alone run; all decode on the same thread of one set of models, loaded as a "
-              "job's worker loads them; C allocator: " + ("freed memory kept (engine/models/malloc.py)"
-                                                          if doc["malloc"].get("left") is None
-                                                          else f"glibc defaults ({doc['malloc']['left']})") + ".",
+    allocator = ("freed memory kept (engine/models/malloc.py)" if doc["malloc"].get("left") is None
+                 else f"glibc defaults ({doc['malloc']['left']})")
+    lines += [f"{doc['reps']} repetitions, each: decoding alone before every worker run (the worker runs in an "
+              "order that rotates between repetitions), then a last alone run; all decode on the same thread of one "
+              f"set of models, loaded as a job's worker loads them; C allocator: {allocator}.",
               "", f"How: `{doc['how']}` ({doc['seconds']:.0f} s)."]
     return "\n".join(lines) + "\n"
 
 
-def run_workload(models, spec, rows: list[dict], groups, reps: int, work: Path, manifest: str | None) -> list[dict]:
+def run_workload(models, spec, rows: list[dict], groups, reps: int, work: Path, manifest: str | None,
+                 switch: float | None) -> list[dict]:
     runs = []
+    modes = ("worker", "worker_no_export") + (("worker_switch",) if switch else ())
 
     def alone(rep: int) -> None:
         runs.append({"rep": rep, "mode": "alone", **run_alone(models, spec, rows)})
         print(spec.name, runs[-1], flush=True)
     for rep in range(reps):
-        order = ("worker", "worker_no_export") if rep % 2 == 0 else ("worker_no_export", "worker")
+        order = modes[rep % len(modes):] + modes[:rep % len(modes)]
         for mode in order:
             alone(rep)
             out = str(work / f"out-{spec.name}-r{rep}-{mode}")
-            runs.append({"rep": rep, "mode": mode,
-                         **run_worker(models, spec, groups, out, mode == "worker", manifest)})
+            default = sys.getswitchinterval()
+            sys.setswitchinterval(switch if mode == "worker_switch" else default)
+            try:
+                run = run_worker(models, spec, groups, out, mode != "worker_no_export", manifest)
+            finally:
+                sys.setswitchinterval(default)
+            runs.append({"rep": rep, "mode": mode, **run})
             print(spec.name, runs[-1], flush=True)
     alone(reps)
     return runs
@@ -197,6 +213,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--workloads", default="temps48", help="comma-separated: temps48, augment")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="also run the worker with sys.setswitchinterval at this many seconds")
     ap.add_argument("--out", required=True, help="result-file stem (.json and .md are written)")
     args = ap.parse_args()
     import torch
@@ -232,7 +250,7 @@ def main() -> None:
             # an augment job's shards are planned over its variants file, written as the driver writes it
             manifest = expand(spec, storage, str(work / f"variants-{name}")).uri if spec.kind == "augment" else None
             groups = on_short_thread(lambda s=spec: prepare_groups(s, storage, progress=False))
-            runs = run_workload(models, spec, rows, groups, args.reps, work, manifest)
+            runs = run_workload(models, spec, rows, groups, args.reps, work, manifest, args.switch_interval)
             ratios = bracketed(runs)
             decoded = runs[0]["rows"]  # rows with text (a variant without any is an error record)
             workloads[name] = {"describe": f"{decoded} rows decoded, batch {spec.resources.batch_size}, "
@@ -242,7 +260,8 @@ def main() -> None:
         models.decode_thread.close()
     doc = {"benchmark": "a job worker's machinery beside decoding, one process, no Ray", "machine": describe("cpu"),
            "how": f"{jt.interpreter()} benchmarks/bench_worker_machinery.py " + " ".join(sys.argv[1:]),
-           "threads": args.threads, "reps": args.reps, "dtype": dtype, "malloc": malloc_described(),
+           "threads": args.threads, "reps": args.reps, "switch_interval": args.switch_interval,
+           "default_switch_interval": sys.getswitchinterval(), "dtype": dtype, "malloc": malloc_described(),
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
            "seconds": round(time.perf_counter() - t0, 1), "workloads": workloads}
     write_result_pair(Path(args.out), doc, markdown(doc))
