@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_job_throughput as jt  # noqa: E402
 
-from machine import describe, write_result_pair  # noqa: E402
+from machine import describe, kit_arguments, start_on_kit, write_result_pair  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("none", "local", "local_dashboard")
@@ -158,23 +158,15 @@ def markdown(doc: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kit", default=str(ROOT / "kit"))
-    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--reps", type=int, default=4)
+    kit_arguments(ap, reps=4)
     ap.add_argument("--jobs", type=int, default=0, help="also run the temps48 job N times each way")
     ap.add_argument("--out", required=True, help="result-file stem (.json and .md are written)")
     args = ap.parse_args()
     import ray
-    import torch
 
     from engine.api import Synthesizer
-    from engine.kit import build_kit
 
-    torch.set_num_threads(args.threads)
-    kit = Path(args.kit)
-    if not (kit / "kit.json").exists():
-        build_kit(kit)
-    t0, load_start = time.perf_counter(), round(os.getloadavg()[0], 2)
+    kit, t0, load_start = start_on_kit(args)
     with tempfile.TemporaryDirectory(prefix="bench-ray-beside-") as tmp:
         models = jt.kit_models(kit)
         spec = dict(jt.specs(models, Path(tmp), args.threads))["temps48"]

@@ -45,9 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_job_throughput as jt  # noqa: E402
 
-from machine import describe, write_result_pair  # noqa: E402
+from machine import describe, kit_arguments, start_on_kit, write_result_pair  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 MODES = ("alone", "worker", "worker_no_export", "worker_switch")
 LABELS = {"alone": "decoding alone, on the worker's decode thread",
           "worker": "the job's worker (`ShardProcessor`: shards in, FLAC + Parquet + commits out)",
@@ -209,30 +208,21 @@ def run_workload(models, spec, rows: list[dict], groups, reps: int, work: Path, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kit", default=str(ROOT / "kit"))
-    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--reps", type=int, default=4)
+    kit_arguments(ap, reps=4)
     ap.add_argument("--workloads", default="temps48", help="comma-separated: temps48, augment")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="also run the worker with sys.setswitchinterval at this many seconds")
     ap.add_argument("--out", required=True, help="result-file stem (.json and .md are written)")
     args = ap.parse_args()
-    import torch
-
     from engine.io.storage import Storage
-    from engine.kit import build_kit
     from engine.models.malloc import described as malloc_described
     from engine.runtime.augment import expand
     from engine.runtime.job import prepare_groups
     from engine.runtime.stream import on_short_thread
     from engine.runtime.worker import WorkerModels
 
-    torch.set_num_threads(args.threads)
-    kit = Path(args.kit)
-    if not (kit / "kit.json").exists():
-        build_kit(kit)
+    kit, t0, load_start = start_on_kit(args)
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    t0, load_start = time.perf_counter(), round(os.getloadavg()[0], 2)
     workloads = {}
     with tempfile.TemporaryDirectory(prefix="bench-worker-machinery-") as tmp:
         work = Path(tmp)

@@ -1,14 +1,40 @@
 """Result-file helpers for the scripts in benchmarks/ (the machine description is the engine's,
-shared with `pcg-synth bench`)."""
+shared with `pcg-synth bench`), and the start that the tiny kit's CPU benchmarks share."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import time
 from pathlib import Path
 
 from engine.bench.machine import describe
 
-__all__ = ["describe", "write_result", "write_result_pair"]
+__all__ = ["describe", "kit_arguments", "start_on_kit", "write_result", "write_result_pair"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kit_arguments(ap: argparse.ArgumentParser, reps: int) -> None:
+    """`--kit`, `--threads` (torch's, default: up to 2) and `--reps`."""
+    ap.add_argument("--kit", default=str(ROOT / "kit"))
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--reps", type=int, default=reps)
+
+
+def start_on_kit(args) -> tuple[Path, float, float]:
+    """Set torch's threads to `args.threads` and build the kit at `args.kit` where it is missing;
+    returns (kit, start time, load average over the last minute), for the result file."""
+    import torch
+
+    from engine.kit import build_kit
+
+    torch.set_num_threads(args.threads)
+    kit = Path(args.kit)
+    if not (kit / "kit.json").exists():
+        build_kit(kit)
+    return kit, time.perf_counter(), round(os.getloadavg()[0], 2)
 
 
 def write_result(doc: dict, out: str | None) -> None:
