@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_job_throughput as jt  # noqa: E402
 
-from machine import describe, kit_arguments, start_on_kit, write_result_pair  # noqa: E402
+from machine import describe, kit_arguments, kit_headline, start_on_kit, write_result_pair  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("none", "local", "local_dashboard")
@@ -130,11 +130,7 @@ def summarise(runs: list[dict], modes: tuple[str, ...], key: str, base: str, vs:
 
 
 def markdown(doc: dict) -> str:
-    m = doc["machine"]
-    lines = [f"Decoding alone beside an idle local Ray cluster: {m['cpu']}, {m['cpu_cores_visible']} cores, "
-             f"{doc['threads']} threads, torch {m['torch']}, {doc['dtype']}, Ray {doc['ray']}, {m['date']}; "
-             f"load average (1 min) {doc['load_average']['start']} at the start, {doc['load_average']['end']} "
-             "at the end.", "",
+    lines = [kit_headline("Decoding alone beside an idle local Ray cluster", doc, f", Ray {doc['ray']}"), "",
              "| cluster beside decoding | tokens/s: median [lowest, highest] | vs no cluster (each repetition's "
              "own) | preempted per round | waits per round |", "|---|---|---|---|---|"]
     for mode, s in doc["summary"].items():

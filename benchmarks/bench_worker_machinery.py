@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_job_throughput as jt  # noqa: E402
 
-from machine import describe, kit_arguments, start_on_kit, write_result_pair  # noqa: E402
+from machine import describe, kit_arguments, kit_headline, start_on_kit, write_result_pair  # noqa: E402
 
 MODES = ("alone", "worker", "worker_no_export", "worker_switch")
 LABELS = {"alone": "decoding alone, on the worker's decode thread",
@@ -152,11 +152,7 @@ def summarise(runs: list[dict], ratios: list[dict]) -> dict:
 
 
 def markdown(doc: dict) -> str:
-    m = doc["machine"]
-    lines = [f"A job worker's machinery beside decoding, one process, no Ray: {m['cpu']}, "
-             f"{m['cpu_cores_visible']} cores, {doc['threads']} threads, torch {m['torch']}, {doc['dtype']}, "
-             f"{m['date']}; load average (1 min) {doc['load_average']['start']} at the start, "
-             f"{doc['load_average']['end']} at the end.", ""]
+    lines = [kit_headline("A job worker's machinery beside decoding, one process, no Ray", doc), ""]
     for name, w in doc["workloads"].items():
         lines += [f"`{name}`: {w['describe']}", "",
                   "| run | tokens/s inside decode rounds: median [lowest, highest] | vs decoding alone around it: "
