@@ -153,17 +153,25 @@ def specs(models: dict, work: Path, threads: int, before: bool = False, batch: i
     return [(f"temps{n}", temps), ("augment", aug), (f"lengths{n}", lengths), ("augment120", aug120)]
 
 
-def job_rows(spec, work: Path) -> list[dict]:
-    """The rows a spec decodes (augment: its variants file, written as the driver would)."""
+def job_manifest(spec, work: Path) -> str:
+    """The manifest of the rows a spec decodes (augment: its variants file, written under `work`
+    as the driver would)."""
     from engine.io.storage import Storage
 
     if spec.kind == "augment":
         from engine.runtime.augment import expand
 
-        uri = expand(spec, Storage(spec.storage), str(work / f"rows-{spec.name}")).uri
-    else:
-        uri = spec.input.manifests[0]
-    return [json.loads(x) for x in Path(uri).read_text().splitlines() if x.strip()]
+        return expand(spec, Storage(spec.storage), str(work / f"rows-{spec.name}")).uri
+    return spec.input.manifests[0]
+
+
+def read_rows(manifest: str) -> list[dict]:
+    return [json.loads(x) for x in Path(manifest).read_text().splitlines() if x.strip()]
+
+
+def job_rows(spec, work: Path) -> list[dict]:
+    """The rows a spec decodes (`job_manifest`)."""
+    return read_rows(job_manifest(spec, work))
 
 
 def run_job(spec, rep: int, admission: str | None = None, idle=None, tag: str = "") -> dict:

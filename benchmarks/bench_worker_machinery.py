@@ -16,12 +16,12 @@ decode thread, in turns:
     (`sys.setswitchinterval`, 5 ms by default) at S during its run: how long a thread that wants
     the GIL waits before the holder is asked to drop it, which bounds how long the decode thread
     waits whenever the IO thread's Python code holds it.
-All three decode on one thread, so they share its OpenMP team (bench_job_throughput.py's
+All of them decode on one thread, so they share its OpenMP team (bench_job_throughput.py's
 `--probe` row "job's worker, no Ray" decodes beside the OpenMP team of a main thread that
-decoded alone, which a worker's process does not have). The order is alone, a worker run,
-alone, the other worker run, alone, ... (which worker run comes first alternates between
-repetitions), and each worker run's ratio is its tokens/s inside decode rounds over the mean of
-the two alone runs around it. Every run reports its decode thread's CPU share of the rounds and
+decoded alone, which a worker's process does not have). Each repetition runs decoding alone
+before every worker run, the worker runs in an order that rotates between repetitions, and a
+last alone run ends the series; each worker run's ratio is its tokens/s inside decode rounds
+over the mean of the two alone runs around it. Every run reports its decode thread's CPU share of the rounds and
 its context switches per round, and a worker run the CPU time its IO thread used (writing the
 shards) per second of rounds.
 
@@ -89,10 +89,10 @@ def worker_class(export: bool):
     return Counted
 
 
-def run_worker(models, spec, groups, out: str, export: bool, manifest: str | None) -> dict:
+def run_worker(models, spec, groups, out: str, export: bool, manifest: str) -> dict:
     """The job's shards through a fresh `ShardProcessor` on `models` (warmed up first, as a
-    job's worker is), into `out`; figures of its decode rounds. `manifest`: an augment job's
-    variants file (the shards are planned over it, as the driver plans them)."""
+    job's worker is), into `out`; figures of its decode rounds. `manifest`: the rows, planned
+    into shards as the driver plans them (an augment job's: its variants file)."""
     from engine.config import InputSpec
     from engine.io.storage import Storage
     from engine.runtime.plan import make_plan
@@ -100,7 +100,7 @@ def run_worker(models, spec, groups, out: str, export: bool, manifest: str | Non
 
     spec = spec.model_copy(update={"output": spec.output.model_copy(update={"uri": out}),
                                    "resources": spec.resources.model_copy(update={"admission": "arrival"})})
-    planned = spec.model_copy(update={"input": InputSpec(manifests=[manifest])}) if manifest else spec
+    planned = spec.model_copy(update={"input": InputSpec(manifests=[manifest])})
     shards = make_plan(planned, Storage(spec.storage)).shards
     worker = worker_class(export)(spec, groups, "in-process", models=models)
     try:
@@ -177,7 +177,7 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_workload(models, spec, rows: list[dict], groups, reps: int, work: Path, manifest: str | None,
+def run_workload(models, spec, rows: list[dict], groups, reps: int, work: Path, manifest: str,
                  switch: float | None) -> list[dict]:
     runs = []
     modes = ("worker", "worker_no_export") + (("worker_switch",) if switch else ())
@@ -191,7 +191,8 @@ def run_workload(models, spec, rows: list[dict], groups, reps: int, work: Path, 
             alone(rep)
             out = str(work / f"out-{spec.name}-r{rep}-{mode}")
             default = sys.getswitchinterval()
-            sys.setswitchinterval(switch if mode == "worker_switch" else default)
+            if mode == "worker_switch":
+                sys.setswitchinterval(switch)
             try:
                 run = run_worker(models, spec, groups, out, mode != "worker_no_export", manifest)
             finally:
@@ -212,7 +213,6 @@ def main() -> None:
     args = ap.parse_args()
     from engine.io.storage import Storage
     from engine.models.malloc import described as malloc_described
-    from engine.runtime.augment import expand
     from engine.runtime.job import prepare_groups
     from engine.runtime.stream import on_short_thread
     from engine.runtime.worker import WorkerModels
@@ -232,9 +232,10 @@ def main() -> None:
         dtype = str(models.synth.target.model.dtype).replace("torch.", "")
         for name in names:
             spec = specs[name]
-            rows = jt.job_rows(spec, work)
-            # an augment job's shards are planned over its variants file, written as the driver writes it
-            manifest = expand(spec, storage, str(work / f"variants-{name}")).uri if spec.kind == "augment" else None
+            # the worker's shards are planned over the rows decoding alone reads (an augment job's
+            # variants file, written once, as the driver writes it)
+            manifest = jt.job_manifest(spec, work)
+            rows = jt.read_rows(manifest)
             groups = on_short_thread(lambda s=spec: prepare_groups(s, storage, progress=False))
             runs = run_workload(models, spec, rows, groups, args.reps, work, manifest, args.switch_interval)
             ratios = bracketed(runs)
