@@ -6,7 +6,7 @@
   tied head), built in memory on the device; the draft is 3 of its 16 layers. Its middle
   layers write to the residual stream at `LLASA_1B_MIDDLE_SCALE` of the outer layers' size
   (see `middle_scale`): how far a layer-subset draft starts from the target is a parameter of a
-  synthetic target, set there and explained in the README (Benchmarks, llasa-1b-shape on a CPU).
+  synthetic target, set there and explained in docs/benchmarks.md (Speculation that pays).
 - any checkpoint directories (`--target`/`--draft`), e.g. real Llasa copies.
 """
 

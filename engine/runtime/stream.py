@@ -25,7 +25,7 @@ holds more such threads than it has cores, every team's threads stop spinning be
 sleep almost at once (GNU OpenMP's throttled spinning), and each op then pays to wake them. On the
 2-core VM under OpenMP's default wait policy, decoding alone ran at 393.7 tokens/s on a process's
 main thread and at 268.6 on another thread beside the main thread's team
-(benchmarks/results/job_throughput_cpu_tiny_omp_default_probe.md; README, Job throughput).
+(benchmarks/results/job_throughput_cpu_tiny_omp_default_probe.md; docs/benchmarks.md, Job throughput).
 """
 
 from __future__ import annotations
