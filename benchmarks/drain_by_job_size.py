@@ -79,8 +79,9 @@ def main() -> None:
                               args.seed)}
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(doc))
-    print(markdown(doc))
+    text = markdown(doc)
+    out.with_suffix(".md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

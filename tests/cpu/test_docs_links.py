@@ -4,6 +4,7 @@ and cluster/README.md leads somewhere, and every benchmark result file they cite
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -12,6 +13,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "clust
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
+@cache
 def anchors(doc: Path) -> set[str]:
     """The anchors GitHub makes of a Markdown file's headings (a repeated one gets -1, -2, ...)."""
     seen: dict[str, int] = {}
