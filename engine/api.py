@@ -21,13 +21,14 @@ from engine.console import bar_disabled
 from engine.decoding.adaptive import GammaChoice, decide, measure_steps
 from engine.decoding.admission import expected_tokens, speech_budget
 from engine.decoding.cost import ForwardClock
+from engine.decoding.graphs import RoundRunner
 from engine.decoding.scheduler import DecodeScheduler
 from engine.decoding.speculative import Request, RowResult, SpeculativeDecoder
-from engine.decoding.verify import Rule, make_rule, rule_key
+from engine.decoding.verify import Rule, make_rule, rule_key, structure_key
 from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
 from engine.groups.source import stored_speech_rows
-from engine.models.device import resolve_device
+from engine.models.device import resolve_compile, resolve_device
 from engine.models.llasa import DEFAULT_DATE_STRING, LLASA_CONTEXT, LlasaPrompter
 from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
 from engine.models.malloc import keep_freed_memory
@@ -68,6 +69,7 @@ class Synthesizer:
         self._gamma: dict[tuple, tuple] = {}  # (structure, batch) -> the pilot's measurements
         self._rules: dict[tuple, Rule] = {}
         self._decoders: dict[tuple, SpeculativeDecoder] = {}
+        self.runner = RoundRunner.for_model(target.model)  # every decoder's rounds: eager or graphs
         # calls and sessions share the decoders: their rows may share a batch, and every change to
         # a decoder (queueing rows, a round, dropping rows) holds this lock (`DecodeSession`)
         self.lock = threading.Lock()
@@ -76,11 +78,13 @@ class Synthesizer:
 
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
-             dtype: str = "auto", compile: str = "none", draft_weights: str = "native",
+             dtype: str = "auto", compile: str = "auto", draft_weights: str = "native",
              **kwargs) -> Synthesizer:
         """Load target (and draft) from local Hugging Face directories; `compile` as in
-        `LlamaLM.compile_step` (both models), `draft_weights` as `load_model`'s `weights`."""
+        `ModelsSpec.compile` (both models: `auto` resolved once, for the pair), `draft_weights` as
+        `load_model`'s `weights`."""
         device = resolve_device(device)
+        compile = resolve_compile(compile, device, draft_weights if draft is not None else "native")
         tgt = load_model(target, device=device, dtype=dtype, compile=compile)
         drf = (load_model(draft, device=device, dtype=dtype, compile=compile, weights=draft_weights)
                if draft is not None else None)
@@ -136,9 +140,9 @@ class Synthesizer:
             if self.draft is None:
                 raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
             return SpeculativeDecoder(self.target.model, self.draft.model, settings.gamma, batch,
-                                      self.max_context, self.target.layout.eos_out)
+                                      self.max_context, self.target.layout.eos_out, self.runner)
         return SpeculativeDecoder(self.target.model, None, 0, batch, self.max_context,
-                                  self.target.layout.eos_out)
+                                  self.target.layout.eos_out, self.runner)
 
     def decoder(self, settings: DecodingSettings, batch_size: int | None = None) -> SpeculativeDecoder:
         """The decoder for `settings` (concrete gamma): one per structure (draft or not, gamma)
@@ -186,17 +190,22 @@ class Synthesizer:
 
     def _pilot(self, settings: DecodingSettings, requests: list[Request], batch: int) -> tuple:
         """(acceptance per draft position, host seconds per round, step times per candidate
-        gamma at `batch`) from a short decode of a few of `requests` at gamma `PILOT_GAMMA`."""
+        gamma at `batch`) from a short eager decode of a few of `requests` at gamma
+        `PILOT_GAMMA`. The host time is what an eager round adds to its forwards; rounds run as
+        compiled graphs fuse that work with the forwards, so for them it counts as none."""
         pilot = settings.model_copy(update={"gamma": PILOT_GAMMA, "max_new_tokens": PILOT_TOKENS})
         rule = self.rule(pilot)
         probe = [Request(key=i, prompt_ids=r.prompt_ids, seed=r.seed, max_new_tokens=PILOT_TOKENS, warp=r.warp,
                          rule=rule) for i, r in enumerate(requests[: min(8, batch)])]
-        decoder = self.make_decoder(pilot, min(8, batch))  # its own: live decoders stay untouched
+        decoder = SpeculativeDecoder(self.target.model, self.draft.model, PILOT_GAMMA, min(8, batch),
+                                     self.max_context, self.target.layout.eos_out, RoundRunner("none"))
         with ForwardClock(self.target.model, self.draft.model) as clock:
             start = time.perf_counter()
             stats = aggregate([row.stats for _, row in decoder.run(probe)])
             wall = time.perf_counter() - start
         host = max(wall - clock.prefill_s - clock.decode_s, 0.0) / max(decoder.rounds_run, 1)
+        if self.runner.mode != "none":
+            host = 0.0
         del decoder
         acceptance = sum(stats.accepted) / max(sum(stats.reached), 1)
         context = int(sum(len(r.prompt_ids) for r in probe) / max(len(probe), 1)) + 64
@@ -207,9 +216,8 @@ class Synthesizer:
         """Decode a batch and a half of warm-up rows with `settings` (their structure and token
         budget) at `batch_size`, and return their results. What a first run pays for at each
         new shape (the full batch at every key length up to the budget's, admissions while the
-        batch runs, the final drain) is then paid here, not inside what is timed next. It does
-        not remove every first-run cost: on an H100 the first decode after it was still the
-        slowest of six (benchmarks/results/job_throughput_cuda_llasa_1b_shape_h100.log).
+        batch runs, the final drain, a compiled round's graph) is then paid here, not inside what is
+        timed next. Not every first-run cost goes (benchmarks/results/job_throughput_cuda_llasa_1b_shape_h100.log).
         Results decoded afterwards are the same as without it."""
         settings = settings or DecodingSettings()
         batch = batch_size or self.batch_size
@@ -339,8 +347,7 @@ class Synthesizer:
 
 def structure(settings: DecodingSettings) -> tuple:
     """The settings that need a decoder (and a rule) of their own; sampling settings do not."""
-    return (settings.method, settings.gamma, settings.theta, settings.max_group_size,
-            settings.max_thinning_trials, settings.beta, settings.topk)
+    return structure_key(settings)
 
 
 def decoder_key(settings: DecodingSettings, batch: int) -> tuple:

@@ -144,7 +144,7 @@ class StorageOptions(BaseModel):
     retry_backoff_max_s: float = Field(20.0, gt=0, description="Cap of one storage retry's wait.")
 
 
-CompileMode = Literal["none", "inductor", "cudagraphs"]
+CompileMode = Literal["auto", "none", "inductor", "cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 DraftWeights = Literal["native", "int8"]
 Admission = Literal["longest_first", "arrival"]  # see engine/decoding/admission.py
@@ -174,20 +174,24 @@ class ModelsSpec(BaseModel):
         "Precision of target and draft: auto (bfloat16 on GPU and on CPUs with native bfloat16 "
         "instructions, AVX512-BF16 or AMX; float32 on other CPUs), float32, bfloat16, float16. "
         "The codec's auto stays float32 on CPU."))
-    compile: CompileMode = Field("none", description=(
-        "The decode step of target and draft through torch.compile: none (eager; on CPU with "
-        "prepacked weights, measured faster there), inductor, or cudagraphs (CUDA only: inductor "
-        "plus CUDA graph replay). Compiling costs tens of seconds per worker at the start."))
+    compile: CompileMode = Field("auto", description=(
+        "How decode rounds run: each round (draft steps, target verify, warp, judge, commit) as "
+        "one torch.compile graph, inductor (CPU or CUDA) or cudagraphs (CUDA only: inductor plus "
+        "CUDA graph replay, one launch per round); none (eager, op by op; on CPU with prepacked "
+        "weights); or auto: cudagraphs on CUDA, and on a CPU the mode this project measured "
+        "faster there (docs: performance). Compiled code is cached on disk, so only the first "
+        "worker of a machine compiles; prefills stay eager."))
     draft_weights: DraftWeights = Field("native", description=(
         "How the draft stores its projections and head: native (in dtype) or int8 (CPU only, "
         "oneDNN: about half the bytes a draft step reads; acceptance may move a little, the "
         "target's distribution does not, since every rule corrects with the draft's "
-        "probabilities as computed). Needs compile none. Pays only on CPUs with VNNI or AMX int8 "
-        "instructions; on AVX2-only ones oneDNN's int8 kernel is slower than float32 (a warning says so)."))
+        "probabilities as computed). Runs eagerly (compile auto then means none). Pays only on CPUs "
+        "with VNNI or AMX int8 instructions; on AVX2-only ones oneDNN's int8 kernel is slower than "
+        "float32 (a warning says so)."))
 
     @model_validator(mode="after")
     def _int8_is_eager(self) -> ModelsSpec:
-        if self.draft_weights == "int8" and self.compile != "none":
+        if self.draft_weights == "int8" and self.compile not in ("none", "auto"):
             raise ValueError("models.draft_weights int8 runs eagerly: set models.compile to none")
         return self
 

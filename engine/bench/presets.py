@@ -24,7 +24,7 @@ from engine.api import Synthesizer
 from engine.io.storage import cache_dir
 from engine.kit.build import KIT_VERSION, KitSpec, build_kit, layer_subset, llama_config, random_llama, save_checkpoint
 from engine.kit.tokenizer import build_tokenizer
-from engine.models.device import resolve_device, resolve_dtype
+from engine.models.device import resolve_compile, resolve_device, resolve_dtype
 from engine.models.llasa import LlasaLayout
 from engine.models.loading import LoadedModel, check_weights, empty_model, load_model, ready_for_decoding
 
@@ -148,10 +148,10 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
 
 def load_synthesizer(preset: str | None, target: str | None = None, draft: str | None = None,
                      kit: str | None = None, device: str = "auto", dtype: str = "auto",
-                     save_preset: str | None = None, compile: str = "none",
+                     save_preset: str | None = None, compile: str = "auto",
                      draft_weights: str = "native") -> tuple[Synthesizer, dict]:
     """A Synthesizer for a preset or checkpoint directories, and a description of the models
-    (`compile`: both models' decode step, as in `LlamaLM.compile_step`; `draft_weights` as
+    (`compile`: how its decode rounds run, as `ModelsSpec.compile`; `draft_weights` as
     `load_model`'s `weights`).
 
     `draft` overrides a preset's draft: this is where a distilled draft (`pcg-synth draft`)
@@ -161,7 +161,8 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     check_weights(draft_weights, compile)  # before the target loads
-    pack = None if compile == "none" else False  # inductor packs weights itself
+    compile = resolve_compile(compile, dev, draft_weights)
+    pack = None
     dw = {"weights": draft_weights}
     if preset == "tiny" or (preset is None and kit is not None):
         root = tiny_kit(kit)
@@ -195,5 +196,5 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
                 prepacked=tgt.model.prepacked, compile=compile, draft_weights=draft_weights)
     for model in (tgt, drf):
         if model is not None:
-            model.model.compile_step(compile)
+            model.model.set_compile_mode(compile)
     return Synthesizer(tgt, drf, batch_size=1), desc

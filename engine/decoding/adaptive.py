@@ -20,14 +20,15 @@ from engine.models.llama import LlamaLM
 
 CANDIDATES = (1, 2, 3, 4, 6, 8)
 MARGIN = 1.05  # speculation must beat `ar` by 5% to be worth its variance
-HOST_OFFSET = 2  # host time per round ~ (gamma + 2): measured on CPUs (Xeon, bf16 1B shape)
+HOST_OFFSET = 2  # an eager round's host time grows like (gamma + 2) (see `host_per_round`)
 
 
 def host_per_round(host_s: float, pilot_gamma: int, gamma: int) -> float:
     """Host seconds per round at `gamma`, from `host_s` measured at `pilot_gamma`: it grows
     about linearly in the draft length with an offset of about two drafts' work (sampling of
-    the bonus token, the sync, bookkeeping). Measured at batch 8: 7.2, 9.7, 12.1, 13.9 ms for
-    gamma 1-4 (benchmarks/results/llasa_1b_shape_cpu_bf16_xeon_s16.json)."""
+    the bonus token, the sync, bookkeeping), as eager rounds of the llasa-1b-shape preset
+    measured (benchmarks/results/llasa_1b_shape_cpu_bf16_xeon_s16.json). A compiled round
+    fuses that work with its forwards: there the pilot reports none."""
     return host_s * (gamma + HOST_OFFSET) / (pilot_gamma + HOST_OFFSET)
 
 
@@ -95,10 +96,3 @@ def decide(batch: int, acceptance: float, steps: dict[int, dict[str, float]], ho
                          f"{top[1]:.2f}x ar at batch {batch} (acceptance {acceptance:.2f}; needs "
                          f"> {MARGIN:.2f}x)")
     return choice
-
-
-def choose_gamma(target: LlamaLM, draft: LlamaLM, batch: int, acceptance: float, context: int,
-                 candidates: tuple[int, ...] = CANDIDATES, reps: int = 5, **costs) -> GammaChoice:
-    """`decide` on step times measured now (`costs`: decide's host_s, pilot_gamma, tokens,
-    rows); `context` is the typical sequence length (prompt + half the output) to time at."""
-    return decide(batch, acceptance, measure_steps(target, draft, batch, context, candidates, reps), **costs)

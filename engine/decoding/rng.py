@@ -53,11 +53,18 @@ def keyed_uniform(
     """`uniform` from a row's `seed_key` (the same numbers). A Python int `lane` stays on the
     host: no tensor is made for it (on CUDA that would be a copy to the device, and a wait for
     it, per draw)."""
-    lane_word = (purpose * 0x10001 + (lane if isinstance(lane, int) else lane.long())) & MASK32
+    lane_word = stream_word(purpose, lane) if isinstance(lane, int) else (purpose * 0x10001 + lane.long()) & MASK32
     h = mix32(key ^ (position.long() & MASK32))
     h = mix32(h ^ lane_word)
     hi, lo = mix32(torch.stack([h ^ 0x68E31DA4, h ^ 0x1B56C4E9]))  # both words in one pass
     return ((hi >> 5) * 67108864 + (lo >> 6)).double() / 9007199254740992.0
+
+
+def stream_word(purpose: int, lane: int = 0) -> int:
+    """The hash word of (purpose, lane): `keyed_uniform(key, pos, 0, words)` with a tensor of
+    such words draws several purposes and lanes in one call, the same numbers as one call each
+    (a decoder draws a whole round's uniforms at once: a few dozen integer ops per round)."""
+    return (purpose * 0x10001 + lane) & MASK32
 
 
 def uniform(

@@ -7,10 +7,11 @@ Invariants per active row (slot), with `L = seq_len`:
                        committed tokens, which covers the case where the whole block was
                        accepted and the draft has not yet seen x_gamma (a one-token rewrite
                        of identical keys otherwise).
-A round drafts `gamma` tokens, runs the target once over `[last, x_1..x_gamma]`, verifies every
-row at once, and commits `accepted + 1` tokens per row. Rejected slots in the caches are
-overwritten by later rounds. Rows that finish free their slot and queued requests (highest
-`priority` first) are prefilled into it before the next round. One host sync per round (committed counts).
+A round (`decoding/round.py`) runs over every slot with fixed shapes, eagerly or as a captured
+graph (`decoding/graphs.py`), and returns one small tensor per round: the only read back to the
+host (committed counts, finished rows). Rejected slots in the caches are overwritten by later
+rounds. Rows that finish free their slot and queued requests (highest `priority` first) are
+prefilled into it before the next round.
 
 Each row brings its own sampling settings (temperature, top-k, top-p, repetition penalty;
 greedy and sampled rows mix), seed, length budget and acceptance rule (rules of the same gamma
@@ -30,8 +31,10 @@ import torch
 from engine.config import Warp, decoding_default
 from engine.decoding import rng
 from engine.decoding.admission import AdmissionQueue
-from engine.decoding.sampling import RowWarp, host_flags, penalised_logits, sample_one, warp_penalised
-from engine.decoding.verify import Block, Rule, judge_rows
+from engine.decoding.graphs import RoundRunner
+from engine.decoding.round import OUT_COUNT, OUT_FINISHED, OUT_FIX, RoundPlan, RoundState, draw_columns
+from engine.decoding.sampling import RowWarp
+from engine.decoding.verify import Rule
 from engine.models.llama import LlamaLM
 from engine.records import RowStats
 
@@ -80,6 +83,16 @@ def round_up(x: int, multiple: int = 32) -> int:
     return -(-x // multiple) * multiple
 
 
+def kv_bucket(need: int, cache_len: int) -> int:
+    """The keys a round reads: the smallest bucket of at least `need` positions (64, 128,
+    256, 512, then every 256), at most the cache. Keys past a row's position are masked, so
+    reading more changes nothing; a few buckets keep a compiled decoder to a few graphs."""
+    bucket = 64
+    while bucket < need:
+        bucket = bucket * 2 if bucket < 512 else bucket + 256
+    return min(bucket, cache_len)
+
+
 class SpeculativeDecoder:
     """Decodes requests in a batch of `batch_size` slots.
 
@@ -90,10 +103,12 @@ class SpeculativeDecoder:
         batch_size: slots decoded together.
         max_len: longest sequence (prompt + generated) a row may reach.
         eos_out: output id of the end-of-speech token.
+        runner: runs rounds eagerly or as compiled graphs (default: as the target's
+            `compile_mode` says; see `decoding/graphs.py`).
     """
 
     def __init__(self, target: LlamaLM, draft: LlamaLM | None, gamma: int, batch_size: int,
-                 max_len: int, eos_out: int) -> None:
+                 max_len: int, eos_out: int, runner: RoundRunner | None = None) -> None:
         if (draft is None) != (gamma == 0):
             raise ValueError("a draft and gamma >= 1 go together (neither for 'ar')")
         if draft is not None and draft.vocab_out != target.vocab_out:
@@ -104,30 +119,28 @@ class SpeculativeDecoder:
         self.max_len = max_len
         self.device = target.device
         self.vocab = target.vocab_out
-        self.out_to_token = target.output_token_ids
-        cache_len = max_len + gamma + 2  # a round may write gamma + 1 positions past the limit
-        self.tcache = target.new_cache(batch_size, cache_len)
-        self.dcache = draft.new_cache(batch_size, cache_len) if draft is not None else None
-        dev, b = self.device, batch_size
-        self.tokens = torch.zeros(b, cache_len, dtype=torch.long, device=dev)
-        self.seq_len = torch.zeros(b, dtype=torch.long, device=dev)
-        self.limit = torch.zeros(b, dtype=torch.long, device=dev)
-        self.seeds = torch.zeros(b, dtype=torch.long, device=dev)
-        self.keys = torch.zeros(b, dtype=torch.long, device=dev)  # rng.seed_key of each row's seed
-        # per-row sampling settings: device copies for the maths, host copies for decisions
-        self.temperature = torch.ones(b, dtype=torch.float32, device=dev)  # 1 for greedy rows
-        self.top_k = torch.zeros(b, dtype=torch.long, device=dev)
-        self.top_p = torch.ones(b, dtype=torch.float32, device=dev)
-        self.penalty = torch.ones(b, dtype=torch.float32, device=dev)
-        self.greedy = torch.zeros(b, dtype=torch.bool, device=dev)
+        self.cache_len = max_len + gamma + 2  # a round may write gamma + 1 positions past the limit
+        dev, b, g = self.device, batch_size, max(gamma, 1)
+        zeros = lambda *shape, dtype=torch.long: torch.zeros(*shape, dtype=dtype, device=dev)  # noqa: E731
+        self.state = RoundState(
+            target=target, draft=draft, tcache=target.new_cache(b, self.cache_len),
+            dcache=draft.new_cache(b, self.cache_len) if draft is not None else None,
+            out_to_token=target.output_token_ids, eos_out=eos_out,
+            tokens=zeros(b, self.cache_len), seq_len=torch.full((b,), 2, dtype=torch.long, device=dev),
+            limit=torch.full((b,), 2, dtype=torch.long, device=dev), active=zeros(b, dtype=torch.bool),
+            keys=zeros(b), temperature=torch.ones(b, device=dev), top_k=zeros(b),
+            top_p=torch.ones(b, device=dev), penalty=torch.ones(b, device=dev),
+            greedy=zeros(b, dtype=torch.bool), rule_index=zeros(b),
+            stat_reached=zeros(b, g), stat_accepted=zeros(b, g), stat_counts=zeros(b, 4))
+        self.runner = runner or RoundRunner.for_model(target)
+        # its first n entries' length is a round's key count (a compiled round's dynamic size)
+        self.keys_read = torch.empty(self.cache_len, dtype=torch.int8, device=dev)
+        # host copies of what decides a round's plan (no device read needed to choose it)
         self.host_warp = {k: np.zeros(b, dtype=np.float64) for k in ("temperature", "top_p", "penalty")}
         self.host_warp["top_k"] = np.zeros(b, dtype=np.int64)
         self.rules: list[Rule | None] = [None] * b
-        self.seen: torch.Tensor | None = None  # [B, V] tokens in each sequence, once a row needs it
-        g = max(gamma, 1)
-        self.stat_reached = torch.zeros(b, g, dtype=torch.long, device=dev)
-        self.stat_accepted = torch.zeros(b, g, dtype=torch.long, device=dev)
-        self.stat_counts = torch.zeros(b, 4, dtype=torch.long, device=dev)  # rounds, emitted, trials, fallbacks
+        self.plan_rules: list[Rule] = []  # rules met since the decoder was last idle (rule_index)
+        self.sticky: dict[str, object] = {}  # sampling steps met since then (see `plan`)
         self.host_len = np.zeros(b, dtype=np.int64)
         self.host_prompt = np.zeros(b, dtype=np.int64)
         self.queue = AdmissionQueue()
@@ -135,6 +148,15 @@ class SpeculativeDecoder:
         self.owner: dict[int, Request] = {}
         self.rounds_run = 0  # decode rounds (since the last `run` began)
         self.slot_rounds = 0  # active rows summed over those rounds
+        self.fallbacks_fixed = 0  # rows whose PCG token was drawn by the exact fallback after a round
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.state.tokens
+
+    @property
+    def seq_len(self) -> torch.Tensor:
+        return self.state.seq_len
 
     # ---- feeding -----------------------------------------------------------------------------
 
@@ -153,7 +175,27 @@ class SpeculativeDecoder:
             if (r.rule is None) != (self.gamma == 0):
                 raise ValueError("a speculative decoder needs an acceptance rule per request, "
                                  "an 'ar' decoder none")
+        self.note(requests)
         self.queue.extend(requests)
+
+    def note(self, requests: list[Request]) -> None:
+        """Add what `requests` need to the decoder's plan (`plan`): their rules and sampling
+        steps stay in it until the decoder is idle again, so the rows of a submission share one
+        plan (one graph) from the first round."""
+        met = self.sticky
+        for r in requests:
+            w = r.warp
+            greedy = w.temperature == 0
+            met["sampled"] = met.get("sampled", False) or not greedy
+            met["greedy"] = met.get("greedy", False) or greedy
+            met["penalty"] = met.get("penalty", False) or w.repetition_penalty != 1.0
+            met["top_p"] = met.get("top_p", False) or (not greedy and w.top_p < 1.0)
+            top_k = 0 if greedy or w.top_k >= self.vocab else w.top_k
+            met["max_top_k"] = max(met.get("max_top_k", 0), top_k)
+            if r.rule is not None and r.rule not in self.plan_rules:
+                self.plan_rules.append(r.rule)
+        if met.get("penalty") and self.state.seen is None:  # each row's output ids, from its admission
+            self.state.seen = torch.zeros(self.batch, self.vocab, dtype=torch.bool, device=self.device)
 
     @property
     def idle(self) -> bool:
@@ -172,6 +214,7 @@ class SpeculativeDecoder:
         by the first round), with their settings. Shorter prompts are right-padded; the
         padding's cache entries lie beyond each row's position and are overwritten before they
         are ever read."""
+        st = self.state
         lengths = [len(r.prompt_ids) for r in requests]
         if min(lengths) < 2:
             raise ValueError("a prompt needs at least two tokens")
@@ -179,34 +222,36 @@ class SpeculativeDecoder:
         ids = torch.zeros(len(requests), width, dtype=torch.long)
         for i, r in enumerate(requests):
             ids[i, : lengths[i]] = torch.tensor(r.prompt_ids)
-        ids = ids.to(self.device)
-        rows = torch.tensor(slots, device=self.device)
-        self.tokens[rows] = 0
-        self.tokens[rows, :width] = ids
-        lens = torch.tensor(lengths, device=self.device)
-        self.seq_len[rows] = lens
-        budget = torch.tensor([r.max_new_tokens for r in requests], device=self.device)
-        self.limit[rows] = torch.clamp(lens + budget, max=self.max_len)
-        seeds = torch.tensor([r.seed for r in requests], device=self.device)
-        self.seeds[rows] = seeds
-        self.keys[rows] = rng.seed_key(seeds)
+        rows = torch.tensor(slots)
+        host = {"budget": [r.max_new_tokens for r in requests], "seed": [r.seed for r in requests]}
+        ids, rows, lens, budget, seeds = (x.to(self.device) for x in (
+            ids, rows, torch.tensor(lengths), torch.tensor(host["budget"]), torch.tensor(host["seed"])))
+        st.tokens[rows] = 0
+        st.tokens[rows, :width] = ids
+        st.seq_len[rows] = lens
+        st.limit[rows] = torch.clamp(lens + budget, max=self.max_len)
+        st.keys[rows] = rng.seed_key(seeds)
         self.set_warps(slots, rows, requests)
         for slot, r in zip(slots, requests):
             self.rules[slot] = r.rule
-        self.stat_reached[rows] = 0
-        self.stat_accepted[rows] = 0
-        self.stat_counts[rows] = 0
+        st.rule_index[rows] = torch.tensor([self.plan_rules.index(r.rule) if r.rule is not None else 0
+                                            for r in requests], device=self.device)
+        st.active[rows] = True
+        st.stat_reached[rows] = 0
+        st.stat_accepted[rows] = 0
+        st.stat_counts[rows] = 0
         self.host_len[slots] = lengths
         self.host_prompt[slots] = lengths
         feed = ids[:, : width - 1]
         pos = torch.arange(width - 1, device=self.device).expand(len(requests), -1)
-        kv_len = min(round_up(width), self.tcache.max_len)
-        self.target(feed, pos, self.tcache, kv_len, slots=rows, logits_at="none")
+        kv_len = min(round_up(width), self.cache_len)
+        self.target(feed, pos, st.tcache, kv_len, slots=rows, logits_at="none")
         if self.draft is not None:
-            self.draft(feed, pos, self.dcache, kv_len, slots=rows, logits_at="none")
+            self.draft(feed, pos, st.dcache, kv_len, slots=rows, logits_at="none")
 
     def set_warps(self, slots: list[int], rows: torch.Tensor, requests: list[Request]) -> None:
         """Write the rows' sampling settings (and penalty histories) into their slots."""
+        st = self.state
         warps = [r.warp for r in requests]
         temp = np.array([w.temperature for w in warps], dtype=np.float64)
         top_k = np.array([w.top_k if w.top_k < self.vocab else 0 for w in warps], dtype=np.int64)
@@ -215,155 +260,97 @@ class SpeculativeDecoder:
         for name, values in (("temperature", temp), ("top_k", top_k), ("top_p", top_p), ("penalty", penalty)):
             self.host_warp[name][slots] = values
         written = RowWarp.from_host(temp, top_k, top_p, penalty, self.device)
-        self.temperature[rows], self.top_k[rows] = written.temperature, written.top_k
-        self.top_p[rows], self.penalty[rows], self.greedy[rows] = written.top_p, written.penalty, written.greedy
-        if written.any_penalty and self.seen is None:
-            self.seen = torch.zeros(self.batch, self.vocab, dtype=torch.bool, device=self.device)
-        if self.seen is not None:
-            self.seen[rows] = False
+        st.temperature[rows], st.top_k[rows] = written.temperature, written.top_k
+        st.top_p[rows], st.penalty[rows], st.greedy[rows] = written.top_p, written.penalty, written.greedy
+        if st.seen is not None:
+            st.seen[rows] = False
             for slot, r in zip(slots, requests):
                 if r.history_out and r.warp.repetition_penalty != 1.0:
-                    self.seen[slot, torch.tensor(r.history_out, device=self.device)] = True
-
-    def row_warp(self, active: list[int], rows: torch.Tensor) -> RowWarp:
-        """The active rows' settings; which steps run is decided from the host copies."""
-        h = {k: v[active] for k, v in self.host_warp.items()}
-        return RowWarp(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.penalty[rows],
-                       self.greedy[rows], **host_flags(h["temperature"], h["top_k"], h["top_p"], h["penalty"]))
+                    st.seen[slot, torch.tensor(r.history_out, device=self.device)] = True
 
     # ---- one round -------------------------------------------------------------------------
 
-    def choose(self, logits: torch.Tensor, seen, warp: RowWarp, u: torch.Tensor):
-        """One draft token per row from `logits` `[b, V]`: argmax for greedy rows, an
-        inverse-CDF draw from the warped probabilities for the others (returned, else None)."""
-        penalised = penalised_logits(logits, seen, warp)
-        if warp.all_greedy:
-            return penalised.argmax(-1), None
-        probs = warp_penalised(penalised, warp)
-        x = sample_one(probs, u)
-        if warp.any_greedy:
-            x = torch.where(warp.greedy, penalised.argmax(-1), x)
-        return x, probs
+    def plan(self, active: list[int]) -> RoundPlan:
+        """The round's plan, from host values only: the rules and sampling steps of every row
+        submitted since the decoder was last idle (`note`), so a decoder meets few plans (few
+        graphs; a row whose knob is off is left exactly as alone either way), and the key bucket
+        of the `active` rows' lengths."""
+        met = self.sticky
+        need = int(self.host_len[active].max()) + self.gamma + 1
+        return RoundPlan(gamma=self.gamma, rules=tuple(self.plan_rules), sampled=met["sampled"],
+                         greedy=met["greedy"], penalty=met["penalty"], top_p=met["top_p"],
+                         max_top_k=met["max_top_k"], kv_len=kv_bucket(need, self.cache_len))
 
-    def propose(self, rows, slots, lens, kv_len, warp: RowWarp):
-        """Draft `gamma` tokens per row. Returns tokens `[b, g]`, probs `[b, g, V]` (None when
-        every row is greedy) and the penalty histories `[b, g+1, V]` the target must reuse (or
-        None)."""
-        g = self.gamma
-        pos = torch.stack([lens - 2, lens - 1], dim=-1)  # [b, 2]
-        logits = self.draft(self.tokens[rows[:, None], pos], pos, self.dcache, kv_len, slots=slots,
-                            logits_at="last")[:, 0]  # [b, V]
-        seen = self.seen[rows] if warp.any_penalty else None
-        histories, tokens, probs = [seen], [], []
-        keys = self.keys[rows]
-        for i in range(g):
-            x, pi = self.choose(logits, seen, warp, rng.keyed_uniform(keys, lens + i, rng.DRAFT))
-            if pi is not None:
-                probs.append(pi)
-            tokens.append(x)
-            if warp.any_penalty:
-                seen = seen.scatter(-1, x[:, None], True)
-                histories.append(seen)
-            if i < g - 1:
-                feed = self.out_to_token[x][:, None]
-                logits = self.draft(feed, (lens + i)[:, None], self.dcache, kv_len, slots=slots,
-                                    logits_at="last")[:, 0]
-        stacked = torch.stack(probs, 1) if probs else None
-        history = torch.stack(histories, 1) if warp.any_penalty else None
-        return torch.stack(tokens, 1), stacked, history
+    def prepare(self, plan: RoundPlan) -> None:
+        """Buffers a plan needs beyond the decoder's own: the layout of the round's draws, and
+        the distributions kept for PCG's exact fallback."""
+        st = self.state
+        layout = plan.draw_purposes()
+        if layout != getattr(self, "_layout", None):
+            st.draw_offsets, st.draw_words = draw_columns(plan, self.device)
+            self._layout = layout
+        if plan.keeps_fallbacks and st.fallback_target is None:
+            dtype = torch.float64 if self.target.dtype == torch.float64 else torch.float32  # the probabilities'
+            st.fallback_target = torch.zeros(self.batch, self.vocab, dtype=dtype, device=self.device)
+            st.fallback_draft = torch.zeros(self.batch, self.vocab, dtype=dtype, device=self.device)
 
     def step(self, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """One round for the `active` slots. Returns host arrays (committed counts, finished)."""
-        g = self.gamma
-        rows = torch.tensor(active, device=self.device)
-        slots = None if len(active) == self.batch else rows
-        warp = self.row_warp(active, rows)
-        lens = self.seq_len[rows]  # [b]
-        kv_len = min(round_up(int(self.host_len[active].max()) + g + 1), self.tcache.max_len)
-        last = self.tokens[rows, lens - 1]
-        if g:
-            drafts, draft_probs, history = self.propose(rows, slots, lens, kv_len, warp)
-            feed = torch.cat([last[:, None], self.out_to_token[drafts]], 1)  # [b, g+1]
-        else:
-            drafts, draft_probs = None, None
-            history = self.seen[rows][:, None] if warp.any_penalty else None
-            feed = last[:, None]
-        pos = (lens - 1)[:, None] + torch.arange(g + 1, device=self.device)  # [b, g+1]
-        logits = self.target(feed, pos, self.tcache, kv_len, slots=slots)  # [b, g+1, V]
-        penalised = penalised_logits(logits, history, warp)
-        target_probs = None if warp.all_greedy else warp_penalised(penalised, warp)
-        argmax = penalised.argmax(-1) if warp.any_greedy else None
-        mixed = warp.greedy if warp.any_greedy and not warp.all_greedy else None
-        seeds, keys = self.seeds[rows], self.keys[rows]
-        if g:
-            block = Block(drafts, draft_probs, target_probs, argmax, seeds, lens, mixed, keys)
-            verdict = judge_rows([self.rules[s] for s in active], block)
-            accepted, next_token = verdict.num_accepted, verdict.next_token
-            new = torch.cat([drafts, next_token[:, None]], 1)
-            new.scatter_(1, accepted[:, None], next_token[:, None])  # [b, g+1]
-            self.record(rows, verdict)
-        else:
-            if warp.all_greedy:
-                next_token = argmax[:, 0]
-            else:
-                next_token = sample_one(target_probs[:, 0], rng.keyed_uniform(keys, lens, rng.BONUS))
-                if mixed is not None:
-                    next_token = torch.where(mixed, argmax[:, 0], next_token)
-            accepted, new = torch.zeros_like(lens), next_token[:, None]
-            self.stat_counts[rows, 0] += 1
-            self.stat_counts[rows, 1] += 1
-        return self.commit(rows, lens, new, accepted, warp.any_penalty)
+        """One round (every slot computed; `active` are the occupied ones). Returns host arrays
+        for the active slots: (committed counts, finished)."""
+        plan = self.plan(active)
+        if plan != getattr(self, "_plan", None):
+            self.prepare(plan)
+            self._plan = plan
+        out = self.runner.run(self, plan)  # [B, 3] on the host: the round's one read-back
+        due = np.flatnonzero(out[:, OUT_FIX])
+        if len(due):
+            self.fix_fallbacks(plan, due, out)
+        return out[active, OUT_COUNT], out[active, OUT_FINISHED].astype(bool)
 
-    def record(self, rows, verdict) -> None:
-        j = torch.arange(self.gamma, device=self.device)
-        n = verdict.num_accepted[:, None]
-        self.stat_reached[rows] += (j <= n).long()
-        self.stat_accepted[rows] += (j < n).long()
-        counts = torch.stack([torch.ones_like(verdict.num_accepted), verdict.num_accepted + 1,
-                              verdict.trials, verdict.fallback.long()], 1)
-        self.stat_counts[rows] += counts
-
-    def commit(self, rows, lens, new, accepted, track_seen: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Append the first `accepted + 1` tokens of `new` `[b, g+1]`, cut after an
-        end-of-speech token and at the row's limit."""
-        width = new.shape[1]
-        j = torch.arange(width, device=self.device)
-        valid = j <= accepted[:, None]
-        is_eos = (new == self.eos_out) & valid
-        first_eos = torch.where(is_eos.any(-1), is_eos.long().argmax(-1), width)
-        count = torch.minimum(torch.minimum(accepted + 1, first_eos + 1), self.limit[rows] - lens)
-        keep = j < count[:, None]
-        pos = lens[:, None] + j
-        old = self.tokens[rows[:, None], pos]
-        self.tokens[rows[:, None], pos] = torch.where(keep, self.out_to_token[new], old)
-        if track_seen:
-            # Unkept slots repeat the first token (always kept: count >= 1), so the scatter
-            # writes only True and duplicate indices cannot race.
-            kept = torch.where(keep, new, new[:, :1])
-            self.seen[rows] = self.seen[rows].scatter(1, kept, True)
-        self.seq_len[rows] = lens + count
-        finished = (first_eos < count) | (lens + count >= self.limit[rows])
-        host = torch.stack([count, finished.long()], 1).cpu().numpy()  # the round's one sync
-        return host[:, 0], host[:, 1].astype(bool)
+    def fix_fallbacks(self, plan: RoundPlan, due: np.ndarray, out: np.ndarray) -> None:
+        """Draw the recovered token of PCG rows whose thinning found none, with the exact dense
+        residual (`PCGRule.exact_residual`), append it and update `out` in place. Rare, eager,
+        after the round."""
+        st = self.state
+        self.fallbacks_fixed += len(due)
+        for rule in {self.rules[s] for s in due}:
+            slots = [int(s) for s in due if self.rules[s] is rule]
+            rows = torch.tensor(slots, device=self.device)
+            lens = st.seq_len[rows]
+            token, _ = rule.exact_residual(st.fallback_target[rows], st.fallback_draft[rows], st.keys[rows], lens)
+            st.tokens[rows, lens] = st.out_to_token[token]
+            if st.seen is not None:
+                st.seen[rows, token] = True
+            st.seq_len[rows] = lens + 1
+            finished = ((token == self.eos_out) | (lens + 1 >= st.limit[rows])).cpu().numpy()
+            out[slots, OUT_COUNT] += 1
+            out[slots, OUT_FINISHED] = finished
 
     # ---- driver ----------------------------------------------------------------------------
 
     def harvest(self, slot: int) -> RowResult:
+        st = self.state
         start, end = int(self.host_prompt[slot]), int(self.host_len[slot])
-        ids = self.tokens[slot, start:end].cpu()
-        eos = bool(end > start and int(ids[-1]) == int(self.out_to_token[self.eos_out]))
+        ids = st.tokens[slot, start:end].cpu()
+        eos = bool(end > start and int(ids[-1]) == int(st.out_to_token[self.eos_out]))
         if eos:
             ids = ids[:-1]
         # speech tokens are one contiguous run (asserted at load): output id = id - first
-        tokens = (ids - int(self.out_to_token[0])).tolist()
-        counts = self.stat_counts[slot].tolist()
+        tokens = (ids - int(st.out_to_token[0])).tolist()
+        counts = st.stat_counts[slot].tolist()
         stats = RowStats(
             rounds=counts[0], emitted=counts[1], thinning_trials=counts[2], fallbacks=counts[3],
-            reached=self.stat_reached[slot].tolist() if self.gamma else [],
-            accepted=self.stat_accepted[slot].tolist() if self.gamma else [],
+            reached=st.stat_reached[slot].tolist() if self.gamma else [],
+            accepted=st.stat_accepted[slot].tolist() if self.gamma else [],
             prompt_tokens=start, generated_tokens=end - start,
         )
         return RowResult(tokens=tokens, finish_reason="eos" if eos else "length", stats=stats)
+
+    def release(self, slot: int) -> None:
+        """Free a slot: its row leaves the batch (its state stays until a row is admitted)."""
+        self.rules[slot] = None
+        self.state.active[slot] = False
+        self.free.append(slot)
 
     def advance(self) -> list[tuple[Request, RowResult]]:
         """Admit queued requests into free slots, run one round, and return the rows that
@@ -387,9 +374,14 @@ class SpeculativeDecoder:
         for slot, end in zip(active, finished):
             if end:
                 done.append((self.owner.pop(slot), self.harvest(slot)))
-                self.rules[slot] = None
-                self.free.append(slot)
+                self.release(slot)
+        self.forget_plan()
         return done
+
+    def forget_plan(self) -> None:
+        """An idle decoder starts its next plan afresh (from the rows submitted next)."""
+        if self.idle:
+            self.plan_rules, self.sticky = [], {}
 
     def drop(self, which: Callable[[Request], bool]) -> int:
         """Drop the queued and decoding rows `which` picks (a caller that no longer wants them);
@@ -397,8 +389,8 @@ class SpeculativeDecoder:
         gone = self.queue.discard(which)
         for slot in [s for s, r in self.owner.items() if which(r)]:
             del self.owner[slot]
-            self.rules[slot] = None
-            self.free.append(slot)
+            self.release(slot)
+        self.forget_plan()
         return gone
 
     def reset(self) -> None:
@@ -407,6 +399,8 @@ class SpeculativeDecoder:
         self.owner.clear()
         self.free = list(range(self.batch))
         self.rules = [None] * self.batch
+        self.state.active.fill_(False)
+        self.forget_plan()
 
     def run(self, requests: Iterable[Request]) -> Iterator[tuple[Request, RowResult]]:
         """Decode every request; yields `(request, result)` as rows finish."""

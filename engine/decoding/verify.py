@@ -14,6 +14,7 @@ Letters: no bare p/q. `draft_probs` is the paper's p, `target_probs` its q.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,22 +34,26 @@ class Block:
         draft_probs: `[B, gamma, V]` float32 warped draft distributions (None when greedy).
         target_probs: `[B, gamma+1, V]` float32 warped target distributions (None when greedy).
         target_argmax: `[B, gamma+1]` greedy target choices (None when no row is greedy).
-        seeds: `[B]` int64 per-row seeds.
+        seeds: `[B]` int64 per-row seeds (None when `keys` are given).
         base_pos: `[B]` sequence position of the first draft token.
         greedy_rows: `[B]` bool, which rows are greedy when the block mixes greedy and sampled
             rows (then both probabilities and argmaxes are given); None otherwise.
         keys: `[B]` the seeds' `rng.seed_key` (computed from `seeds` when not given; a decoder
             keeps them per row).
+        draws: uniforms drawn ahead for the whole block (a decoder draws a round's at once):
+            purpose -> `[B, slots, lanes]` float64 at positions `base_pos + slot`; purposes not
+            in it are drawn when asked. The same numbers either way.
     """
 
     draft_tokens: torch.Tensor
     draft_probs: torch.Tensor | None
     target_probs: torch.Tensor | None
     target_argmax: torch.Tensor | None
-    seeds: torch.Tensor
+    seeds: torch.Tensor | None
     base_pos: torch.Tensor
     greedy_rows: torch.Tensor | None = None
     keys: torch.Tensor | None = None
+    draws: dict[int, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if self.keys is None:
@@ -69,11 +74,15 @@ class Block:
         pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
         return Block(pick(self.draft_tokens), pick(self.draft_probs), pick(self.target_probs),
                      pick(self.target_argmax), pick(self.seeds), pick(self.base_pos),
-                     pick(self.greedy_rows), pick(self.keys))
+                     pick(self.greedy_rows), pick(self.keys),
+                     None if self.draws is None else {k: pick(v) for k, v in self.draws.items()})
 
     def uniform(self, purpose: int, slot: torch.Tensor | int, lanes: int = 0) -> torch.Tensor:
         """Uniforms for the decisions at draft slot `slot`: an int, `[B]` or `[1 or B, k]`.
         Returns the broadcast shape (`[B]` or `[B, k]`), plus `[lanes]` when `lanes > 0`."""
+        table = self.draws.get(purpose) if self.draws is not None else None
+        if table is not None:
+            return drawn(table, slot, lanes)
         dims = slot.dim() if torch.is_tensor(slot) else 0  # an int slot stays on the host
         lead = (-1,) + (1,) * max(dims - 1, 0)
         pos = self.base_pos.view(lead) + slot
@@ -82,6 +91,18 @@ class Block:
             lane = torch.arange(lanes, device=pos.device)
             return rng.keyed_uniform(key[..., None], pos[..., None], purpose, lane)
         return rng.keyed_uniform(key, pos, purpose)
+
+
+def drawn(table: torch.Tensor, slot: torch.Tensor | int, lanes: int) -> torch.Tensor:
+    """`Block.uniform` from a table `[B, S, L]`: slot an int, `[B]` or `[1 or B, k]`."""
+    if isinstance(slot, int):
+        picked = table[:, slot]  # [B, L]
+    elif slot.dim() == 1:
+        picked = table.gather(1, slot[:, None, None].expand(-1, 1, table.shape[2]))[:, 0]  # [B, L]
+    else:
+        index = slot.expand(table.shape[0], -1)  # [B, k]
+        picked = table.gather(1, index[..., None].expand(-1, -1, table.shape[2]))  # [B, k, L]
+    return picked[..., :lanes] if lanes else picked[..., 0]
 
 
 @dataclass
@@ -93,7 +114,9 @@ class Verdict:
         next_token: `[B]` recovered (num_accepted < gamma) or bonus token.
         accepted: `[B, gamma]` per-position accept decision (counted only inside the prefix).
         trials: `[B]` PCG thinning trials spent on the recovered token (0 otherwise).
-        fallback: `[B]` the exact dense residual computation was used.
+        fallback: `[B]` the thinning found no token, so the exact dense residual decided (or,
+            in a round that leaves it to its caller, must still decide: `next_token` is then
+            not valid for these rows; see `PCGRule.exact_residual`).
         labels: PCG only, `[B, gamma+1]` group label of each position's decision: the draw
             K_i at judged draft positions, the residual's group at the recovered position,
             -1 for a bonus token (token-level exact, no label drawn).
@@ -144,17 +167,25 @@ class Rule:
         """Each position judged on its own."""
         raise NotImplementedError
 
-    def recover(self, block: Block, slot: torch.Tensor, rejected: torch.Tensor) -> Recovery:
-        """The token for a rejection at `slot` `[B]`; only rows with `rejected` set use it."""
+    def recover(self, block: Block, slot: torch.Tensor, rejected: torch.Tensor,
+                dense_fallback: bool = True) -> Recovery:
+        """The token for a rejection at `slot` `[B]`; only rows with `rejected` set use it
+        (`dense_fallback`: see `judge`)."""
         raise NotImplementedError
 
     def accept_greedy(self, block: Block) -> torch.Tensor:
         return block.draft_tokens == block.target_argmax[:, :-1]
 
     def __call__(self, block: Block) -> Verdict:
+        return self.judge(block)
+
+    def judge(self, block: Block, dense_fallback: bool = True) -> Verdict:
+        """The block's verdict. `dense_fallback` False: no host sync and no data-dependent
+        work, for a captured round; a rule with an exact fallback (PCG) then marks the rows that
+        need it in `Verdict.fallback` instead of computing it."""
         if block.greedy:
             return self.greedy_verdict(block)
-        sampled = self.sampled_verdict(block)
+        sampled = self.sampled_verdict(block, dense_fallback)
         if block.greedy_rows is None:
             return sampled
         return select_rows(block.greedy_rows, self.greedy_verdict(block), sampled)
@@ -167,74 +198,55 @@ class Rule:
         next_token = at_slot(block.target_argmax, num_accepted)
         return Verdict(num_accepted, next_token, accepted, zeros, zeros.bool())
 
-    def sampled_verdict(self, block: Block) -> Verdict:
+    def sampled_verdict(self, block: Block, dense_fallback: bool = True) -> Verdict:
         gamma = block.gamma
         judged = self.accept(block)
-        accepted = judged.accepted
+        accepted = judged.accepted  # [B, gamma]
         num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]
         zeros = torch.zeros_like(num_accepted)
         bonus = sample_one(block.target_probs[:, gamma], block.uniform(rng.BONUS, gamma))
         slot = num_accepted.clamp(max=gamma - 1)
         full = num_accepted == gamma
         rejected = ~full if block.greedy_rows is None else ~full & ~block.greedy_rows
-        rec = self.recover(block, slot, rejected)
+        rec = self.recover(block, slot, rejected, dense_fallback)
         trials = zeros if rec.trials is None else torch.where(full, zeros, rec.trials)
-        fallback = zeros.bool() if rec.fallback is None else rec.fallback & ~full
+        fallback = zeros.bool() if rec.fallback is None else rec.fallback & rejected
         labels = judged.labels
         if labels is not None:
             label = torch.where(full, torch.full_like(rec.label, -1), rec.label)
             labels = torch.cat([labels, label[:, None]], 1)
-            labels.scatter_(1, num_accepted[:, None], label[:, None])
+            labels = labels.scatter(1, num_accepted[:, None], label[:, None])
         return Verdict(num_accepted, torch.where(full, bonus, rec.token), accepted, trials,
                        fallback, labels)
 
 
-def select_rows(rows: torch.Tensor, chosen: Verdict, other: Verdict) -> Verdict:
-    """Per row: `chosen` where `rows` `[B]` is set, else `other`."""
+def select_rows(rows: torch.Tensor, chosen: Verdict, other: Verdict, keep_labels: bool = False) -> Verdict:
+    """Per row: `chosen` where `rows` `[B]` is set, else `other`. Labels: `other`'s, -1 on the
+    chosen rows (a greedy verdict draws none), or with `keep_labels` each side's own (-1 where a
+    side draws none)."""
     def pick(a, b):
         return torch.where(rows.view((-1,) + (1,) * (a.dim() - 1)), a, b)
     labels = other.labels
-    if labels is not None:
+    if keep_labels and chosen.labels is not None:
+        labels = pick(chosen.labels, labels if labels is not None else torch.full_like(chosen.labels, -1))
+    elif labels is not None:
         labels = pick(torch.full_like(labels, -1), labels)
     return Verdict(pick(chosen.num_accepted, other.num_accepted), pick(chosen.next_token, other.next_token),
                    pick(chosen.accepted, other.accepted), pick(chosen.trials, other.trials),
                    pick(chosen.fallback, other.fallback), labels)
 
 
-def judge_rows(rules: list[Rule], block: Block) -> Verdict:
-    """Each row judged by its own rule (`rules[b]`; a block may mix rules of the same gamma).
-    Rows are independent, so each rule sees only its rows and decides exactly as it would for
-    them alone."""
-    distinct = list(dict.fromkeys(rules))
-    if len(distinct) == 1:
-        return distinct[0](block)
-    device = block.seeds.device
-    parts = []
-    for rule in distinct:
-        index = torch.tensor([i for i, r in enumerate(rules) if r is rule], device=device)
-        parts.append((index, rule(block.take(index))))
-    return merge_rows(parts, len(rules))
-
-
-def merge_rows(parts: list[tuple[torch.Tensor, Verdict]], rows: int) -> Verdict:
-    """Verdicts of disjoint row subsets -> one verdict over `rows` rows (labels -1 where a
-    rule draws none)."""
-    first = parts[0][1]
-    def full(name):
-        x = getattr(first, name)
-        return x.new_zeros((rows,) + tuple(x.shape[1:]))
-    out = {name: full(name) for name in ("num_accepted", "next_token", "accepted", "trials", "fallback")}
-    any_labels = [v.labels for _, v in parts if v.labels is not None]
-    labels = None
-    if any_labels:
-        labels = torch.full((rows, first.accepted.shape[1] + 1), -1, dtype=torch.long,
-                            device=first.num_accepted.device)
-    for index, v in parts:
-        for name, x in out.items():
-            x.index_copy_(0, index, getattr(v, name))
-        if labels is not None and v.labels is not None:
-            labels.index_copy_(0, index, v.labels)
-    return Verdict(labels=labels, **out)
+def judge_mixed(rules: tuple[Rule, ...], rule_index: torch.Tensor | None, block: Block,
+                dense_fallback: bool = True) -> Verdict:
+    """Rows judged by their own rules: row `b` by `rules[rule_index[b]]` (rules of the same
+    gamma mix in a block). Each rule judges every row and each row keeps its own rule's verdict:
+    shapes stay fixed, and rows are independent, so a row's verdict is the one its rule gives
+    it alone (each rule present adds its own verification to the block)."""
+    verdicts = [rule.judge(block, dense_fallback) for rule in rules]
+    verdict = verdicts[0]
+    for i, other in enumerate(verdicts[1:], 1):
+        verdict = select_rows(rule_index == i, other, verdict, keep_labels=True)
+    return verdict
 
 
 class ExactRule(Rule):
@@ -248,7 +260,7 @@ class ExactRule(Rule):
         u = block.uniform(rng.ACCEPT, torch.arange(block.gamma, device=target.device)[None])
         return Judgement(u * draft < target)  # u < min(1, target / draft) without dividing
 
-    def recover(self, block, slot, rejected):
+    def recover(self, block, slot, rejected, dense_fallback=True):
         target = at_slot(block.target_probs, slot)  # [B, V]
         residual = (target - at_slot(block.draft_probs, slot)).clamp_(min=0)
         # All-zero residual only arises from rounding when the two agree: draw from the target.
@@ -286,7 +298,7 @@ class TopKRule(Rule):
         mine = target.gather(-1, block.draft_tokens[..., None])[..., 0]
         return Judgement((mine >= kth) & (mine > 0))
 
-    def recover(self, block, slot, rejected):
+    def recover(self, block, slot, rejected, dense_fallback=True):
         return Recovery(sample_one(at_slot(block.target_probs, slot), block.uniform(rng.RECOVER, slot)))
 
 
@@ -309,14 +321,14 @@ class PCGRule(Rule):
         return self.groups.contains(home, block.draft_tokens)
 
     def accept(self, block: Block) -> Judgement:
-        slots = torch.arange(block.gamma, device=block.seeds.device)[None]
+        slots = torch.arange(block.gamma, device=block.draft_tokens.device)[None]
         label = self.groups.pick_label(block.draft_tokens, block.uniform(rng.LABEL, slots))
         draft_mass = self.groups.mass(block.draft_probs, label[..., None])[..., 0].double()
         target_mass = self.groups.mass(block.target_probs[:, :-1], label[..., None])[..., 0].double()
         u = block.uniform(rng.ACCEPT, slots)
         return Judgement(u * draft_mass < target_mass, label)  # u < min(1, Q_c / P_c)
 
-    def recover(self, block, slot, rejected):
+    def recover(self, block, slot, rejected, dense_fallback=True):
         target = at_slot(block.target_probs, slot)  # [B, V]
         draft = at_slot(block.draft_probs, slot)
         t = self.max_trials
@@ -332,51 +344,88 @@ class PCGRule(Rule):
         token = tokens.gather(-1, first[:, None])[:, 0]
         label = labels.gather(-1, first[:, None])[:, 0]
         trials = torch.where(found, first + 1, torch.full_like(first, t))
-        if bool((rejected & ~found).any()):  # rare: one host sync, only then
-            dense_token, dense_label = self.exact_residual(target, draft, block, slot)
+        if dense_fallback and bool((rejected & ~found).any()):  # rare: one host sync, only then
+            pos = block.base_pos + slot
+            dense_token, dense_label = self.exact_residual(target, draft, block.keys, pos)
             token = torch.where(found, token, dense_token)
             label = torch.where(found, label, dense_label)
         return Recovery(token, trials, ~found, label)
 
-    def exact_residual(self, target, draft, block: Block, slot) -> tuple[torch.Tensor, torch.Tensor]:
+    def exact_residual(self, target: torch.Tensor, draft: torch.Tensor, keys: torch.Tensor,
+                       pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact draw from the group residual with all group masses (one sparse sum per row):
-        K ~ max(0, Q_c - P_c), then y in G_K with prob w[K, y] target(y) / Q_c(G_K)."""
-        target_mass = self.groups.all_masses(target)  # [B, M]
+        K ~ max(0, Q_c - P_c), then y in G_K with prob w[K, y] target(y) / Q_c(G_K).
+
+        Args:
+            target, draft: `[b, V]` warped distributions at the rejected position.
+            keys: `[b]` the rows' `rng.seed_key`.
+            pos: `[b]` sequence position of the rejected draft token.
+
+        Returns:
+            (token `[b]`, group label `[b]`).
+        """
+        target_mass = self.groups.all_masses(target)  # [b, M]
         residual = (target_mass - self.groups.all_masses(draft)).clamp_(min=0)
         empty = residual.sum(-1, keepdim=True) <= 0
         residual = torch.where(empty, target_mass, residual)
-        label = sample_one(residual, block.uniform(rng.FALLBACK_GROUP, slot))  # [B]
-        ids, valid = self.groups.padded_members(label)  # [B, m]
+        label = sample_one(residual, rng.keyed_uniform(keys, pos, rng.FALLBACK_GROUP))  # [b]
+        ids, valid = self.groups.padded_members(label)  # [b, m]
         inside = (target * self.groups.inv_n).gather(-1, ids) * valid
-        pick = sample_one(inside, block.uniform(rng.FALLBACK_TOKEN, slot))
+        pick = sample_one(inside, rng.keyed_uniform(keys, pos, rng.FALLBACK_TOKEN))
         return ids.gather(-1, pick[:, None])[:, 0], label
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """An acceptance rule as the rest of the engine sees it: its knobs are declared here once,
+    and `rule_key`, `make_rule` and the decoder's structure key derive from them.
+
+    Attributes:
+        name: the method's name in `DecodingSettings.method`.
+        knobs: the `DecodingSettings` fields the rule reads (two settings with equal knobs
+            share one rule object).
+        build: settings (and groups, for a rule that needs them) -> the rule.
+        needs_groups: the rule reads acoustic similarity groups (`decoding.theta`).
+    """
+
+    name: str
+    knobs: tuple[str, ...]
+    build: Callable[[DecodingSettings, GroupIndex | None], Rule]
+    needs_groups: bool = False
+
+
+def _pcg(settings: DecodingSettings, groups: GroupIndex | None) -> Rule:
+    if groups is None:
+        raise ValueError("method 'pcg' needs acoustic similarity groups")
+    return PCGRule(groups, settings.max_thinning_trials)
+
+
+RULES: dict[str, RuleSpec] = {spec.name: spec for spec in (
+    RuleSpec("exact", (), lambda settings, groups: ExactRule()),
+    RuleSpec("pcg", ("theta", "max_group_size", "max_thinning_trials"), _pcg, needs_groups=True),
+    RuleSpec("ssd", ("beta",), lambda settings, groups: SSDRule(settings.beta)),
+    RuleSpec("topk", ("topk",), lambda settings, groups: TopKRule(settings.topk)),
+)}
+assert set(RULES) == set(METHODS) - {"ar"}, "every speculative method of config.METHODS has a RuleSpec"
 
 
 def rule_key(settings: DecodingSettings) -> tuple:
     """What makes two settings' rules differ: the method and its own knobs only."""
-    method = settings.method
-    if method == "pcg":
-        return (method, settings.theta, settings.max_group_size, settings.max_thinning_trials)
-    if method == "ssd":
-        return (method, settings.beta)
-    if method == "topk":
-        return (method, settings.topk)
-    return (method,)
+    spec = RULES.get(settings.method)
+    return (settings.method,) + (tuple(getattr(settings, k) for k in spec.knobs) if spec else ())
+
+
+def structure_key(settings: DecodingSettings) -> tuple:
+    """The settings that need a decoder and a rule of their own (sampling settings do not):
+    the rule's key and the draft length."""
+    return rule_key(settings) + (settings.gamma,)
 
 
 def make_rule(settings: DecodingSettings, groups: GroupIndex | None = None) -> Rule:
     """The acceptance rule of `settings.method` with its knobs (beta, topk, thinning trials);
     `ar` drafts nothing and has none. `groups` are needed by `pcg` only."""
-    method = settings.method
-    if method == "exact":
-        return ExactRule()
-    if method == "ssd":
-        return SSDRule(settings.beta)
-    if method == "topk":
-        return TopKRule(settings.topk)
-    if method == "pcg":
-        if groups is None:
-            raise ValueError("method 'pcg' needs acoustic similarity groups")
-        return PCGRule(groups, settings.max_thinning_trials)
-    speculative = ", ".join(m for m in METHODS if m != "ar")
-    raise ValueError(f"unknown speculative method {method!r}; choose from {speculative}")
+    spec = RULES.get(settings.method)
+    if spec is None:
+        speculative = ", ".join(RULES)
+        raise ValueError(f"unknown speculative method {settings.method!r}; choose from {speculative}")
+    return spec.build(settings, groups)

@@ -9,6 +9,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
+# `compile: auto` on a CPU: the mode benchmarks/bench_round.py measured faster there
+# (benchmarks/results/round_cpu_*.md; docs: performance)
+CPU_AUTO_COMPILE = "none"
+
+
+def resolve_compile(compile: str, device: str | torch.device, weights: str = "native") -> str:
+    """`compile: auto` made concrete: cudagraphs on CUDA, `CPU_AUTO_COMPILE` on a CPU, none for
+    int8 weights (they run eagerly); any other mode as given."""
+    if compile != "auto":
+        return compile
+    if weights == "int8":
+        return "none"
+    return "cudagraphs" if torch.device(device).type == "cuda" else CPU_AUTO_COMPILE
 
 
 def cpu_name() -> str:

@@ -8,8 +8,6 @@ safetensors load directly; `tests/cpu/test_llama_parity.py` pins the logits agai
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,8 +20,6 @@ from engine.models.kv_cache import KVCache
 from engine.models.quant import Int8Linear
 
 LogitsAt = Literal["all", "last", "none", "hidden"]
-COMPILED_MAX_WIDTH = 16  # tokens per row up to which a compiled model runs its graph (not prefills)
-KV_BUCKET = 64  # a compiled step reads keys up to a multiple of this (bounded graph count)
 GROUPED_SCORES_BYTES = 256 * 2**20  # float32 scores one `grouped_attention` call holds at once
 
 
@@ -63,6 +59,13 @@ class LlamaShape:
         )
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """`x` in float32, or float64 when it already is: the precision the numerics run in (float32,
+    as transformers does, for float32/bfloat16/float16 models; a float64 model stays exact end to
+    end, which is what bit-for-bit comparisons of two code paths rely on)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -71,7 +74,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 and scale in the input dtype, as transformers does.
-        x32 = x.float()
+        x32 = wide(x)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
@@ -82,26 +85,25 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     plain torch ops, scores and softmax in float32: q `[b, H, T, D]`, keys/values `[b, H_kv, L,
     D]` (query head h reads KV head h // (H / H_kv)), mask `[b, 1, T, L]` bool (True = attend).
 
-    Why on CUDA: torch 2.11 dispatches masked grouped-query attention to cuDNN's kernel on
-    Hopper (H100/H200); torch caches a cuDNN graph per shape, and a decode loop's key length
-    grows every round and every prompt length is new. Measured on an H100 (profiled decode
-    rounds, benchmarks/results/job_throughput_cuda_llasa_1b_shape_h100_probe.md) each such call
-    took 0.50 ms of host time, 13 times a matrix product's, and a process's first run decoded 7-17 %
-    slower than its second. These few ops set nothing up per shape, and the query heads of a KV
-    head share one batched product (the keys are not repeated per query head). Rows are taken in
-    chunks whose scores fit `GROUPED_SCORES_BYTES`, one row at a time where even one row's do not
+    Why on CUDA: torch dispatches masked grouped-query attention to cuDNN's kernel on Hopper
+    GPUs, and caches a cuDNN graph per shape, while a decode loop's key length grows every round
+    and every prompt length is new: each call cost host time several matrix products long
+    (benchmarks/results/job_throughput_cuda_llasa_1b_shape_h100_probe.md). These few ops set
+    nothing up per shape, and the query heads of a KV head share one batched product (the keys are
+    not repeated per query head). Rows are taken in chunks whose scores fit
+    `GROUPED_SCORES_BYTES`, one row at a time where even one row's do not
     (long prefills of many rows)."""
     b, heads, t, d = q.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    qg = q.reshape(b, kv_heads, group * t, d).float() * d ** -0.5  # rows of one KV head together
+    qg = wide(q.reshape(b, kv_heads, group * t, d)) * d ** -0.5  # rows of one KV head together
     attend = mask[:, :, None]  # [b, 1, 1, T, L] against scores [b, H_kv, group, T, L]
 
     def rows(qs, ks, vs, att):
-        scores = torch.matmul(qs, ks.float().transpose(-1, -2))  # [n, H_kv, group * T, L]
+        scores = torch.matmul(qs, wide(ks).transpose(-1, -2))  # [n, H_kv, group * T, L]
         n = scores.shape[0]
         scores = torch.where(att, scores.view(n, kv_heads, group, t, length), float("-inf"))
-        return torch.matmul(scores.softmax(-1).view(n, kv_heads, group * t, length), vs.float())
+        return torch.matmul(scores.softmax(-1).view(n, kv_heads, group * t, length), wide(vs))
 
     chunk = b if torch.compiler.is_compiling() else max(1, GROUPED_SCORES_BYTES // (heads * t * length * 4))
     if chunk >= b:  # a decode step's rows: one pass (and the only one inside a compiled graph)
@@ -165,10 +167,10 @@ class PackedLinear(nn.Module):
     """A linear layer whose weight is stored in oneDNN's blocked layout (CPU only).
 
     Why: ATen's CPU matmul lays the weight out for its kernel on every call. For the decode
-    step's one- to few-row products that relayout reads the whole weight once more, which
-    doubles the step: measured on the 2-core Zen 4 VM in bfloat16 at Llasa-1B's shape, one
-    `ar` step took 245 ms with plain `F.linear` and 130 ms with packed weights, with
-    bit-identical logits (both run oneDNN's kernel; only the relayout moves to load time).
+    step's one- to few-row products that relayout reads the whole weight once more, which about
+    doubled a step at Llasa-1B's shape, with bit-identical logits (both run oneDNN's kernel; only
+    the relayout moves to load time): benchmarks/results/compile_cpu.json ("eager" against
+    "eager, prepacked").
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
@@ -182,7 +184,24 @@ class PackedLinear(nn.Module):
         return self.out_features * self.in_features * self.weight.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # one opaque call in a compiled round (see `packed_linear`)
+            return packed_linear(x, self.weight, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+@torch.library.custom_op("pcg_synth::packed_linear", mutates_args=(),
+                         schema="(Tensor x, Tensor weight, Tensor? bias, SymInt out_features) -> Tensor")
+def packed_linear(x, weight, bias, out_features):
+    """oneDNN's linear on a packed weight, as an op inductor calls as it is. Inductor lowers
+    `mkldnn._linear_pointwise` only for weights it froze itself (and a frozen graph cannot be
+    cached on disk); behind this op a compiled round keeps the model's own packed weights and
+    stays cacheable."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _packed_linear_shape(x, weight, bias, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
 
 
 def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -248,7 +267,7 @@ class LlamaBody(nn.Module):
     def __init__(self, shape: LlamaShape) -> None:
         super().__init__()
         # weights come from a checkpoint: no random init (on the meta device, where models are built,
-        # nn.Embedding's normal_ would import torch's compiler stack, 1.5 s for a fresh process)
+        # nn.Embedding's normal_ would import torch's compiler stack, seconds for a fresh process)
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size,
                                          _weight=torch.empty(shape.vocab_size, shape.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_layers))
@@ -287,8 +306,7 @@ class LlamaLM(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.rope_scaling = rope_scaling
         self.packed_head: PackedLinear | None = None
-        self._compiled = None
-        self.compile_mode = "none"
+        self.compile_mode = "none"  # how decode rounds over this model run (`set_compile_mode`)
         # attention: `sdpa` (torch's dispatcher), `grouped` (`grouped_attention`), or `auto`:
         # grouped on CUDA, SDPA elsewhere (a CPU's fused kernel, pinned against transformers)
         self.attention = "auto"
@@ -373,56 +391,26 @@ class LlamaLM(nn.Module):
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         s = self.shape
-        cache = KVCache(s.num_layers, batch, s.num_kv_heads, max_len, s.head_dim, self.dtype, self.device)
-        if self.compile_mode == "cudagraphs":  # replayed graphs write into these very buffers
-            torch._dynamo.mark_static_address(cache.k)
-            torch._dynamo.mark_static_address(cache.v)
-        return cache
+        return KVCache(s.num_layers, batch, s.num_kv_heads, max_len, s.head_dim, self.dtype, self.device)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin `[b, T, D]` for `positions` `[b, T]`, computed as transformers does."""
-        freqs = positions[..., None].float() * self.inv_freq  # [b, T, D/2]
+        inv_freq = self.inv_freq.double() if self.dtype == torch.float64 else self.inv_freq
+        freqs = positions[..., None].to(inv_freq.dtype) * inv_freq  # [b, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos() * self.rope_scaling, emb.sin() * self.rope_scaling
         return cos.to(self.dtype), sin.to(self.dtype)
 
-    def compile_step(self, mode: str) -> None:
-        """Run decode-shaped forwards (at most `COMPILED_MAX_WIDTH` tokens per row) through
-        `torch.compile`; prefills stay eager. `mode`: `none`, `inductor` (any device; on CPU
-        with inductor's weight freezing, which packs weights itself, so the model must not be
-        prepacked) or `cudagraphs` (CUDA only: inductor plus CUDA graph replay, torch's
-        "reduce-overhead"). Shapes are dynamic and the keys read are rounded up to a multiple of
-        `KV_BUCKET`, so a run compiles a bounded number of graphs (one per batch/width kind and,
-        for CUDA graphs, per bucket). Measured on the 2-core Zen 4 CPU it is slower than the eager
-        prepacked step (benchmarks/results/compile_cpu.json), hence off by default."""
-        if mode not in COMPILE_MODES:
-            raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, not {mode!r}")
-        if mode == "none":
-            self._compiled, self.compile_mode = None, mode
-            return
-        if self.prepacked:
-            raise ValueError("compile a model that is not prepacked (inductor packs its own weights)")
+    def set_compile_mode(self, mode: str) -> None:
+        """How decode rounds over this model run (`engine.decoding.graphs`): `none` (eager),
+        `inductor` (each round one `torch.compile` graph; on CPU with inductor's weight freezing,
+        which packs weights itself, so the model must not be prepacked) or `cudagraphs` (CUDA
+        only: inductor plus CUDA graph replay). Prefills stay eager in every mode."""
+        if mode not in COMPILE_MODES or mode == "auto":
+            choices = ", ".join(m for m in COMPILE_MODES if m != "auto")
+            raise ValueError(f"compile must be one of {choices}, not {mode!r}")
         if mode == "cudagraphs" and self.device.type != "cuda":
             raise ValueError(f"compile: cudagraphs needs a CUDA device; this model is on {self.device}")
-        # Graphs per model: batch 1 or more x width 1 or more x logits all or last; two models.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
-        compiled = torch.compile(functools.partial(LlamaLM._step, self), dynamic=True,
-                                 mode="reduce-overhead" if mode == "cudagraphs" else None)
-        from torch.fx.experimental import _config as fx_config  # torch's shape settings
-
-        # Settings for the graphs, which compile lazily, at a shape's first call: made once and
-        # entered on every call (a step's host time: cheaper than making them every call). Inductor
-        # freezes the weights on CPU. No duck sizing: it gives equal sizes one symbol, so a graph
-        # first traced at a batch equal to the cache's KV-head count (or any other of its sizes)
-        # holds only at batch sizes equal to it, and the next batch size compiles again.
-        freezing = torch._inductor.config.patch(freezing=self.device.type == "cpu")
-        no_duck = fx_config.patch(use_duck_shape=False) if hasattr(fx_config, "use_duck_shape") \
-            else contextlib.nullcontext()  # a setting torch may rename
-
-        def run(*args):
-            with freezing, no_duck:
-                return compiled(*args)
-        self._compiled = run
         self.compile_mode = mode
 
     def forward(
@@ -449,13 +437,6 @@ class LlamaLM(nn.Module):
             float32 logits `[b, T or 1, V_out]` over the output ids, hidden states
             `[b, T, hidden]`, or None.
         """
-        if self._compiled is not None and tokens.shape[1] <= COMPILED_MAX_WIDTH and logits_at != "hidden":
-            # Keys past a row's position are masked, so reading a few more changes nothing.
-            kv_len = min(cache.max_len, -(-kv_len // KV_BUCKET) * KV_BUCKET)
-            if slots is None:  # one graph kind for both ways of naming the rows
-                slots = torch.arange(tokens.shape[0], device=tokens.device)
-            with torch.no_grad():  # compiled graphs cannot mutate the cache in inference mode
-                return self._compiled(tokens, positions, cache, kv_len, slots, logits_at)
         with torch.inference_mode():
             return self._step(tokens, positions, cache, kv_len, slots, logits_at)
 
@@ -474,9 +455,9 @@ class LlamaLM(nn.Module):
         if logits_at == "none":
             return None
         if logits_at == "hidden":
-            return self.model.norm(x).float()
+            return wide(self.model.norm(x))
         if logits_at == "last":
             x = x[:, -1:]
         x = self.model.norm(x)
         logits = self.packed_head(x) if self.packed_head is not None else F.linear(x, self.head)
-        return logits.float()  # [b, T, V_out]
+        return wide(logits)  # [b, T, V_out]

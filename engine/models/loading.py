@@ -20,7 +20,7 @@ from engine.config import DRAFT_WEIGHTS
 from engine.errors import ModelLoadError
 from engine.hf import from_transformers
 from engine.io.storage import model_dir
-from engine.models.device import resolve_dtype
+from engine.models.device import resolve_compile, resolve_dtype
 from engine.models.llama import LlamaLM, LlamaShape, prepack_supported
 from engine.models.llasa import LlasaLayout
 from engine.models.quant import cpu_vnni
@@ -170,19 +170,20 @@ def check_weights(weights: str, compile: str) -> None:
     """A known weight format, and int8 only with an eager step (call before loading anything)."""
     if weights not in DRAFT_WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(DRAFT_WEIGHTS)}, not {weights!r}")
-    if weights == "int8" and compile != "none":
-        raise ValueError("int8 weights run eagerly: use compile none with them")
+    if weights == "int8" and compile not in ("none", "auto"):
+        raise ValueError("int8 weights run eagerly: use compile none (or auto) with them")
 
 
 def ready_for_decoding(model: LlamaLM, prepack: bool | None = None, compile: str = "none",
                        weights: str = "native", fuse: bool = True) -> LlamaLM:
     """Inference mode, projections fused (`LlamaLM.fuse_projections`, unless `fuse` is False),
     weights prepacked for oneDNN where that is supported (`prepack` None: automatically, unless
-    the step is compiled; see `PackedLinear` for why and what it bought), and the decode step
-    compiled (`LlamaLM.compile_step`) unless `compile` is none. `weights` `int8` stores
-    projections and head in int8 instead (`Int8Linear`, CPU, eager)."""
+    rounds are compiled; see `PackedLinear` for why and what it bought), and the compile mode of
+    its decode rounds set (`LlamaLM.set_compile_mode`; `auto` resolved by `resolve_compile`).
+    `weights` `int8` stores projections and head in int8 instead (`Int8Linear`, CPU, eager)."""
     model.eval().requires_grad_(False)
     check_weights(weights, compile)
+    compile = resolve_compile(compile, model.device, weights)
     if fuse:
         model.fuse_projections()
     if weights == "int8":
@@ -192,10 +193,10 @@ def ready_for_decoding(model: LlamaLM, prepack: bool | None = None, compile: str
         model.quantize_int8()
         return model
     if prepack is None:
-        prepack = compile == "none" and prepack_supported(model.device, model.dtype)
+        prepack = prepack_supported(model.device, model.dtype)
     if prepack:
         model.prepack()
-    model.compile_step(compile)
+    model.set_compile_mode(compile)
     return model
 
 
@@ -327,7 +328,7 @@ def load_model(
         dtype: `auto`, `float32`, `bfloat16`, `float16` or `float64`.
         tokenizer: reuse this tokenizer instead of loading the directory's own.
         prepack: store the projections in oneDNN's layout (None: on CPU where supported).
-        compile: `none`, `inductor` or `cudagraphs` (`LlamaLM.compile_step`).
+        compile: `auto`, `none`, `inductor` or `cudagraphs` (`ready_for_decoding`).
         weights: `native` (the dtype's weights) or `int8` (`Int8Linear`; a draft on CPU).
         fuse: fuse each layer's q/k/v and gate/up projections (`LlamaLM.fuse_projections`).
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from engine import DecodingSettings, Synthesizer
-from engine.decoding.adaptive import choose_gamma, expected_length
+from engine.decoding.adaptive import decide, expected_length
 from engine.kit import build as tiny
 from engine.kit.tokenizer import build_tokenizer
 from engine.models.llasa import LlasaLayout
@@ -49,17 +49,22 @@ def test_auto_speculates_at_batch_one_with_a_cheap_accurate_draft(cheap_draft_pa
 
 
 def test_auto_turns_speculation_off_when_verification_is_expensive(cheap_draft_pair):
+    """The decision from step times given here (at batch 1 a verify of gamma + 1 tokens costs
+    about one `ar` step; at a huge batch about gamma + 1 of them), with the acceptance a real pilot
+    measured: on at batch 1, off at the huge batch. Timings measured inside a test would make the
+    answer depend on the machine's load; `benchmarks/bench_round.py` measures round costs."""
     synth = cheap_draft_pair
     _, pilot = synth.synthesize(TEXTS, DecodingSettings(method="exact", gamma=4, max_new_tokens=24))
     acceptance = sum(pilot.stats.accepted) / pilot.stats.drafted  # measured, not assumed
-    at_one = choose_gamma(synth.target.model, synth.draft.model, 1, acceptance, 64, candidates=(3, 8), reps=3)
-    huge = choose_gamma(synth.target.model, synth.draft.model, 384, acceptance, 64, candidates=(3, 8), reps=3)
-    assert at_one.gamma > 0, at_one.reason
+    assert acceptance > 0.8
+
+    def steps(ar_s: float, verify_per_token: float) -> dict:
+        return {g: {"ar_s": ar_s, "verify_s": ar_s * max(1.0, verify_per_token * (g + 1)),
+                    "draft_phase_s": 0.05 * ar_s * g, "draft_step_s": 0.05 * ar_s} for g in (3, 8)}
+    at_one = decide(1, acceptance, steps(0.010, 0.28))
+    huge = decide(384, acceptance, steps(0.100, 1.0))
+    assert at_one.gamma > 0 and at_one.predicted_speedup[at_one.gamma] > 1.05, at_one.reason
     assert huge.gamma == 0 and huge.reason.startswith("speculation off"), huge.reason
-    for g in (3, 8):  # the measured verify step grew relative to an ar step at the huge batch
-        ratio_one = at_one.step_times[g]["verify_s"] / at_one.step_times[g]["ar_s"]
-        ratio_huge = huge.step_times[g]["verify_s"] / huge.step_times[g]["ar_s"]
-        assert ratio_huge > ratio_one
 
 
 def test_expected_length():

@@ -1,0 +1,215 @@
+"""One decode round, eager against compiled, side by side in one run.
+
+For each model set, method and batch size: a decoder of each compile mode decodes the same rows
+(a full batch, refilled from a queue as rows end); their rounds are timed in turns, one of each
+mode per turn, after a warm-up that compiles the graph. Per round: the ops dispatched (torch's
+dispatcher, counted on one round), the graph launches, the host's milliseconds (the round's wall
+time, its one read-back included), the device's milliseconds (CUDA events; none on a CPU), and
+tokens per second (tokens committed over the rounds' time). Compile seconds and on-disk cache
+hits come with each compiled mode.
+
+    python benchmarks/bench_round.py --models kit --batches 1,8,32 --out benchmarks/results/round_cpu_tiny
+    python benchmarks/bench_round.py --models llasa-1b-shape --batches 1 --rounds 12 \\
+        --out benchmarks/results/round_cpu_llasa_1b_shape
+    python benchmarks/bench_round.py --device cuda --models kit,llasa-1b-shape --modes none,cudagraphs \\
+        --batches 1,8,32 --out work/gpu-check/round_cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import ROOT, describe, write_result_pair  # noqa: E402
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--models", default="kit", help="comma-separated: kit, llasa-1b-shape")
+    ap.add_argument("--kit", default=str(ROOT / "kit"), help="the tiny kit's directory (built where missing)")
+    ap.add_argument("--methods", default="ar,pcg", help="comma-separated acceptance rules (gamma 3)")
+    ap.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
+    ap.add_argument("--modes", default="none,inductor", help="compile modes side by side (the first is the base)")
+    ap.add_argument("--rounds", type=int, default=30, help="timed rounds per mode and setting")
+    ap.add_argument("--warmup", type=int, default=4, help="untimed rounds first (the compile lands there)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="auto", help="the models' dtype (auto: as jobs choose)")
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch's CPU threads")
+    ap.add_argument("--out", default=None, help="result stem: writes STEM.json and STEM.md")
+    return ap.parse_args()
+
+
+class OpCount:
+    """Ops through torch's dispatcher while active (a compiled graph's own kernels are not)."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                outer.n += 1
+                return func(*args, **(kwargs or {}))
+        self.n, self.mode = 0, Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def synthesizers(name: str, args, modes: list[str]) -> tuple[dict, dict]:
+    """A Synthesizer per compile mode over the same models, and their description."""
+    from engine.bench.presets import load_synthesizer
+
+    out, desc = {}, {}
+    for mode in modes:
+        preset = "tiny" if name == "kit" else name
+        synth, desc = load_synthesizer(preset, kit=args.kit if name == "kit" else None, device=args.device,
+                                       dtype=args.dtype, compile=mode)
+        out[mode] = synth
+    return out, desc
+
+
+def decoder_for(synth, method: str, batch: int, rows: int):
+    """A decoder of `method` at `batch` slots with `rows` queued rows of long budgets."""
+    from engine import DecodingSettings
+    from engine.bench.runner import BENCH_TEXTS
+
+    settings = DecodingSettings(method=method, gamma=3, max_new_tokens=400, seed=1)
+    if method == "pcg":
+        synth.groups(settings.theta)
+    decoder = synth.make_decoder(settings, batch)
+    rule = synth.rule(settings)
+    requests = []
+    for i in range(rows):
+        _, request = synth.prepare(i, BENCH_TEXTS[i % len(BENCH_TEXTS)], settings)
+        request.rule = rule
+        requests.append(request)
+    decoder.submit(requests)
+    return decoder
+
+
+def timed(decoder) -> tuple[float, int]:
+    """One `advance` with its round timed alone (admissions left out): (seconds, tokens)."""
+    step, took = decoder.step, {}
+
+    def timed_step(active):
+        start = time.perf_counter()
+        counts, finished = step(active)
+        took["s"], took["tokens"] = time.perf_counter() - start, int(counts.sum())
+        return counts, finished
+    decoder.step = timed_step
+    try:
+        decoder.advance()
+    finally:
+        del decoder.step
+    return took["s"], took["tokens"]
+
+
+def measure(synths: dict, method: str, batch: int, args) -> list[dict]:
+    """Each mode's figures per round for one setting, measured in turns."""
+    decoders = {m: decoder_for(s, method, batch, batch * 8) for m, s in synths.items()}
+    before = {m: dict(s.runner.stats.to_dict()) for m, s in synths.items()}
+    for _ in range(args.warmup):
+        for d in decoders.values():
+            timed(d)
+    seconds = {m: [] for m in decoders}
+    tokens = dict.fromkeys(decoders, 0)
+    launches = {m: synths[m].runner.stats.graph_launches for m in decoders}
+    device = {m: synths[m].runner.stats.device_s for m in decoders}
+    for s in synths.values():
+        s.runner.time_device = args.device.startswith("cuda")
+    for _ in range(args.rounds):
+        for m, d in decoders.items():
+            s, n = timed(d)
+            seconds[m].append(s)
+            tokens[m] += n
+    ops = {}
+    for m, d in decoders.items():
+        with OpCount() as count:
+            timed(d)
+        ops[m] = count.n
+    out = []
+    for m, s in synths.items():
+        stats = s.runner.stats
+        out.append({
+            "method": method, "batch": batch, "mode": m, "rounds": args.rounds,
+            "ops_per_round": ops[m],
+            "graph_launches_per_round": (stats.graph_launches - launches[m]) / args.rounds,
+            "host_ms_per_round": 1e3 * statistics.median(seconds[m]),
+            "device_ms_per_round": (1e3 * (stats.device_s - device[m]) / args.rounds) if stats.device_s else None,
+            "tokens_per_s": tokens[m] / sum(seconds[m]),
+            "compiles": stats.compiles - before[m]["compiles"],
+            "compile_s": round(stats.compile_s - before[m]["compile_s"], 1),
+            "cache_hits": stats.cache_hits - before[m]["cache_hits"],
+        })
+    base = out[0]["tokens_per_s"]
+    for row in out:
+        row["vs_first_mode"] = round(row["tokens_per_s"] / base, 3)
+    return out
+
+
+def table(doc: dict) -> str:
+    m = doc["machine"]
+    where = m.get("gpu") or f"{m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} threads"
+    lines = [f"# A decode round, eager against compiled ({where}; torch {m['torch']}, {m['date']}; load "
+             f"average {doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end)", "",
+             f"`{doc['how']}`", "",
+             "| models | method | batch | mode | ops / round | launches / round | host ms / round | device ms / round "
+             "| tokens/s | vs eager | compile s (cache hits) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["readings"]:
+        dev = f"{r['device_ms_per_round']:.2f}" if r["device_ms_per_round"] is not None else "-"
+        comp = f"{r['compile_s']} ({r['cache_hits']})" if r["compiles"] else "-"
+        lines.append(f"| {r['models']} ({r['dtype']}) | {r['method']} | {r['batch']} | {r['mode']} "
+                     f"| {r['ops_per_round']} | {r['graph_launches_per_round']:.0f} "
+                     f"| {r['host_ms_per_round']:.1f} | {dev} | {r['tokens_per_s']:.0f} "
+                     f"| {r['vs_first_mode']:.2f}x | {comp} |")
+    return "\n".join(lines) + "\n\n" + doc["notes"] + "\n"
+
+
+def main() -> None:
+    args = parse()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    modes = args.modes.split(",")
+    load_start = round(os.getloadavg()[0], 2)
+    readings = []
+    for name in args.models.split(","):
+        synths, desc = synthesizers(name, args, modes)
+        for method in args.methods.split(","):
+            for batch in map(int, args.batches.split(",")):
+                for row in measure(synths, method, batch, args):
+                    readings.append({"models": name, "dtype": desc["dtype"], **row})
+                    print(readings[-1], flush=True)
+        del synths
+    doc = {"benchmark": "a decode round, eager against compiled", "how": "python " + " ".join(sys.argv),
+           "machine": describe(args.device), "threads": args.threads,
+           "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
+           "readings": readings,
+           "notes": ("Rounds timed in turns (one of each mode per turn) after the warm-up, on decoders kept "
+                     "full from a queue; host ms is the median round, tokens/s the tokens committed over "
+                     "all timed rounds. Ops are counted through torch's dispatcher on one round: a compiled "
+                     "round's own kernels are not dispatched ops, its extern calls (matrix products, "
+                     "attention) are.")}
+    if args.out:
+        write_result_pair(Path(args.out), doc, table(doc))
+    else:
+        print(table(doc))
+
+
+if __name__ == "__main__":
+    main()

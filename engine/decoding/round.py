@@ -1,0 +1,308 @@
+"""One decode round over every slot of a batch, with fixed shapes: what a captured graph runs.
+
+A round drafts `gamma` tokens for every slot, runs the target once over `[last, x_1..x_gamma]`,
+judges every row by its own rule and commits `accepted + 1` tokens per row, cut after an
+end-of-speech token and at the row's limit. Every slot is computed, free ones too (their
+commits are masked out and their cache writes land in their own rows, overwritten when a row is
+admitted there), keys are read up to a fixed length (`RoundPlan.kv_len`, a bucket), per-row
+settings and rules are tensors, and nothing in it reads a value back to the host: a round is one
+function of tensors whose shapes depend only on its `RoundPlan`, so `torch.compile` can take it
+whole (`decoding/graphs.py`) and the eager path runs the very same code.
+
+The host values a round depends on are fixed before it starts (`RoundPlan`): the draft length,
+the rules present, which sampling steps any row needs, and the key bucket. A row whose knob is
+off is left exactly as it would be alone, so a row's tokens never depend on the plan its
+neighbours chose (nor on the rows beside it).
+
+PCG's thinning runs a fixed number of trials; the rows whose trials all failed (`needs_fix`)
+keep their accepted tokens, and the caller draws their recovered token with the exact dense
+residual after the round (`SpeculativeDecoder.fix_fallbacks`), from the distributions the round
+left in `RoundState.fallback_target` / `fallback_draft`: the law stays exact, the graph static.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.decoding import rng
+from engine.decoding.sampling import RowWarp, penalised_logits, sample_one, warp_penalised
+from engine.decoding.verify import Block, PCGRule, Rule, judge_mixed
+from engine.models.kv_cache import KVCache
+from engine.models.llama import LlamaLM
+
+OUT_COUNT, OUT_FINISHED, OUT_FIX = 0, 1, 2  # columns of a round's result `[B, 3]`
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What a round's code is specialised on: host values known before the round starts.
+
+    Attributes:
+        gamma: draft tokens per round (0: `ar`).
+        rules: the acceptance rules rows may use; a row's `rule_index` points into it.
+        sampled: some row samples (probabilities are formed).
+        greedy: some row is greedy (argmaxes are taken).
+        penalty: some row has a repetition penalty.
+        top_p: some sampled row uses top-p.
+        max_top_k: the largest top-k in use (0: none).
+        kv_len: keys read per row (a bucket; above every position the round writes).
+    """
+
+    gamma: int
+    rules: tuple[Rule, ...]
+    sampled: bool
+    greedy: bool
+    penalty: bool
+    top_p: bool
+    max_top_k: int
+    kv_len: int
+
+    @property
+    def trials(self) -> int:
+        """Lanes of the recovered-token draws (PCG's thinning trials, else 1)."""
+        return max([r.max_trials for r in self.rules if isinstance(r, PCGRule)], default=1)
+
+    @property
+    def keeps_fallbacks(self) -> bool:
+        return self.sampled and any(isinstance(r, PCGRule) for r in self.rules)
+
+    def warp(self, state: RoundState) -> RowWarp:
+        return RowWarp(state.temperature, state.top_k, state.top_p, state.penalty, state.greedy,
+                       any_greedy=self.greedy, all_greedy=not self.sampled, any_penalty=self.penalty,
+                       any_top_p=self.top_p, max_top_k=self.max_top_k)
+
+    def draw_purposes(self) -> list[tuple[int, int, int]]:
+        """(purpose, slots, lanes) of the uniforms a round draws ahead, at positions
+        `seq_len + slot`; `draw_columns` lays them out."""
+        g = self.gamma
+        if not self.sampled:
+            return []
+        if g == 0:
+            return [(rng.BONUS, 1, 1)]
+        purposes = [(rng.DRAFT, g, 1), (rng.ACCEPT, g, 1), (rng.BONUS, g + 1, 1), (rng.RECOVER, g, self.trials)]
+        if any(isinstance(r, PCGRule) for r in self.rules):
+            purposes += [(rng.LABEL, g, 1), (rng.RECOVER_LABEL, g, self.trials),
+                         (rng.RECOVER_ACCEPT, g, self.trials)]
+        return purposes
+
+
+def draw_columns(plan: RoundPlan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position offsets and stream words `[K]` of every uniform a round draws (made once per
+    plan by the caller)."""
+    offsets, words = [], []
+    for purpose, slots, lanes in plan.draw_purposes():
+        for slot in range(slots):
+            for lane in range(lanes):
+                offsets.append(slot)
+                words.append(rng.stream_word(purpose, lane))
+    return (torch.tensor(offsets, dtype=torch.long, device=device),
+            torch.tensor(words, dtype=torch.long, device=device))
+
+
+@dataclass
+class RoundState:
+    """A decoder's tensors, one row per slot (`B` slots, `C` positions); a round reads and
+    writes them in place.
+
+    Attributes:
+        tokens: `[B, C]` committed ids per slot (prompt + generated).
+        seq_len: `[B]` committed length; `limit`: `[B]` the length a row stops at.
+        active: `[B]` bool, the slot holds a row.
+        keys: `[B]` each row's `rng.seed_key`.
+        temperature, top_k, top_p, penalty, greedy: `[B]` sampling settings (see `RowWarp`).
+        rule_index: `[B]` the row's rule in `RoundPlan.rules`.
+        seen: `[B, V]` bool, output ids in each sequence (repetition penalty), or None.
+        stat_reached, stat_accepted: `[B, max(gamma, 1)]` per draft position.
+        stat_counts: `[B, 4]` rounds, emitted, thinning trials, fallbacks.
+        fallback_target, fallback_draft: `[B, V]` the distributions at each row's rejected
+            position (rounds with PCG rows), for the exact fallback after the round.
+        draw_offsets, draw_words: `[K]` the round's uniforms (`draw_columns` of its plan).
+    """
+
+    target: LlamaLM
+    draft: LlamaLM | None
+    tcache: KVCache
+    dcache: KVCache | None
+    out_to_token: torch.Tensor
+    eos_out: int
+    tokens: torch.Tensor
+    seq_len: torch.Tensor
+    limit: torch.Tensor
+    active: torch.Tensor
+    keys: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    penalty: torch.Tensor
+    greedy: torch.Tensor
+    rule_index: torch.Tensor
+    stat_reached: torch.Tensor
+    stat_accepted: torch.Tensor
+    stat_counts: torch.Tensor
+    seen: torch.Tensor | None = None
+    fallback_target: torch.Tensor | None = None
+    fallback_draft: torch.Tensor | None = None
+    draw_offsets: torch.Tensor | None = None
+    draw_words: torch.Tensor | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every state tensor a round reads or writes (CUDA graphs replay into their addresses)."""
+        names = ("tokens", "seq_len", "limit", "active", "keys", "temperature", "top_k", "top_p", "penalty",
+                 "greedy", "rule_index", "stat_reached", "stat_accepted", "stat_counts", "seen",
+                 "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "out_to_token")
+        caches = [self.tcache.k, self.tcache.v] + ([self.dcache.k, self.dcache.v] if self.dcache else [])
+        return [t for t in [getattr(self, n) for n in names] + caches if t is not None]
+
+
+def draws(state: RoundState, plan: RoundPlan, lens: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Every uniform of the round in one hash evaluation: purpose -> `[B, slots, lanes]`."""
+    if not plan.draw_purposes():
+        return {}
+    u = rng.keyed_uniform(state.keys[:, None], lens[:, None] + state.draw_offsets, 0,
+                          state.draw_words)  # [B, K]
+    out, at = {}, 0
+    for purpose, slots, lanes in plan.draw_purposes():
+        out[purpose] = u[:, at: at + slots * lanes].view(-1, slots, lanes)
+        at += slots * lanes
+    return out
+
+
+def choose(logits: torch.Tensor, seen: torch.Tensor | None, warp: RowWarp, u: torch.Tensor | None):
+    """One token per row from `logits` `[B, V]`: the argmax for greedy rows, an inverse-CDF draw
+    from the warped probabilities for the others. Returns (tokens `[B]`, probs `[B, V]` or None
+    when no row samples)."""
+    penalised = penalised_logits(logits, seen, warp)  # [B, V] float32
+    if warp.all_greedy:
+        return penalised.argmax(-1), None
+    probs = warp_penalised(penalised, warp)
+    x = sample_one(probs, u)
+    if warp.any_greedy:
+        x = torch.where(warp.greedy, penalised.argmax(-1), x)
+    return x, probs
+
+
+def propose(state: RoundState, plan: RoundPlan, warp: RowWarp, lens: torch.Tensor, u: dict, kv_len):
+    """Draft `gamma` tokens per row. The draft is fed the last two committed tokens first
+    (covering a fully accepted block whose last draft token it never saw).
+
+    Returns:
+        tokens `[B, g]`, probs `[B, g, V]` (None when no row samples), and the penalty histories
+        `[B, g+1, V]` the target must reuse (None without a penalty).
+    """
+    g = plan.gamma
+    pos = torch.stack([lens - 2, lens - 1], dim=-1)  # [B, 2]
+    logits = state.draft._step(state.tokens.gather(1, pos), pos, state.dcache, kv_len, None, "last")[:, 0]
+    seen = state.seen if plan.penalty else None
+    histories, tokens, probs = [seen], [], []
+    for i in range(g):
+        x, pi = choose(logits, seen, warp, u[rng.DRAFT][:, i, 0] if plan.sampled else None)
+        tokens.append(x)
+        if pi is not None:
+            probs.append(pi)
+        if plan.penalty:
+            seen = seen.scatter(-1, x[:, None], True)
+            histories.append(seen)
+        if i < g - 1:
+            feed = state.out_to_token[x][:, None]  # [B, 1]
+            logits = state.draft._step(feed, (lens + i)[:, None], state.dcache, kv_len, None, "last")[:, 0]
+    stacked = torch.stack(probs, 1) if probs else None
+    history = torch.stack(histories, 1) if plan.penalty else None
+    return torch.stack(tokens, 1), stacked, history
+
+
+def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | None = None) -> torch.Tensor:
+    """Run one round over every slot. Returns `[B, 3]` int64: tokens committed, finished, and
+    whether the row's recovered token is still to be drawn (`OUT_*`).
+
+    `keys_read`: a tensor whose length is the keys to read, instead of `plan.kv_len` (a compiled
+    round takes it so, as a dynamic size: one graph serves every bucket)."""
+    g = plan.gamma
+    kv_len = plan.kv_len if keys_read is None else keys_read.shape[0]
+    warp = plan.warp(state)
+    lens = state.seq_len  # [B]
+    u = draws(state, plan, lens)
+    last = state.tokens.gather(1, (lens - 1)[:, None])  # [B, 1]
+    if g:
+        drafts, draft_probs, history = propose(state, plan, warp, lens, u, kv_len)
+        feed = torch.cat([last, state.out_to_token[drafts]], 1)  # [B, g+1]
+    else:
+        drafts, draft_probs, feed = None, None, last
+        history = state.seen[:, None] if plan.penalty else None
+    pos = (lens - 1)[:, None] + torch.arange(g + 1, device=lens.device)  # [B, g+1]
+    logits = state.target._step(feed, pos, state.tcache, kv_len, None, "all")  # [B, g+1, V]
+    penalised = penalised_logits(logits, history, warp)
+    target_probs = warp_penalised(penalised, warp) if plan.sampled else None
+    argmax = penalised.argmax(-1) if plan.greedy else None  # [B, g+1]
+    mixed = state.greedy if plan.greedy and plan.sampled else None
+    fix = torch.zeros_like(lens, dtype=torch.bool)
+    if g:
+        block = Block(drafts, draft_probs, target_probs, argmax, None, lens, mixed, state.keys, u)
+        verdict = judge_mixed(plan.rules, state.rule_index, block, dense_fallback=False)
+        accepted, next_token = verdict.num_accepted, verdict.next_token
+        new = torch.cat([drafts, next_token[:, None]], 1)
+        new = new.scatter(1, accepted[:, None], next_token[:, None])  # [B, g+1]
+        if plan.keeps_fallbacks:
+            slot = accepted.clamp(max=g - 1)
+            keep_fallback_inputs(state, target_probs, draft_probs, slot)
+            fix = verdict.fallback
+        record(state, verdict, g)
+    else:
+        if plan.sampled:
+            next_token = sample_one(target_probs[:, 0], u[rng.BONUS][:, 0, 0])
+            if mixed is not None:
+                next_token = torch.where(mixed, argmax[:, 0], next_token)
+        else:
+            next_token = argmax[:, 0]
+        accepted, new = torch.zeros_like(lens), next_token[:, None]
+        state.stat_counts[:, :2] += state.active[:, None].long()
+    return commit(state, plan, lens, new, accepted, fix)
+
+
+def keep_fallback_inputs(state: RoundState, target_probs, draft_probs, slot: torch.Tensor) -> None:
+    """Keep each row's distributions at its rejected position `slot` `[B]` for the fallback."""
+    rows = torch.arange(slot.shape[0], device=slot.device)
+    state.fallback_target.copy_(target_probs[rows, slot])
+    state.fallback_draft.copy_(draft_probs[rows, slot])
+
+
+def record(state: RoundState, verdict, gamma: int) -> None:
+    """Per-row statistics of the round's verdict (active rows only)."""
+    active = state.active[:, None].long()
+    j = torch.arange(gamma, device=active.device)
+    n = verdict.num_accepted[:, None]
+    state.stat_reached += (j <= n).long() * active
+    state.stat_accepted += (j < n).long() * active
+    counts = torch.stack([torch.ones_like(verdict.num_accepted), verdict.num_accepted + 1,
+                          verdict.trials, verdict.fallback.long()], 1)
+    state.stat_counts += counts * active
+
+
+def commit(state: RoundState, plan: RoundPlan, lens, new, accepted, fix) -> torch.Tensor:
+    """Append the first `accepted + 1` tokens of `new` `[B, g+1]` to every active row, cut after
+    an end-of-speech token and at the row's limit; rows in `fix` `[B]` keep only their accepted
+    tokens (their last one is drawn after the round)."""
+    width = new.shape[1]
+    j = torch.arange(width, device=lens.device)
+    valid = j <= accepted[:, None]
+    is_eos = (new == state.eos_out) & valid & ~(fix[:, None] & (j == accepted[:, None]))
+    first_eos = torch.where(is_eos.any(-1), is_eos.long().argmax(-1), width)
+    room = state.limit - lens
+    count = torch.minimum(torch.minimum(accepted + 1 - fix.long(), first_eos + 1), room)
+    count = count * state.active.long()
+    keep = j < count[:, None]
+    pos = lens[:, None] + j  # [B, g+1]
+    old = state.tokens.gather(1, pos)
+    state.tokens.scatter_(1, pos, torch.where(keep, state.out_to_token[new], old))
+    if plan.penalty:
+        # Unkept slots repeat the first token when it is kept, so the scatter writes only True
+        # where a token was committed (duplicate indices write the same value).
+        kept = torch.where(keep, new, new[:, :1])
+        state.seen.scatter_(1, kept, keep.any(-1, keepdim=True) | state.seen.gather(1, kept))
+    stopped = (first_eos < count) | (lens + count >= state.limit)
+    state.seq_len.copy_(lens + count)  # `lens` is this very tensor: written last
+    finished = stopped & state.active
+    # the fallback's token is still due only where the row neither stopped nor ran out of room
+    due = fix & state.active & ~stopped & (count == accepted)
+    return torch.stack([count, finished.long(), due.long()], 1)
