@@ -8,6 +8,9 @@ import io
 import re
 from pathlib import Path
 
+import pytest
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
@@ -48,3 +51,31 @@ def test_the_readme_is_a_front_door():
     assert commands == ["./quickstart.sh", "bash scripts/setup.sh && .venv/bin/python -m pytest -q tests"]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert ci[-2:] == ["bash scripts/setup.sh", ".venv/bin/python -m pytest -q tests"]
+
+
+def yaml_block(doc: Path, section: str) -> dict:
+    """The first ```yaml block under the markdown heading `section` of `doc`, parsed."""
+    text = "\n" + doc.read_text()
+    start = text.index(f"\n{section}\n")
+    return yaml.safe_load(re.search(r"```yaml\n(.*?)```", text[start:], re.S).group(1))
+
+
+TITLES = {"augmentation.md": "# Augmentation corpora", "sweeps.md": "# Throughput sweeps"}
+
+
+def test_the_documented_job_specs_are_valid():
+    """The README's minimal spec and the guides' examples validate as job specs (the augment and
+    sweep sections on top of the minimal one), and a typo in one is caught."""
+    from engine.config import JobSpec
+
+    guides = ROOT / "docs" / "guides"
+    minimal = yaml_block(README, "## A minimal job spec")
+    assert yaml_block(guides / "jobs.md", "## A minimal job spec")["models"] == minimal["models"]
+    spec = JobSpec.model_validate(minimal)
+    assert spec.decoding.gamma == "auto" and spec.resources.gpus_per_worker == 1
+    for page, kind in (("augmentation.md", "augment"), ("sweeps.md", "sweep")):
+        section = yaml_block(guides / page, TITLES[page])
+        assert section["kind"] == kind
+        assert JobSpec.model_validate({**minimal, **section}).kind == kind
+    with pytest.raises(ValueError, match="temprature"):
+        JobSpec.model_validate({**minimal, "decoding": {"temprature": 0.8}})
