@@ -24,4 +24,4 @@ else
 fi
 echo
 echo "Next: .venv/bin/pcg-synth --help (or \`source .venv/bin/activate\` and pcg-synth --help); the dataset"
-echo "loads with datasets.load_dataset(\"parquet\", data_files=\"out/quickstart/data/*.parquet\") (README: Audio output)."
+echo "loads with datasets.load_dataset(\"parquet\", data_files=\"out/quickstart/data/*.parquet\") (docs/guides/audio.md)."

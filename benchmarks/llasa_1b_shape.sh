@@ -15,6 +15,7 @@
 # EVAL_TEXTS (a texts file; default: the built-in held-out texts), BENCH=0 (stop before the bench), OUT (result-file stem), TARGET (an existing
 # target directory instead of the preset: e.g. a tiny kit's target/, which is how the tests run
 # this chain in seconds).
+case "${1:-}" in -h|--help) sed -n "2,$((LINENO - 1))p" "$0" | sed "s/^# \{0,1\}//"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PCG=${PCG:-.venv/bin/pcg-synth}
@@ -24,7 +25,7 @@ if [ "$DEVICE" = cpu ]; then  # 2 cores: short samples, one epoch (a 2nd overfit
   DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-32}; MAX_NEW=${MAX_NEW:-128}; STEPS=${STEPS:-120}
   BATCH=${BATCH:-8}; LR=${LR:-3e-5}; BATCHES=${BATCHES:-1,2,4,8}; REPS=${REPS:-2}; ITEMS=${ITEMS:-1}
   CACHE=--cache-target; GEN_BATCH=32; CKPT=40
-  # the bench's draft: int8 halves its step's bytes, where the CPU has VNNI/AMX int8 (README)
+  # the bench's draft: int8 halves its step's bytes, where the CPU has VNNI/AMX int8 (docs/guides/drafts.md)
   DRAFT_WEIGHTS=${DRAFT_WEIGHTS:-$($PY -c 'from engine.models.quant import cpu_vnni; print("int8" if cpu_vnni() else "native")')}
 else
   DTYPE=${DTYPE:-auto}; SEEDS=${SEEDS:-16}; MAX_NEW=${MAX_NEW:-256}; STEPS=${STEPS:-1500}

@@ -12,6 +12,7 @@
 # safetensors, aiohttp, grpcio, ...). Trimmed to fit: Ray's Java jars, RLlib, Serve, LLM and
 # dashboard front end, and transformers' model families other than the ones the engine loads
 # (llama, xcodec2 and what xcodec2 imports). faiss-gpu (135 MB) does not fit: faiss-cpu instead.
+case "${1:-}" in -h|--help) sed -n "2,$((LINENO - 1))p" "$0" | sed "s/^# \{0,1\}//"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER=${PYVER:-3.12}

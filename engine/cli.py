@@ -261,7 +261,7 @@ def add_generate(sub) -> None:
     src.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     add_compile_arg(src)
     add_draft_weights_arg(src)
-    src.add_argument("--batch-size", type=int, default=8)
+    src.add_argument("--batch-size", type=int, default=8, help="texts decoded together (continuous batching)")
     src.add_argument("--admission", default="longest_first", choices=ADMISSIONS,
                      help="which queued text takes a free batch slot: longest_first (longest expected "
                           "speech first, default) or arrival (input order); outputs are the same")
@@ -279,7 +279,7 @@ def add_generate(sub) -> None:
                                    "FILE.METHOD.parquet/.wav, with --method all)")
     out.add_argument("--wav-dir", help="also write one audio file per item here, named by the item's id "
                                        "(texts without one: NNN-first-words), DIR/METHOD/ with --method all")
-    out.add_argument("--audio-format", default="wav", choices=["wav", "flac"])
+    out.add_argument("--audio-format", default="wav", choices=["wav", "flac"], help="audio file format")
     out.add_argument("--prompt-audio", default="strip", choices=["strip", "include", "context"],
                      help="voice-prompt audio in the output: strip (default), include it, or decode "
                           "with it as context and cut it")
@@ -356,7 +356,7 @@ def add_jobs(sub) -> None:
     s = sub.add_parser("submit", help="submit a job spec to a Ray cluster (Ray Jobs API)",
                        description="Validate JOB.yaml here, upload it and run `pcg-synth run` on the "
                                    "cluster. Paths in the spec must be s3:// URIs or exist on every node.")
-    s.add_argument("spec")
+    s.add_argument("spec", help="job spec (YAML), validated here before it is uploaded")
     s.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
     s.add_argument("--runtime-env", default=None, help="runtime env YAML (see cluster/runtime-env.yaml)")
     s.add_argument("--dry-run", action="store_true",
@@ -364,7 +364,7 @@ def add_jobs(sub) -> None:
                         "run (its paths, its credentials), nothing decoded or written; `status` shows the report")
     s.set_defaults(func=cmd_submit)
     st = sub.add_parser("status", help="status and log tail of a submitted job")
-    st.add_argument("job_id")
+    st.add_argument("job_id", help="the submission id `submit` printed")
     st.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
     st.add_argument("--wait", action="store_true", help="block until the job ends")
     st.set_defaults(func=cmd_status)
@@ -389,8 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     kit = sub.add_parser("kit", help="the tiny model kit").add_subparsers(dest="kit_cmd", required=True)
     kb = kit.add_parser("build", help="write the tiny kit (target, draft, codec, tokenizer)")
-    kb.add_argument("dir")
-    kb.add_argument("--seed", type=int, default=0)
+    kb.add_argument("dir", help="where to write the kit")
+    kb.add_argument("--seed", type=int, default=0, help="the seed every weight is drawn from")
     kb.add_argument("--force", action="store_true", help="replace an existing kit")
     kb.set_defaults(func=cmd_kit_build)
     add_generate(sub)

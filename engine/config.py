@@ -387,14 +387,18 @@ class JobSpec(BaseModel):
         "sweep: a throughput experiment over the `sweep` grid."))
     augment: AugmentSpec | None = Field(None, description="The augmentation grid (kind: augment).")
     sweep: SweepSpec | None = Field(None, description="The throughput grid (kind: sweep).")
-    models: ModelsSpec
-    decoding: DecodingSettings = Field(default_factory=DecodingSettings)
-    input: InputSpec
-    output: OutputSpec
+    models: ModelsSpec = Field(description="The checkpoints: target, draft, codec, and the groups.")
+    decoding: DecodingSettings = Field(default_factory=DecodingSettings, description=(
+        "How to decode: acceptance rule, draft length and sampling; a manifest row may override "
+        "its sampling settings."))
+    input: InputSpec = Field(description="The manifests to synthesize.")
+    output: OutputSpec = Field(description="Where the audio dataset, commit records and summary go.")
     storage: StorageOptions = Field(default_factory=StorageOptions, description=(
         "Object-storage endpoint/region/profile; credentials come from the AWS chain."))
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    profile: ProfileSpec = Field(default_factory=ProfileSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description=(
+        "Workers, their CPUs, GPUs and batch, shards, retries and waits."))
+    profile: ProfileSpec = Field(default_factory=ProfileSpec, description=(
+        "Profiling of the workers' decode loops (off by default)."))
 
     @model_validator(mode="after")
     def _needs_draft(self) -> JobSpec:

@@ -8,15 +8,13 @@ fresh local cluster explicitly. Inside a Ray job `RAY_ADDRESS` is set and is use
 A fresh local cluster starts without Ray's dashboard unless `PCG_SYNTH_RAY_DASHBOARD=1` asks for
 it (to watch a local job at http://127.0.0.1:8265): the dashboard's head and modules are more
 processes that wake up while a job runs, and on a small machine each wake-up takes a core from
-one of the OpenMP threads a round decodes on. On the 2-core lab VM a job's decode thread was
-preempted 18.8 times per round without the dashboard against 26.3 with it, and the job ran at a
-median 1.055x (0.95-1.14x over three pairs run in turns, within that VM's noise)
-(benchmarks/results/ray_beside_decoding_cpu_tiny_xeon.md). The Jobs API that `pcg-synth submit`
+one of the OpenMP threads a round decodes on: a job's decode thread is preempted less often
+without it (benchmarks/results/ray_beside_decoding_cpu_tiny_xeon.md). The Jobs API that `pcg-synth submit`
 uses lives on a real cluster's head, which `ray start` starts, not here.
 
 An address of a cluster (`HOST:PORT`, `ray://HOST:PORT`, `auto`) is first tried with a plain TCP
-connection: where nothing listens, Ray itself would retry for many minutes (measured: a driver
-given `127.0.0.1:1` still waiting after 5 minutes) or end in a traceback (`ray://`).
+connection: where nothing listens, Ray itself would retry for many minutes or end in a
+traceback (`ray://`).
 """
 
 from __future__ import annotations

@@ -91,13 +91,13 @@ def add_bench(sub) -> None:
     add_settings_arguments(g, DecodingSettings, include=["temperature", "beta", "topk"])
     c = p.add_argument_group("cost model")
     c.add_argument("--no-cost-model", action="store_true", help="skip the step timings")
-    c.add_argument("--cost-reps", type=int, default=10)
+    c.add_argument("--cost-reps", type=int, default=10, help="timed calls of each step (medians)")
     c.add_argument("--context", type=int, help="KV length for step timings (default: mean prompt + half the budget)")
     o = p.add_argument_group("output")
     o.add_argument("--out", help="PATH.json; PATH.md and PATH_*.png are written beside it "
                                  "(default: out/bench/<preset or model name>.json)")
     o.add_argument("--quality", help="a paper-table JSON: adds the quality-vs-speedup plot")
-    o.add_argument("--no-plots", action="store_true")
+    o.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     o.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench)
 
@@ -169,7 +169,7 @@ def add_eval(sub) -> None:
     add_quality_args(p)
     p.add_argument("--batch", type=int, default=16, help="clips per ASR call")
     p.add_argument("--out", help="per-row metrics .parquet (default: DATASET.eval.parquet beside it)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
 

@@ -86,6 +86,6 @@ def add_paper_table(sub) -> None:
     p.add_argument("--out", required=True, help="output directory: datasets/ (audio per method and seed), "
                                                 "paper_table.{json,md} and a plot")
     p.add_argument("--table", help="write the table files as TABLE.json/.md/_quality_vs_speedup.png instead")
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write no plot")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_paper_table)

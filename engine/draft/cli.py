@@ -112,7 +112,8 @@ def add_train(dsub) -> None:
     p.add_argument("--cache-target", action="store_true", default=None,
                    help="keep the target's logits of every sequence in memory (small datasets)")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N (single-process runs)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"],
+                   help="training precision (auto: bfloat16 autocast where the device has it)")
     ray_group = p.add_argument_group("Ray Train (several GPUs or nodes)")
     ray_group.add_argument("--workers", type=int, default=0, help="0: this process; N: N Ray Train workers")
     ray_group.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=None,
@@ -121,9 +122,9 @@ def add_train(dsub) -> None:
     ray_group.add_argument("--storage-path", help="where Ray keeps checkpoints (shared or s3://; default OUT/ray)")
     ray_group.add_argument("--max-failures", type=int, default=0, help="worker-group restarts")
     s3 = p.add_argument_group("S3")
-    s3.add_argument("--endpoint-url")
-    s3.add_argument("--region")
-    s3.add_argument("--profile")
+    s3.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// data (unset: AWS S3)")
+    s3.add_argument("--region", help="AWS region of the bucket")
+    s3.add_argument("--profile", help="AWS profile name from ~/.aws")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
@@ -132,16 +133,16 @@ def add_eval(dsub) -> None:
     p = dsub.add_parser("eval", help="mean accepted length and per-position acceptance of drafts",
                         description="Decode held-out texts with each --draft against --target and "
                                     "report acceptance per rule (before/after training: pass both).")
-    p.add_argument("--target", required=True)
+    p.add_argument("--target", required=True, help="target checkpoint (directory, Hub id or URI)")
     p.add_argument("--draft", required=True, action="append", help="a draft directory (repeatable)")
     p.add_argument("--texts-file", help="one text per line (default: built-in held-out texts)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help=f"comma-separated acceptance rules (default: {','.join(DEFAULT_METHODS)})")
     add_settings_arguments(p, DecodingSettings, include=["gamma", "theta", "temperature", "max_new_tokens", "seed"],
                            defaults={"max_new_tokens": 128})
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--batch-size", type=int, default=8, help="held-out texts decoded together")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     add_draft_weights_arg(p)
     p.add_argument("--out", help="also write the figures to FILE.json")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -53,7 +53,7 @@ def stats_type() -> pa.StructType:
 
 
 def dataset_schema(sampling_rate: int = SAMPLING_RATE) -> pa.Schema:
-    """Columns of a shard (nullable unless said; see the README section for their meaning)."""
+    """Columns of a shard (nullable unless said; their meaning: docs/guides/audio.md)."""
     fields = [
         pa.field("id", pa.string(), nullable=False),
         pa.field("text", pa.string()),

@@ -59,7 +59,7 @@ KIT_TRAIN_TEXTS = [
 
 @dataclass(frozen=True)
 class KitDraftRecipe:
-    """How the kit's draft is distilled (measured on seed 0: held-out 1 - TV 0.32 -> ~0.52)."""
+    """How the kit's draft is distilled (the acceptance it reaches: benchmarks/results/draft_cpu_tiny.md)."""
 
     steps: int = 24
     batch_size: int = 8

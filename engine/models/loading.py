@@ -100,8 +100,8 @@ def rope_parameters(config: dict) -> dict | None:
 def own_rope_tables(config: dict) -> tuple[torch.Tensor, float] | None:
     """Rotary inverse frequencies and cos/sin scaling for `rope_parameters`' kinds, computed as
     transformers computes them (`tests/cpu/test_llama_parity.py` compares them bit for bit)
-    without importing transformers' Llama model, which costs a fresh process 1.4-1.7 s on the
-    2-core AVX2-only EPYC. None where `rope_parameters` is None."""
+    without importing transformers' Llama model, a large share of a fresh process's start-up
+    (benchmarks/results/startup_cpu_avx2.json). None where `rope_parameters` is None."""
     params = rope_parameters(config)
     if params is None:
         return None
@@ -250,8 +250,8 @@ def backend_class_named(path: Path) -> bool:
     (Llasa's does), without custom code, for a Llama checkpoint or tokenizer files alone (model
     types for which transformers registers no tokenizer class of its own). Then `load_tokenizer`
     builds that class directly, without `AutoTokenizer`'s reading of the model config, which
-    imports most of transformers' model code (about 2 s for a fresh process on the 2-core
-    AVX2-only EPYC). `tests/cpu/test_tokenizer_load.py` checks that both give the same tokenizer,
+    imports most of transformers' model code (benchmarks/results/startup_cpu_avx2.json).
+    `tests/cpu/test_tokenizer_load.py` checks that both give the same tokenizer,
     of the same class, with the transformers installed."""
     path = Path(path)
     config_file, tokenizer_file = path / "config.json", path / "tokenizer_config.json"
@@ -266,10 +266,8 @@ def backend_class_named(path: Path) -> bool:
 def load_tokenizer(path: Path):
     """The checkpoint's tokenizer, shared by every load of identical tokenizer files in this
     process (a target and its draft; every model a process loads again), built without
-    transformers' copies of the added tokens where `added_tokens_in_backend` (in a fresh process
-    on the 2-core AVX2-only EPYC, 1.8 s instead of 3.5 s for the kit's files and 2.3 s instead of
-    3.7 s for them in transformers 4's layout, transformers' modules imported beforehand:
-    `benchmarks/results/tokenizer_load_cpu_avx2.json`), and as `TokenizersBackend` directly where
+    transformers' copies of the added tokens where `added_tokens_in_backend` (about half the
+    load time: `benchmarks/results/tokenizer_load_cpu_avx2.json`), and as `TokenizersBackend` directly where
     `backend_class_named` (which spares most of those imports: `results/startup_cpu_avx2.json`).
     The engine only reads it (encodes without truncation or padding, so concurrent use never
     changes its settings); callers must not modify it."""
@@ -291,13 +289,13 @@ def load_tokenizer(path: Path):
 def empty_model(config: dict, layout: LlasaLayout, device: torch.device, dtype: torch.dtype) -> LlamaLM:
     """The config's `LlamaLM` on `device` in `dtype`, its weights not yet set (built on the meta
     device; the output ids are made before, as ops on meta tensors import torch's compiler stack,
-    1.5 s for a fresh process)."""
+    which a fresh process would otherwise pay for)."""
     ids = layout.output_token_ids()
     inv_freq, scaling = rope_tables(config)
     with torch.device("meta"):
         model = LlamaLM(LlamaShape.from_config(config), ids, inv_freq, scaling)
     # what `model.to_empty(device=device).to(dtype)` does, with factory calls only: `to_empty`'s
-    # `empty_like` of meta tensors runs torch's Python reference ops, which import sympy (1 s)
+    # `empty_like` of meta tensors runs torch's Python reference ops, which import sympy
     for module in model.modules():
         for tensors in (module._parameters, module._buffers):
             for name, t in tensors.items():

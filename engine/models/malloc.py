@@ -8,24 +8,15 @@ is trimmed, and a thread's arena deletes a heap that falls empty. The next round
 fresh pages again, each a minor page fault in which the kernel zeroes 4 KiB, and on 2 cores a
 fault in either OpenMP thread stalls the other at the op's barrier.
 
-Measured on the lab's 2-core Intel Xeon VM (AMX), 2026-12-02, the tiny kit in bfloat16: decoding
-the temps48 rows alone on a process's main thread took 775,000-786,000 minor faults and 1.3 s of
-system CPU time per run with glibc's defaults, 11,000 and 0.05-0.06 s with the settings below,
-and ran 1.10x and 1.05x as fast in two runs an hour apart
-(benchmarks/results/malloc_cpu_tiny_xeon{,_after_load}.md); the temps48 job ran 1.19x and 1.10x
-as fast as the engine before this in the same repetitions, augment's 40 rows 1.16x and 0.95x
-(benchmarks/results/job_throughput_cpu_tiny_xeon_dec02_malloc{,_after_load}.md). In the first
-10 seconds after a job's worker took its first shard, its two decode threads took 465,000 and
-429,000 faults and 3.0 s of system time with glibc's defaults, 115 and 0 faults (0.12 s) with
-these settings (benchmarks/results/wakeups_cpu_tiny_xeon{_malloc_default,}.md).
+Keeping that memory removes nearly all of those faults and speeds up decoding alone and jobs
+(benchmarks/results/malloc_cpu_tiny_xeon.md, job_throughput_cpu_tiny_xeon_dec02_malloc.md,
+wakeups_cpu_tiny_xeon.md).
 
 The two thresholds go together: setting either turns off glibc's own adjustment of both (it
-raises them as large blocks are freed), and in that probe either one set alone made the job's
-faults worse than glibc's defaults: 3.3 million with the mmap threshold only, 4.7 million with
-the trim threshold only, against 0.9 million, and the job ran at 330 and 240 tokens/s against 427
-(benchmarks/results/wakeups_cpu_tiny_xeon_malloc_{mmap,trim}_threshold.md). The top pad is for a
-thread's arena: with the thresholds alone, rounds of 8-23 MiB blocks on a thread of its own
-still faulted about 11,000 times a round, and none with it (tests/cpu/test_malloc.py pins both).
+raises them as large blocks are freed), and either one set alone makes a job fault more than
+glibc's defaults (benchmarks/results/wakeups_cpu_tiny_xeon_malloc_{mmap,trim}_threshold.md). The
+top pad is for a thread's arena: with the thresholds alone, a thread of its own still faults on
+every round's large blocks (tests/cpu/test_malloc.py pins both).
 
 Where glibc is not the C library, or the user has set the allocator's environment variables
 (`MALLOC_*_`, `GLIBC_TUNABLES`), or `PCG_SYNTH_MALLOC=default`, nothing is changed. What is kept

@@ -2,11 +2,9 @@
 
 A draft only proposes; every acceptance rule corrects with the draft's probabilities as computed,
 so a coarser draft changes acceptance, never the target's distribution. On a CPU the decode step
-is bound by the bytes of weights it reads, and int8 weights halve them. Measured on the lab's
-2-core Xeon (AMX) at the llasa-1b-shape draft's projections (3 layers + the 65,537-row head, each
-a distinct tensor; benchmarks/results/int8_draft_cpu.json): bfloat16 prepacked 31.5 ms, this
-layer 21.9 ms for one row and 29.9 ms for eight; ATen's weight-only `_weight_int8pack_mm` 23.9 ms
-for one row and 53 ms for eight (it is compute-bound).
+is bound by the bytes of weights it reads, and int8 weights halve them; ATen's weight-only
+`_weight_int8pack_mm` is compute-bound instead and loses as rows grow
+(benchmarks/results/int8_draft_cpu.json).
 
 Rows stay independent: each row of the input is mapped onto [-1, 1] by its own midpoint and
 half-range before it is quantised to uint8 with a fixed scale, so a row's proposals do not
@@ -17,10 +15,9 @@ Weights use all of [-127, 127]. How many input levels depends on the CPU (`input
 VNNI or AMX int8 instructions oneDNN accumulates every uint8 x int8 product in int32, so a row
 takes uint8 128 +- 127. Without them (AVX2, AVX512 before VNNI) its kernel adds each pair of
 adjacent products in int16 with saturation first (`vpmaddubsw`), and 2 x 255 x 127 overflows
-int16: on the lab's AVX2-only EPYC a full-range layer's integer sums came back clipped (relative
-error 0.061 against the float product on the test's layer). There a row takes 64 +- 63 (uint8
+int16, so a full-range layer's integer sums come back clipped. There a row takes 64 +- 63 (uint8
 1..127; 2 x 127 x 127 = 32,258 fits), as fbgemm's `reduce_range` does for the same reason: the
-sums are exact and the test's layer is within 0.0193 of the float product.
+sums are exact (tests/cpu/test_int8_draft.py checks them at the extremes).
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ def int8_supported(device: torch.device | str) -> bool:
 
 def cpu_vnni() -> bool:
     """Whether this CPU has int8 dot-product instructions (VNNI, AMX int8), as torch detects them.
-    Without them oneDNN's int8 matmul is slower than float32: on the lab's AVX2-only EPYC a
-    llasa-1b-shape draft step took 1.28x float32's time at batch 1 and 1.50x at batch 8
+    Without them oneDNN's int8 matmul is slower than float32
     (benchmarks/results/int8_draft_cpu_avx2.json), so int8 draft weights pay only with them."""
     return bool(cpu_instructions(VNNI))
 

@@ -27,7 +27,7 @@ def client(address: str):
     from engine.connect import endpoint, refused
 
     # A GCS address (HOST:PORT, auto) is tried with a plain connection first: where nothing listens
-    # Ray's client waits 42 s before it gives up (measured: 127.0.0.1:1). A dashboard URL is left
+    # Ray's client waits a long while before it gives up. A dashboard URL is left
     # to the client's HTTP requests, which fail at once there and may go through a proxy.
     target = None if address.startswith(("http://", "https://")) else endpoint(address)
     why = refused(*target) if target else None

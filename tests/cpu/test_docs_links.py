@@ -1,30 +1,57 @@
-"""The documentation's references hold: every relative link (and its #anchor) in README.md, docs/
-and cluster/README.md leads somewhere, and every benchmark result file they cite is committed."""
+"""The documentation's references hold: every relative link (and its #anchor) in README.md, the
+site in docs/, cluster/README.md and the result files' notes leads somewhere, and every benchmark
+result file they cite is committed. The site's pages are read as mkdocs renders them (the
+generated reference pages included), their anchors as mkdocs makes them; the rest as GitHub does."""
 
 from __future__ import annotations
 
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
+from markdown.extensions.toc import slugify
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "cluster" / "README.md"]
+SITE = ROOT / "docs"
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(SITE.rglob("*.md")), ROOT / "cluster" / "README.md",
+        RESULTS / "README.md"]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import docs_reference  # noqa: E402
+
+
+@cache
+def text(doc: Path) -> str:
+    """A document as its readers see it: a site page with its generated reference expanded."""
+    raw = doc.read_text()
+    return docs_reference.expand(raw) if SITE in doc.parents else raw
+
+
+def github_slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
 @cache
 def anchors(doc: Path) -> set[str]:
-    """The anchors GitHub makes of a Markdown file's headings (a repeated one gets -1, -2, ...)."""
+    """The anchors of a Markdown file's headings (a repeated one gets _1/-1, ...), outside code
+    blocks: mkdocs' for a site page, GitHub's for the others."""
+    on_site = SITE in doc.parents
     seen: dict[str, int] = {}
     out = set()
-    for line in doc.read_text().splitlines():
-        if not re.match(r"#{1,6} ", line):
+    fenced = False
+    for line in text(doc).splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not re.match(r"#{1,6} ", line):
             continue
-        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        heading = line.lstrip("#").strip()
+        slug = slugify(heading.replace("`", ""), "-") if on_site else github_slug(heading)
         n = seen.get(slug, 0)
         seen[slug] = n + 1
-        out.add(slug if n == 0 else f"{slug}-{n}")
+        out.add(slug if n == 0 else (f"{slug}_{n}" if on_site else f"{slug}-{n}"))
     return out
 
 
@@ -37,36 +64,60 @@ def expand(name: str) -> list[str]:
 
 
 def cited_results(doc: Path) -> list[str]:
-    """Result files a document names: `results/...` in code spans, and in the README the at-a-glance
-    table's last column."""
-    text = doc.read_text()
-    names = [tok.rstrip(".,") for span in re.findall(r"`([^`]+)`", text)
+    """Result files a document names: `results/...` in code spans, and links into benchmarks/results/."""
+    body = text(doc)
+    names = [tok.rstrip(".,") for span in re.findall(r"`([^`]+)`", body)
              for tok in re.findall(r"results/([\w{},*.\-]+)", span)]
-    if doc.name == "README.md" and doc.parent == ROOT:
-        bench = text[text.index("\n## Benchmarks\n"):text.index("\n## Setup\n")]
-        for row in re.findall(r"^\|.*\|$", bench, re.M):
-            names += [s for s in re.findall(r"`([^`]+)`", row.rsplit("|", 2)[1]) if re.search(r"\.(md|json)$", s)]
+    names += [target.split("results/", 1)[1].partition("#")[0] for target in LINK.findall(body)
+              if "benchmarks/results/" in target or (doc.parent == RESULTS and "/" not in target
+                                                     and re.search(r"\.(md|json)$", target))]
     return [n for name in names for n in expand(name)]
 
 
-def test_every_relative_link_and_anchor_resolves():
+def broken_links(docs: list[Path]) -> list[str]:
     broken = []
-    for doc in DOCS:
-        for target in LINK.findall(doc.read_text()):
+    for doc in docs:
+        for target in LINK.findall(text(doc)):
             if re.match(r"[a-z]+:", target):  # http(s), mailto: not ours to check here
                 continue
             path, _, anchor = target.partition("#")
             dest = (doc.parent / path).resolve() if path else doc
             if not dest.exists():
-                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such file)")
+                broken.append(f"{doc}: {target} (no such file)")
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
-                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
+                broken.append(f"{doc}: {target} (no such heading)")
+    return broken
+
+
+def uncommitted(docs: list[Path]) -> list[str]:
+    return [f"{doc}: {name}" for doc in docs for name in cited_results(doc)
+            if not list(RESULTS.glob(name)) and not list(RESULTS.glob(name + ".*"))]
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = broken_links(DOCS)
     assert not broken, "\n".join(broken)
 
 
 def test_every_cited_result_file_is_committed():
     cited = {doc.relative_to(ROOT).as_posix(): cited_results(doc) for doc in DOCS}
-    assert len(cited["README.md"]) > 20 and len(cited["docs/benchmarks.md"]) > 100  # the parser sees them
-    missing = [f"{doc}: {name}" for doc, names in cited.items() for name in names
-               if not list(RESULTS.glob(name)) and not list(RESULTS.glob(name + ".*"))]
+    # the parser sees them: the README's at-a-glance links, the performance page, the notes
+    assert len(cited["README.md"]) >= 6 and len(cited["docs/performance.md"]) > 10
+    assert len(cited["benchmarks/results/README.md"]) > 100
+    missing = uncommitted(DOCS)
     assert not missing, "\n".join(missing)
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path):
+    """A broken anchor into a site page (one of the generated reference's too), a missing file and
+    an uncommitted result file are each reported."""
+    doc = tmp_path / "doc.md"
+    site = SITE.relative_to(ROOT)
+    doc.write_text(f"[a]({ROOT / site / 'guides' / 'jobs.md'}#no-such-heading) "
+                   f"[b]({ROOT / site / 'reference' / 'job-spec.md'}#decoding) "
+                   f"[c]({ROOT / site / 'reference' / 'job-spec.md'}#nor-this) [d](missing.md) "
+                   "`benchmarks/results/no_such_result.json`\n")
+    broken = broken_links([doc])
+    assert len(broken) == 3 and "no-such-heading" in broken[0] and "nor-this" in broken[1], broken
+    assert "missing.md (no such file)" in broken[2]
+    assert uncommitted([doc]) == [f"{doc}: no_such_result.json"]

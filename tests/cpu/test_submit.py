@@ -154,30 +154,6 @@ def test_example_job_specs_are_valid():
     assert rayjob["kind"] == "RayJob" and "pcg-synth run" in rayjob["spec"]["entrypoint"]
 
 
-def test_every_job_spec_field_is_documented_in_the_readme():
-    from engine.config import (
-        AugmentSpec,
-        DecodingSettings,
-        InputSpec,
-        ModelPair,
-        ModelsSpec,
-        OutputSpec,
-        ProfileSpec,
-        ResourcesSpec,
-        StorageOptions,
-        SweepSpec,
-        VoicePromptSpec,
-    )
-
-    readme = (ROOT / "README.md").read_text()
-    for prefix, model in [("models", ModelsSpec), ("decoding", DecodingSettings), ("input", InputSpec),
-                          ("output", OutputSpec), ("storage", StorageOptions), ("resources", ResourcesSpec),
-                          ("augment", AugmentSpec), ("augment.prompts[]", VoicePromptSpec),
-                          ("sweep", SweepSpec), ("sweep.model_pairs[]", ModelPair), ("profile", ProfileSpec)]:
-        for name in model.model_fields:
-            assert f"`{prefix}.{name}`" in readme, f"{prefix}.{name} is not documented"
-
-
 @pytest.fixture
 def address_file_kept():
     with ray_address_file_kept():

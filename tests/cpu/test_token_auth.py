@@ -1,5 +1,5 @@
 """Ray's token authentication (RAY_AUTH_MODE=token) on a 2-node cluster started with `ray start`
-on loopback, as cluster/README.md describes it: a node joins with the cluster's token, the Jobs
+on loopback, as docs/guides/clusters.md describes it: a node joins with the cluster's token, the Jobs
 API that `pcg-synth submit`/`status` use answers a client holding the token and refuses one
 with another token. Clients run in subprocesses (Ray's auth mode is process-wide)."""
 
