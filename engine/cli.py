@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 from dataclasses import fields
@@ -302,11 +303,13 @@ def cmd_run(args) -> int:
         return 0
     from engine.io.storage import Storage
 
-    preflight(spec, Storage(spec.storage))  # a missing model fails here too, before torch and Ray load
+    # a missing model fails here too, before torch and Ray load (the output folder is made by the
+    # job itself: one refused before any work leaves none)
+    preflight(spec, Storage(spec.storage), create=False)
     if spec.kind == "sweep":
         from engine.runtime.sweep import run_sweep
 
-        doc = run_sweep(spec, address=args.address, progress=not args.quiet)
+        doc = run_sweep(spec, address=args.address, progress=not args.quiet, wait=args.wait)
         if args.quiet:
             print(json.dumps({"job": spec.name, "output": spec.output.uri, "runs": len(doc["runs"]),
                               "plots": doc["plots"]}))
@@ -314,7 +317,8 @@ def cmd_run(args) -> int:
     from engine.runtime.job import JobRunner
 
     summary = JobRunner(spec, address=args.address, progress=not args.quiet,
-                        allow_numerics_change=args.allow_numerics_change).run()
+                        allow_numerics_change=args.allow_numerics_change, wait=args.wait,
+                        rerun=shlex.join(["pcg-synth", *args.argv])).run()
     if args.quiet:
         print(json.dumps({k: summary[k] for k in ("job", "output", "rows_ok", "rows_failed", "audio_seconds")}))
     return 0
@@ -352,6 +356,10 @@ def add_jobs(sub) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="check the job without models, Ray or writing: models and output reachable, "
                         "every manifest row validated, the plan and what the output holds; print it")
+    p.add_argument("--wait", action="store_true",
+                   help="if another driver is writing the same output (it holds the output's lease), wait "
+                        "for it to end, then go on (typically finding the job finished and printing its "
+                        "summary); without it the run refuses at once (exit status 75)")
     p.set_defaults(func=cmd_run)
     s = sub.add_parser("submit", help="submit a job spec to a Ray cluster (Ray Jobs API)",
                        description="Validate JOB.yaml here, upload it and run `pcg-synth run` on the "
@@ -411,14 +419,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from engine import console
     from engine.errors import ClusterUnreachable, GroupBuildError, JobFailed, ModelLoadError
+    from engine.io.lease import LEASE_EXIT_CODE, LeaseHeld
     from engine.io.storage import StorageError
 
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for the line that says how to rerun
     console.configure(verbose=args.verbose)
     try:
         return args.func(args)
     except ValidationError as exc:
         print(f"error: {format_validation(exc)}", file=sys.stderr)
+    except LeaseHeld as exc:  # the output is in use: try again later
+        print(f"error: {exc}", file=sys.stderr)
+        return LEASE_EXIT_CODE
     except (UsageError, ModelLoadError, FileExistsError, ValueError, StorageError, ClusterUnreachable) as exc:
         print(f"error: {exc}", file=sys.stderr)
     except (JobFailed, GroupBuildError) as exc:

@@ -213,6 +213,11 @@ class OutputSpec(BaseModel):
     audio_format: Literal["wav", "flac"] = Field("flac", description="Audio bytes in the dataset.")
     prompt_audio: Literal["strip", "include", "context"] = Field("strip", description=(
         "Voice-prompt audio in the output: strip, include, or decode with it as context and cut it."))
+    lease_stale_s: float = Field(60.0, ge=2.0, description=(
+        "One driver writes an output at a time: it holds a lease there (`_lease/`), renewed every "
+        "quarter of this time. A lease not renewed for this long (the driver was killed, its machine "
+        "lost) is taken over by the next driver; one whose driver on the same machine is gone, at "
+        "once. A driver that cannot renew its lease for three quarters of it stops."))
 
 
 class ResourcesSpec(BaseModel):

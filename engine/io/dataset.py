@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.config import DecodingSettings
+from engine.io.files import publish, sync_file
 from engine.records import RowStats, SynthesisResult
 
 SAMPLING_RATE = 16_000
@@ -141,9 +142,9 @@ def build_table(rows: Sequence[AudioRow], settings: DecodingSettings | Sequence[
 def parquet_writer(dest: str | Path | BinaryIO, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
     """A Parquet writer for `dest`; each `write_table` call adds row groups.
 
-    A path is written to a temporary sibling and renamed into place on success (readers never
-    see half a file; a failure leaves no file). A file-like object is written as is and left
-    open for its owner.
+    A path is written to a temporary sibling, fsynced and renamed into place on success (readers
+    never see half a file; a failure leaves no file; a crash after it returns keeps all of it).
+    A file-like object is written as is and left open for its owner.
     """
     if not isinstance(dest, (str, Path)):
         with pq.ParquetWriter(dest, schema, compression="zstd") as writer:
@@ -155,7 +156,8 @@ def parquet_writer(dest: str | Path | BinaryIO, schema: pa.Schema) -> Iterator[p
     try:
         with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
             yield writer
-        os.replace(tmp, path)
+        sync_file(tmp)  # on the disk before the rename publishes it (files.publish fsyncs the folder)
+        publish(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -15,9 +15,10 @@ path always wins over the Hub reading of the same text.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
-import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ from urllib.parse import urlparse
 
 from engine.config import StorageOptions, hub_model_id
 from engine.console import counted
+from engine.io import files
+from engine.io.files import write_atomic
+
+__all__ = ["write_atomic"]  # re-exported: local writers import it from here
 
 # Schemes this module serves itself; every other scheme fsspec knows goes through fsspec.
 OWN_SCHEMES = ("file", "s3")
@@ -35,6 +40,50 @@ EXTRAS = {"gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "a
 
 class StorageError(RuntimeError):
     """A storage operation failed; the message names the URI, never credentials."""
+
+
+class WriteFailed(StorageError):
+    """A write failed for a reason retrying soon will not cure (no space left, a quota, a
+    read-only filesystem, no permission): a job stops at once instead of retrying its shards.
+
+    Attributes:
+        uri: what could not be written.
+        why: the cause, e.g. `No space left on device`.
+        remedy: what to do, e.g. `free space on its filesystem`.
+    """
+
+    def __init__(self, uri: str, why: str, remedy: str) -> None:
+        super().__init__(f"cannot write {uri}: {why}")
+        self.uri, self.why, self.remedy = uri, why, remedy
+
+    def __reduce__(self):  # crosses process boundaries (Ray) with its fields
+        return type(self), (self.uri, self.why, self.remedy)
+
+
+log = logging.getLogger(__name__)
+RETRY_LOG_EVERY_S = 2.0  # at most one retry line per this many seconds per process; the rest are counted
+
+
+class RetryLog:
+    """One log line per storage backoff, at most one every `every_s` seconds (an outage can make
+    many calls back off at once); the lines held back are counted in the next one."""
+
+    def __init__(self, every_s: float = RETRY_LOG_EVERY_S) -> None:
+        self.every_s, self.last, self.held = every_s, float("-inf"), 0
+        self.lock = threading.Lock()
+
+    def __call__(self, text: str) -> None:
+        with self.lock:
+            now = time.monotonic()
+            if now - self.last < self.every_s:
+                self.held += 1
+                return
+            held, self.held, self.last = self.held, 0, now
+        log.warning("storage: %s%s", text, f" ({counted(held, 'more retry', 'more retries')} since the last line)"
+                    if held else "")
+
+
+retry_log = RetryLog()
 
 
 # S3 error codes that mean "try again later" (besides any HTTP 5xx)
@@ -127,20 +176,6 @@ def relative_to(manifest: str, ref: str) -> str:
     return Location(loc.scheme, loc.bucket, base).uri
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write a local file via a temporary sibling and a rename: readers never see half a file."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class file_lock:  # noqa: N801 - used as a context manager, like open()
     """An exclusive `flock` on `path` (created if missing): processes on one machine (the Ray
     workers of a node) take turns; the lock goes with the process if it dies."""
@@ -161,6 +196,17 @@ class file_lock:  # noqa: N801 - used as a context manager, like open()
 
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
+
+
+def local_write(uri: str, write: Callable[[], object]):
+    """`write()`, its OSError turned into a one-line error naming `uri` and the cause."""
+    try:
+        return write()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        if (remedy := files.remedy(exc)) is not None:
+            raise WriteFailed(uri, why, remedy) from None
+        raise StorageError(f"cannot write {uri}: {why}") from None
 
 
 def file_md5(path: Path) -> str:
@@ -290,8 +336,9 @@ class Storage:
 
     def _retrying(self, call: Callable[[], object], fail: Callable[[Exception], StorageError]):
         """`call()`, retried after a transient failure (`transient`) up to `options.retries`
-        times with exponential backoff and jitter; any other failure, or the last one, becomes
-        `fail(exc)` (a StorageError naming the URI)."""
+        times with exponential backoff and jitter, each backoff logged (`retry_log`: the
+        operation, URI, cause, retry number and wait); any other failure, or the last one,
+        becomes `fail(exc)` (a StorageError naming the URI)."""
         opts = self.options
         attempt = 0
         while True:
@@ -305,6 +352,7 @@ class Storage:
                     wait = backoff_s(attempt, opts.retry_backoff_s, opts.retry_backoff_max_s)
                     self.retries += 1
                     self.retry_wait_s += wait
+                    retry_log(f"{fail(exc)}; retry {attempt} of {opts.retries} in {wait:.1f} s")
                     self._sleep(wait)
                     continue
                 error = fail(exc)
@@ -431,16 +479,131 @@ class Storage:
             Bucket=loc.bucket, Key=loc.path, Range=f"bytes={start}-{stop - 1}")["Body"].read())
 
     def write_bytes(self, uri: str, data: bytes) -> None:
-        """Write atomically: a temporary file renamed into place, or one object PUT."""
+        """Write atomically: a temporary file fsynced and renamed into place (the folder fsynced
+        after: durable once this returns), or one object PUT.
+
+        Raises:
+            WriteFailed: a local write failed for a lasting reason (no space, quota, read-only,
+                permission); StorageError: any other failure, naming the URI.
+        """
         loc = parse(uri)
         if loc.scheme == "file":
-            write_atomic(loc.path, data)
+            local_write(loc.uri, lambda: write_atomic(loc.path, data))
             return
         if loc.scheme not in OWN_SCHEMES:
             fs, path = self._fs(loc)
             self._fs_call(loc, "write", lambda: fs.pipe_file(path, data))
             return
         self._s3_call(loc, "write", lambda: self.s3.put_object(Bucket=loc.bucket, Key=loc.path, Body=data))
+
+    def create_new(self, uri: str, data: bytes) -> bool:
+        """Create `uri` holding `data` unless it exists: of several writers at once exactly one
+        succeeds. A local exclusive create (O_CREAT | O_EXCL); on S3 a conditional PUT
+        (`If-None-Match: *`); on another fsspec store its `pipe_file(mode="create")`, atomic
+        where that store implements it, a check-then-write where it does not.
+
+        Returns:
+            False when `uri` exists already.
+        """
+        loc = parse(uri)
+        if loc.scheme == "file":
+            return local_write(loc.uri, lambda: files.create_new(loc.path, data))
+        if loc.scheme not in OWN_SCHEMES:
+            fs, path = self._fs(loc)
+
+            def create() -> bool:
+                try:
+                    fs.pipe_file(path, data, mode="create")
+                except FileExistsError:
+                    return False
+                return True
+
+            return self._fs_call(loc, "create", create)
+        from botocore.exceptions import ClientError
+
+        def put() -> bool:
+            try:
+                self.s3.put_object(Bucket=loc.bucket, Key=loc.path, Body=data, IfNoneMatch="*")
+            except ClientError as exc:
+                # 412: it exists; 409: another conditional write of it is under way (it will exist)
+                if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                    return False
+                raise
+            return True
+
+        return self._s3_call(loc, "create", put)
+
+    def refresh(self, uri: str, data: bytes) -> bool:
+        """Mark `uri`, which holds `data`, as modified now (a lease's renewal): a local file's
+        modification time is set (no space needed: it works on a full disk); an object is
+        written again.
+
+        Returns:
+            False when a local file is gone (an object is written again regardless).
+        """
+        loc = parse(uri)
+        if loc.scheme == "file":
+            try:
+                os.utime(loc.path)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise StorageError(f"cannot refresh {loc.uri}: {exc.strerror}") from None
+            return True
+        self.write_bytes(uri, data)
+        return True
+
+    def modified(self, uri: str) -> float | None:
+        """When `uri` was last written (seconds since the epoch: the local clock, or the object
+        store's), or None if it does not exist."""
+        loc = parse(uri)
+        if loc.scheme == "file":
+            try:
+                return os.stat(loc.path).st_mtime
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise StorageError(f"cannot check {loc.uri}: {exc.strerror}") from None
+        if loc.scheme not in OWN_SCHEMES:
+            fs, path = self._fs(loc)
+
+            def when() -> float | None:
+                try:
+                    return fs.modified(path).timestamp()
+                except FileNotFoundError:
+                    return None
+
+            return self._fs_call(loc, "check", when)
+        from botocore.exceptions import ClientError
+
+        def head() -> float | None:
+            try:
+                return self.s3.head_object(Bucket=loc.bucket, Key=loc.path)["LastModified"].timestamp()
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return None
+                raise
+
+        return self._s3_call(loc, "check", head)
+
+    def absent_folders(self, uri: str) -> list[str]:
+        """The local folder `uri` and its parents that do not exist yet, innermost first (what
+        writing there will create); [] for object stores, which have no folders."""
+        loc = parse(uri)
+        if loc.scheme != "file":
+            return []
+        path, out = Path(loc.path), []
+        while not path.exists() and path != path.parent:
+            out.append(str(path))
+            path = path.parent
+        return out
+
+    def remove_empty_folders(self, uri: str) -> None:
+        """Remove the local folder `uri` and the folders under it if none holds a file (what a
+        job refused before any work leaves); object stores have no folders to remove."""
+        loc = parse(uri)
+        if loc.scheme == "file":
+            files.remove_empty_dirs(loc.path)
 
     def delete(self, uri: str) -> None:
         loc = parse(uri)

@@ -1,4 +1,6 @@
-"""The job driver: validate, plan, resume, prepare groups, run the worker pool, summarize."""
+"""The job driver: validate, take the output's lease, plan, resume, prepare groups, run the worker
+pool, summarize; a job that does not end well ends with one line saying what failed, what was
+kept and how to resume."""
 
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ from tqdm.auto import tqdm
 from engine.config import JobSpec
 from engine.connect import init_ray
 from engine.console import bar_disabled, counted
-from engine.io.storage import Storage
+from engine.io.lease import LeaseHeld, OutputLease
+from engine.io.storage import Storage, StorageError
 from engine.runtime.plan import Layout, make_plan
 from engine.runtime.pool import IdleWorkers, JobFailed, WorkerPool
 from engine.runtime.preflight import check_groups_file, check_resume, finished_summary, needs_groups, preflight
-from engine.runtime.summary import progress_postfix, summarize, summary_table
+from engine.runtime.summary import failure_line, lease_lost_line, progress_postfix, summarize, summary_table
 
 
 def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given=None):
@@ -45,6 +48,11 @@ def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given
 class JobRunner:
     """Runs a job spec on the Ray cluster this process is connected to (or a local one).
 
+    The driver holds the output's lease (`engine.io.lease`) from before it writes anything
+    there until it ends: a second driver on the same output refuses, or waits (`wait`). A job
+    refused before any work (a bad groups file, an empty manifest, an output of another job)
+    leaves no output folder it made behind.
+
     Args:
         spec: the job.
         address: Ray address (`auto`, `ray://HEAD:10001`, `local`); None: `RAY_ADDRESS` if set,
@@ -56,26 +64,56 @@ class JobRunner:
             (`runtime/numerics.py`); the difference is recorded in `_job.json` and the summary.
         idle: workers kept loaded between this driver's jobs (`pool.IdleWorkers`: a sweep's
             points); None: the job starts its own workers and retires them at its end.
+        wait: if another driver holds the output's lease, wait for it to end (or to go stale)
+            instead of refusing.
+        rerun: the command that resumes this job, for the line a failed job ends with.
     """
 
     def __init__(self, spec: JobSpec, address: str | None = None, progress: bool = True,
                  on_commit: Callable[[dict], None] | None = None, warmup: bool = False,
-                 allow_numerics_change: bool = False, idle: IdleWorkers | None = None) -> None:
+                 allow_numerics_change: bool = False, idle: IdleWorkers | None = None, wait: bool = False,
+                 rerun: str | None = None) -> None:
         self.spec, self.address, self.progress, self.on_commit = spec, address, progress, on_commit
         self.warmup, self.allow_numerics_change, self.idle = warmup, allow_numerics_change, idle
+        self.wait, self.rerun = wait, rerun
         self.storage = Storage(spec.storage)
         self.layout = Layout(spec.output.uri)
+
+    def notify(self, text: str) -> None:  # always shown: the job is waiting, or something changed
+        tqdm.write(f"{self.spec.name}: {text}", file=sys.stderr)
 
     def run(self) -> dict:
         """Run to completion; returns the summary (also written to `summary.json`).
 
         Raises:
-            ValueError: bad spec or inputs (before any work); JobFailed: workers cannot start.
+            ValueError: bad spec or inputs (before any work); LeaseHeld: another driver holds the
+            output (and `wait` is off); JobFailed: workers cannot start, shards failed, a write
+            failed for a lasting reason (no space left...) or the lease was lost.
         """
         spec, storage, layout = self.spec, self.storage, self.layout
         if spec.kind == "sweep":
             raise ValueError("kind: sweep runs many jobs: use engine.runtime.sweep.run_sweep (pcg-synth run does)")
-        preflight(spec, storage)
+        made = storage.absent_folders(layout.root)  # local folders this run creates
+        refused = True
+        try:
+            preflight(spec, storage)
+            with OutputLease(storage, layout.root, spec.output.lease_stale_s, job=spec.name, wait=self.wait,
+                             notify=self.notify) as lease:
+                started = self.start()
+                refused = False
+                return self.execute(lease, *started)
+        except LeaseHeld:
+            refused = False  # the output is another driver's: nothing of it is this run's to remove
+            raise
+        finally:
+            for folder in made if refused else []:  # refused before any work: no output folder left behind
+                storage.remove_empty_folders(folder)
+
+    def start(self) -> tuple:
+        """What happens before any work, holding the lease: the groups file checked, an augment
+        job's variants written, the plan made, the output checked and recorded (`_job.json`).
+        Returns (given groups, augment expansion, plan, committed shard ids, numerics changes)."""
+        spec, storage, layout = self.spec, self.storage, self.layout
         # a given groups file is checked before anything is written to the output
         given_groups = check_groups_file(spec, storage) if needs_groups(spec) and spec.models.groups else None
         expansion = None
@@ -90,6 +128,12 @@ class JobRunner:
         for warning in plan.warnings():
             print(f"{spec.name}: warning: {warning}", file=sys.stderr)
         committed, numerics_changes = check_resume(spec, plan, storage, layout, self.allow_numerics_change)
+        return given_groups, expansion, plan, committed, numerics_changes
+
+    def execute(self, lease: OutputLease, given_groups, expansion, plan, committed: set[str],
+                numerics_changes: list[str]) -> dict:
+        """Run the shards not committed yet, then summarize."""
+        spec, storage, layout = self.spec, self.storage, self.layout
         todo = [s for s in plan.shards if s.id not in committed]
         if not todo and (previous := finished_summary(storage, layout, plan)) is not None:
             if self.progress:  # a rerun of a finished job: its figures, not a run of nothing
@@ -108,19 +152,24 @@ class JobRunner:
             done_rows = sum(s.rows for s in plan.shards if s.id in committed)
             bar = tqdm(total=plan.rows, initial=done_rows, unit="row", desc=spec.name,
                        disable=bar_disabled(self.progress))
+            retried: dict[str, int] = {}
 
             def commit(record: dict) -> None:
                 records.append(record)
                 bar.update(record["rows"])
                 bar.set_postfix_str(progress_postfix(records, time.perf_counter() - started))
+                if record.get("storage_retries", 0) > retried.get(record["worker"], 0):
+                    retried[record["worker"]] = record["storage_retries"]
+                    self.notify(f"worker {record['worker']}: {counted(record['storage_retries'], 'storage call')} "
+                                "retried so far after transient failures (each logged in the worker's log)")
                 if self.on_commit:
                     self.on_commit(record)
 
-            def notify(text: str) -> None:  # always shown: the job is waiting, not stuck
-                tqdm.write(f"{spec.name}: {text}", file=sys.stderr)
+            def halt() -> str | None:
+                return f"lost the lease on {spec.output.uri}: {lease.lost}" if lease.lost else None
 
             pool = WorkerPool(spec, ray.put(groups) if groups is not None else None, commit, self.warmup,
-                              notify=notify, idle=self.idle)
+                              notify=self.notify, idle=self.idle, halt=halt)
             try:
                 report = pool.run(todo)
             finally:
@@ -134,11 +183,27 @@ class JobRunner:
         if numerics_changes:
             summary["numerics_change_allowed"] = numerics_changes
         summary["warnings"] = plan.warnings()
-        storage.write_bytes(layout.summary, json.dumps(summary, indent=1).encode())
+        summary["driver_storage_retries"] = storage.retries
+        if lease.lost:  # another driver may hold the output now: the summary is its to write
+            if self.progress:
+                print(summary_table(summary))
+            raise JobFailed(lease_lost_line(summary, f"lost the lease on {spec.output.uri}: {lease.lost}",
+                                            self.rerun))
+        unwritten = self.write_summary(summary)
         if self.progress:
             print(summary_table(summary))
-        if summary["shards"]["failed"]:
-            failed = ", ".join(f"{k}: {v}" for k, v in list(summary["failed_shards"].items())[:3])
-            raise JobFailed(f"{summary['shards']['failed']} shard(s) failed ({failed}); "
-                            "rerun the job to retry them")
+        line = failure_line(summary, report.stopped if report else None, report.remedy if report else None,
+                            unwritten, self.rerun)
+        if line is not None:
+            raise JobFailed(line)
         return summary
+
+    def write_summary(self, summary: dict) -> StorageError | None:
+        """Write summary.json; where it cannot be written (a full disk), print it (JSON) instead
+        and return the error."""
+        try:
+            self.storage.write_bytes(self.layout.summary, json.dumps(summary, indent=1).encode())
+        except StorageError as exc:
+            print(json.dumps(summary, indent=1))
+            return exc
+        return None

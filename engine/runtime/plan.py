@@ -155,7 +155,8 @@ def plan_of(spec: JobSpec, files: list[str], contents: Iterable[tuple[str, bytes
             shards.append(Shard(f"shard-{len(shards):05d}", uri, start, stop, mine, span))
         total += len(rows)
     if total == 0:
-        raise ValueError("the manifests hold no rows")
+        shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+        raise ValueError(f"input.manifests: no rows in the {counted(len(files), 'manifest file')} read ({shown})")
     return Plan(shards, total, files, digest.hexdigest()[:32], ignored)
 
 

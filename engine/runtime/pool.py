@@ -9,7 +9,10 @@ shard it held is requeued (each up to `max_retries` times, after a per-shard exp
 with jitter while the other shards go on) and a replacement is started as soon as the live nodes
 have room for it. When no worker is left and no live node can host one (the only worker node
 was lost), the pool asks the autoscaler for capacity and waits up to
-`resources.capacity_wait_s` for nodes to join; committed shards are kept meanwhile.
+`resources.capacity_wait_s` for nodes to join; committed shards are kept meanwhile. A write
+that failed for a lasting reason (`WriteFailed`: no space left, a quota, a read-only output) is
+not retried: the pool stops handing out shards and ends, as it does when its caller's `halt`
+says so (the driver lost its lease on the output).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from engine.config import JobSpec
 from engine.console import counted
 from engine.errors import JobFailed
-from engine.io.storage import backoff_s
+from engine.io.storage import WriteFailed, backoff_s
 from engine.runtime.actors import SynthesisWorker, cluster_capacity, worker_options
 from engine.runtime.plan import Shard
 
@@ -96,6 +99,8 @@ class PoolReport:
     first_dispatch: float | None = None  # time.monotonic() of the first shard handed out
     last_commit: float | None = None
     placements: dict[str, dict] = field(default_factory=dict)  # worker -> where it loaded
+    stopped: str | None = None  # why the pool stopped before its shards were done (a lasting write failure...)
+    remedy: str | None = None  # what to do about it, where known (`WriteFailed.remedy`)
 
     @property
     def steady_s(self) -> float | None:
@@ -117,12 +122,14 @@ class WorkerPool:
         idle: loaded workers to take before starting new ones, and to give the workers back to
             at the end (a sweep's points); None: every worker is started for this job and
             retired at its end.
+        halt: asked between events: a reason to stop now (None: go on).
     """
 
     def __init__(self, spec: JobSpec, groups_ref, on_commit: Callable[[dict], None],
                  warmup: bool = False, notify: Callable[[str], None] | None = None,
-                 idle: IdleWorkers | None = None) -> None:
+                 idle: IdleWorkers | None = None, halt: Callable[[], str | None] | None = None) -> None:
         self.spec, self.groups_ref, self.on_commit, self.idle = spec, groups_ref, on_commit, idle
+        self.halt = halt or (lambda: None)
         self.notify = notify or (lambda text: print(text, file=sys.stderr, flush=True))
         self.warmup = warmup
         self.spec_json = spec.model_dump_json()
@@ -239,6 +246,9 @@ class WorkerPool:
         try:
             barrier = self.warmup
             while self.work_left() or self.inflight:
+                if (reason := self.report.stopped or self.halt()) is not None:
+                    self.stop(reason)
+                    break
                 next_due = self.release_due()
                 barrier = barrier and bool(self.starting)
                 over_share = []
@@ -283,7 +293,7 @@ class WorkerPool:
                     self.on_started(ref)
                 else:
                     self.on_finished(ref)
-            finished = True
+            finished = self.report.stopped is None  # stopped: workers may still hold shards, retire them
         finally:
             starting = {slot for slot, _ in self.starting.values()}
             for slot in list(self.actors):
@@ -294,6 +304,16 @@ class WorkerPool:
             if self.waiting_since is not None:
                 request_capacity([])
         return self.report
+
+    def stop(self, reason: str) -> None:
+        """End the job here: every shard not committed yet fails with `reason` (the workers are
+        retired as the pool ends; a rerun does those shards)."""
+        self.report.stopped = reason
+        for shard in [*self.pending, *(s for _, s in self.delayed), *(s for _, s in self.inflight.values())]:
+            self.report.failed.setdefault(shard.id, f"not run: {reason}")
+        self.pending.clear()
+        self.delayed.clear()
+        self.inflight.clear()
 
     def holding(self, slot: int) -> int:
         return sum(1 for s, _ in self.inflight.values() if s == slot)
@@ -336,7 +356,12 @@ class WorkerPool:
                 self.free = deque(s for s in self.free if s != slot)  # its other shards fail too
             else:
                 self.room_back(slot)  # only this shard failed
-            if self.attempts[shard.id] <= self.spec.resources.max_retries:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, WriteFailed):  # no space, quota, read-only: retries would fail alike
+                self.report.failed[shard.id] = str(cause)
+                if self.report.stopped is None:
+                    self.report.stopped, self.report.remedy = str(cause), cause.remedy
+            elif self.attempts[shard.id] <= self.spec.resources.max_retries:
                 self.retry_later(shard)
             else:
                 self.report.failed[shard.id] = first_line(exc)

@@ -272,3 +272,48 @@ def summary_table(s: dict) -> str:
                                            f"{where['device']} gpus={where['gpu_ids']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+# ---- the line a job that did not end well ends with --------------------------------------------
+
+
+def kept(summary: dict) -> str:
+    sh = summary["shards"]
+    return f"{sh['committed']} of {counted(sh['total'], 'shard')} committed (kept)"
+
+
+def then_rerun(rerun: str | None, what: str = "") -> str:
+    return f"rerun{what}: {rerun}" if rerun else f"rerun the job{what}"
+
+
+def failure_line(summary: dict, stopped: str | None, remedy: str | None, unwritten: Exception | None,
+                 rerun: str | None) -> str | None:
+    """One line for a job that did not end well (None: it did): what failed (naming the path and
+    the cause), what was kept, whether summary.json was written, and the command that resumes
+    it (`rerun`; None: "rerun the job").
+
+    Args:
+        stopped: why the job stopped before its end (a write that failed for a lasting reason).
+        remedy: what to do about it (`WriteFailed.remedy`).
+        unwritten: why summary.json could not be written (then it was printed), or None.
+    """
+    sh = summary["shards"]
+    note = f"; summary.json not written ({unwritten}): printed above" if unwritten else ""
+    if stopped:
+        return (f"{stopped}; the job stopped with {kept(summary)}{note}; {remedy or 'fix that'}, "
+                f"then {then_rerun(rerun)}")
+    if sh["failed"]:
+        failed = ", ".join(f"{k}: {v}" for k, v in list(summary["failed_shards"].items())[:3])
+        return (f"{counted(sh['failed'], 'shard')} failed ({failed}); {kept(summary)}{note}; "
+                f"{then_rerun(rerun, ' to retry them')}")
+    if unwritten:
+        return (f"{unwritten}; every shard is committed, summary.json is not (printed above); "
+                f"{getattr(unwritten, 'remedy', None) or 'fix that'}, then {then_rerun(rerun, ' to write it')}")
+    return None
+
+
+def lease_lost_line(summary: dict, lost: str, rerun: str | None) -> str:
+    """The line of a driver that lost its output's lease (another driver took it over, or it could
+    not renew it): it stopped so that two drivers never write one output at once."""
+    return (f"{lost}; stopped with {kept(summary)} so that two drivers never write one output at once; "
+            f"{then_rerun(rerun, ' to resume (it waits for or refuses a driver still running)')}")

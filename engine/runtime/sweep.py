@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.config import JobSpec
+from engine.io.lease import OutputLease
 from engine.io.storage import Storage, join
 from engine.runtime.actors import worker_options
 from engine.runtime.job import JobRunner
@@ -70,15 +71,25 @@ def add_speedup(rows: list[dict]) -> None:
         r["speedup_vs_ar"] = round((r["tokens_per_s"] or 0.0) / base, 4) if base else None
 
 
-def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True) -> dict:
-    """Run (or resume) every point; returns the sweep document (also written as sweep.json).
+def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True, wait: bool = False) -> dict:
+    """Run (or resume) every point, holding the sweep output's lease (each point's job holds its
+    own too); returns the sweep document (also written as sweep.json).
+
+    Args:
+        wait: if another driver holds the sweep's output, wait for it instead of refusing.
 
     Raises:
         ValueError: a model (a pair's included) missing or the output not writable, before any
-            point runs.
+            point runs; LeaseHeld: another driver runs this sweep (and `wait` is off).
     """
     storage = Storage(spec.storage)
     preflight(spec, storage)
+    with OutputLease(storage, spec.output.uri, spec.output.lease_stale_s, job=spec.name, wait=wait):
+        return run_points(spec, storage, address, progress)
+
+
+def run_points(spec: JobSpec, storage: Storage, address: str | None, progress: bool) -> dict:
+    """The body of `run_sweep`: every point not done yet run, the sweep's table and plots written."""
     root = spec.output.uri
     grid = points(spec)
     runs = schedule(grid, spec.sweep.repetitions)

@@ -1,12 +1,18 @@
-"""Helpers shared by the job tests: specs over the kit, reading a job's output."""
+"""Helpers shared by the job tests: specs over the kit, reading a job's output, a small real
+filesystem to fill."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import soundfile as sf
 
 from engine.config import JobSpec
@@ -58,3 +64,40 @@ def audio_ok(row: dict) -> bool:
 def comparable(rows: list[dict]) -> list[tuple]:
     return sorted((r["id"], tuple(r["codes"]), r["finish_reason"], r["error"],
                    r["audio"]["bytes"] if r["audio"] else None) for r in rows)
+
+
+@contextlib.contextmanager
+def small_filesystem(where: Path, size: str = "8m"):
+    """A tmpfs of `size` mounted at `where` (root only: skipped where mounting is refused)."""
+    where.mkdir(parents=True)
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                                 capture_output=True, text=True)
+        why = mounted.stderr.strip() or "mount failed" if mounted.returncode else None
+    except OSError as exc:  # no mount command
+        why = str(exc)
+    if why is not None:
+        pytest.skip(f"cannot mount a tmpfs here ({why}): needs root")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Take every free byte of `folder`'s filesystem with one file; returns it."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        block = b"\0" * 65536
+        while True:
+            try:
+                os.write(fd, block)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                if len(block) == 1:
+                    return filler
+                block = block[: len(block) // 2]
+    finally:
+        os.close(fd)

@@ -1,11 +1,14 @@
 """Transient storage failures: the storage layer retries them with exponential backoff and
-jitter (and nothing else), and a job whose S3 endpoint goes away for seconds mid-job (moto's
-server stopped and started again on the same port) completes with every row once and the codes
-of an uninterrupted run (float64)."""
+jitter (and nothing else), logging each backoff (rate-limited), and a job whose S3 endpoint goes
+away for seconds mid-job (moto's server stopped and started again on the same port) completes
+with every row once and the codes of an uninterrupted run (float64), its driver saying that
+storage calls were retried."""
 
 from __future__ import annotations
 
 import collections
+import logging
+import re
 import threading
 import time
 
@@ -14,7 +17,8 @@ import ray
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from engine.config import StorageOptions
-from engine.io.storage import Storage, StorageError, transient
+from engine.io import storage as storage_module
+from engine.io.storage import RetryLog, Storage, StorageError, transient
 from engine.runtime.job import JobRunner
 
 from conftest import free_port
@@ -84,6 +88,57 @@ def test_a_real_client_names_the_endpoint_nothing_answers_at(monkeypatch):
     assert str(failed.value) == f"cannot read s3://b/k: cannot reach the S3 endpoint {endpoint}"
 
 
+def retry_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "engine.io.storage"]
+
+
+def test_each_backoff_is_logged_naming_the_operation_the_uri_the_retry_and_the_wait(caplog, monkeypatch):
+    monkeypatch.setattr(storage_module, "retry_log", RetryLog(every_s=0.0))  # no line held back
+    storage, waits = storage_with(FlakyS3(0.3, {"k": b"data"}), retries=8, retry_backoff_s=0.05,
+                                  retry_backoff_max_s=0.1, endpoint_url="http://127.0.0.1:1")
+    with caplog.at_level(logging.WARNING, logger="engine.io.storage"):
+        assert storage.read_bytes("s3://b/k") == b"data"
+    lines = retry_lines(caplog)
+    assert len(lines) == len(waits) == storage.retries >= 2
+    for n, (line, wait) in enumerate(zip(lines, waits), 1):
+        assert line == (f"storage: cannot read s3://b/k: cannot reach the S3 endpoint http://127.0.0.1:1; "
+                        f"retry {n} of 8 in {wait:.1f} s")
+
+
+def test_retry_lines_are_rate_limited_and_count_the_retries_they_held_back(caplog, monkeypatch):
+    limiter = RetryLog(every_s=0.25)
+    monkeypatch.setattr(storage_module, "retry_log", limiter)
+    storage, _ = storage_with(FlakyS3(0.8, {"k": b"data"}), retries=100, retry_backoff_s=0.01,
+                              retry_backoff_max_s=0.02)
+    with caplog.at_level(logging.WARNING, logger="engine.io.storage"):
+        storage.read_bytes("s3://b/k")
+    lines = retry_lines(caplog)
+    held = [int(m.group(1)) for line in lines if (m := re.search(r"\((\d+) more retr(?:y|ies) since the last", line))]
+    assert 2 <= len(lines) <= 5 < storage.retries  # one line per 0.25 s, not one per retry
+    assert held and len(lines) + sum(held) + limiter.held == storage.retries  # none lost from the count
+
+
+def test_a_real_s3_outage_logs_its_retries(s3_endpoint, own_s3, caplog, monkeypatch):
+    endpoint, server = own_s3
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="logged")
+    monkeypatch.setattr(storage_module, "retry_log", RetryLog())
+    storage = Storage(StorageOptions(endpoint_url=endpoint, region="us-east-1", retries=10, retry_backoff_s=0.3,
+                                     retry_backoff_max_s=1.0))
+    server.stop()
+    restart = threading.Timer(2.0, server.start)
+    restart.start()
+    with caplog.at_level(logging.WARNING, logger="engine.io.storage"):
+        storage.write_bytes("s3://logged/k", b"data")
+    restart.join()
+    lines = retry_lines(caplog)
+    assert storage.retries >= 1 and 1 <= len(lines) <= storage.retries
+    assert lines[0].startswith(f"storage: cannot write s3://logged/k: cannot reach the S3 endpoint {endpoint}; "
+                               "retry 1 of 10 in ")
+    assert storage.read_bytes("s3://logged/k") == b"data"
+
+
 def test_only_transient_errors_are_retried():
     def client_error(code: str, status: int) -> ClientError:
         return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
@@ -109,7 +164,7 @@ def own_s3():
         server.stop()
 
 
-def test_a_job_rides_out_an_s3_outage(s3_endpoint, own_s3, kit_dir, tmp_path):
+def test_a_job_rides_out_an_s3_outage(s3_endpoint, own_s3, kit_dir, tmp_path, capsys):
     import boto3
 
     endpoint, server = own_s3
@@ -146,6 +201,8 @@ def test_a_job_rides_out_an_s3_outage(s3_endpoint, own_s3, kit_dir, tmp_path):
         ray.shutdown()
     assert "up" in outage
     assert summary["storage_retries"] >= 1  # the storage layer backed off first
+    said = [line for line in capsys.readouterr().err.splitlines() if "storage call" in line]
+    assert said and said[0].startswith("test-job: worker w") and "retried so far after transient failures" in said[0]
     assert summary["shards"]["committed"] == summary["shards"]["total"] == 3 and not summary["shards"]["failed"]
     out = read_output(spec)
     assert collections.Counter(r["id"] for r in out) == collections.Counter(f"u{i:03d}" for i in range(6))

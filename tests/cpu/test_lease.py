@@ -1,0 +1,180 @@
+"""The output lease (engine/io/lease.py) between real processes, without Ray: drivers starting at
+the same instant end with exactly one holder, on a new output and when taking over a stale
+lease; a frozen holder (SIGSTOP: alive, not renewing) is refused while its lease is fresh, taken
+over once it is stale, and learns it lost the lease when it runs again; a holder of this machine
+that was killed is taken over at once; on S3 (moto on 127.0.0.1) the lease is a conditional
+create (`If-None-Match: *`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.config import StorageOptions
+from engine.io.lease import LeaseHeld, OutputLease
+from engine.io.storage import Storage
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A driver standing in for `pcg-synth run` (the lease part of it): takes the lease at `start_at`
+# (seconds since the epoch), says so on one line, holds it `hold_s` seconds, releases it. With
+# hold_s < 0 it holds until it has lost the lease, and says why.
+DRIVER = textwrap.dedent("""
+    import json, sys, time
+    from engine.io.lease import LeaseHeld, OutputLease
+    from engine.io.storage import Storage
+    root, job = sys.argv[1], sys.argv[5]
+    stale_s, start_at, hold_s = (float(x) for x in sys.argv[2:5])
+    notes = []
+    lease = OutputLease(Storage(), root, stale_s, job=job, notify=notes.append)
+    time.sleep(max(0.0, start_at - time.time()))
+    try:
+        lease.acquire()
+    except LeaseHeld as exc:
+        print(json.dumps({"refused": str(exc)}), flush=True)
+        sys.exit(75)
+    print(json.dumps({"held": lease.gen, "at": time.time(), "notes": notes}), flush=True)
+    if hold_s >= 0:
+        time.sleep(hold_s)
+    else:
+        while lease.lost is None:
+            time.sleep(0.05)
+        print(json.dumps({"lost": lease.lost}), flush=True)
+    lease.release()
+""")
+
+
+def driver(root: Path, stale_s: float, start_at: float, hold_s: float, job: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", DRIVER, str(root), str(stale_s), str(start_at), str(hold_s), job],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def first_line(proc: subprocess.Popen) -> dict:
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read()
+    return json.loads(line)
+
+
+def race(root: Path, n: int, stale_s: float = 30.0) -> tuple[list[dict], list[subprocess.Popen]]:
+    """`n` drivers taking the lease at one instant (each holds it 1 s if it gets it)."""
+    start_at = time.time() + 4.0  # every process has started (imported the engine) by then
+    procs = [driver(root, stale_s, start_at, 1.0, f"d{i}") for i in range(n)]
+    results = [first_line(p) for p in procs]
+    for p in procs:
+        p.wait(timeout=30)
+    return results, procs
+
+
+def test_drivers_starting_at_one_instant_end_with_exactly_one_holder(tmp_path):
+    results, procs = race(tmp_path / "out", 6)
+    held = [r for r in results if "held" in r]
+    assert len(held) == 1 and held[0]["held"] == 1
+    winner = procs[results.index(held[0])]
+    refused = [r["refused"] for r in results if "refused" in r]
+    assert len(refused) == 5 and [p.returncode for p in procs].count(75) == 5
+    for text in refused:  # one line naming the holder: its job, host, pid, start time, the lease's age
+        assert "\n" not in text and f"{tmp_path / 'out'} is in use by another driver: job '" in text
+        assert f"(pid {winner.pid}, user " in text and ", started " in text and "lease renewed" in text
+    assert not (tmp_path / "out" / "_lease").exists()  # released at the end
+
+
+def test_drivers_taking_over_a_stale_lease_at_one_instant_end_with_exactly_one_holder(tmp_path):
+    """The lease's holder is frozen (SIGSTOP): alive, so only the stale time lets others in."""
+    out = tmp_path / "out"
+    frozen = driver(out, 3.0, 0, -1, "frozen")
+    assert first_line(frozen)["held"] == 1
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        results, procs = race(out, 5)  # they start 4 s later: the lease has gone 3 s unrenewed by then
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    held = [r for r in results if "held" in r]
+    assert len(held) == 1 and held[0]["held"] == 2  # the next generation, created by one of them
+    assert len(held[0]["notes"]) == 1 and held[0]["notes"][0].startswith(f"took over the lease of {out} from job "
+                                                                         f"'frozen' on host ")
+    assert f"(pid {frozen.pid}, " in held[0]["notes"][0] and ", stale after 3.0 s" in held[0]["notes"][0]
+    assert sum("refused" in r for r in results) == 4
+    lost = first_line(frozen)  # running again: it finds it lost the lease, and stops writing
+    assert "lost" in lost
+    frozen.wait(timeout=30)
+
+
+def test_a_frozen_holder_is_refused_while_fresh_taken_over_once_stale_and_learns_it(tmp_path):
+    out = tmp_path / "out"
+    holder = driver(out, 3.0, 0, -1, "first")
+    started = first_line(holder)
+    holder.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(LeaseHeld) as held:
+            OutputLease(Storage(), str(out), 30.0, job="second").acquire()
+        text = str(held.value)
+        assert text.startswith(f"{out} is in use by another driver: job 'first' on host {os.uname().nodename} "
+                               f"(pid {holder.pid}, user ")
+        assert time.strftime("%Y-%m-%d %H:%M", time.localtime(started["at"])) in text
+        assert text.endswith("rerun with --wait to wait for it (a lease not renewed for 3.0 s is taken over)")
+        notes: list[str] = []
+        second = OutputLease(Storage(), str(out), 30.0, job="second", wait=True, notify=notes.append)
+        waited = time.monotonic()
+        second.acquire()  # waits for the lease to go stale
+        assert time.monotonic() - waited >= 2.0  # until 3 s after its last renewal
+        assert notes[0].startswith(f"waiting for {out}: in use by job 'first' on host ")
+        assert notes[-1].startswith(f"took over the lease of {out} from job 'first'")
+    finally:
+        holder.send_signal(signal.SIGCONT)
+    lost = first_line(holder)["lost"]
+    assert lost.startswith("could not renew the lease") or lost.startswith("the lease was taken over by job 'second'")
+    holder.wait(timeout=30)
+    assert second.lost is None and second.check() is None  # the old holder left the new one's lease alone
+    second.release()
+
+
+def test_a_killed_holder_on_this_machine_is_taken_over_at_once(tmp_path):
+    out = tmp_path / "out"
+    holder = driver(out, 600.0, 0, 600, "killed")
+    first_line(holder)
+    holder.kill()
+    holder.wait()
+    assert len(list((out / "_lease").iterdir())) == 1  # left behind, fresh (renewed within 600 s)
+    notes: list[str] = []
+    with OutputLease(Storage(), str(out), 600.0, job="rerun", notify=notes.append) as lease:
+        assert lease.gen == 2 and [p.name for p in (out / "_lease").iterdir()] == ["0000000002.json"]
+    assert len(notes) == 1 and notes[0].endswith(": its process is gone") and f"(pid {holder.pid}, " in notes[0]
+
+
+def test_the_lease_on_s3_is_a_conditional_create(s3_endpoint, s3_bucket):
+    storage = Storage(StorageOptions(endpoint_url=s3_endpoint, region="us-east-1"))
+    key = f"s3://{s3_bucket}/x"
+    assert storage.create_new(key, b"first") and not storage.create_new(key, b"second")
+    assert storage.read_bytes(key) == b"first"  # If-None-Match: * refused the second PUT
+    root = f"s3://{s3_bucket}/out"
+    first = OutputLease(storage, root, 2.0, job="first")
+    first.acquire()
+    with pytest.raises(LeaseHeld, match=f"{root} is in use by another driver: job 'first' on host "):
+        OutputLease(storage, root, 2.0, job="second").acquire()
+    first._stop.set()  # it stops renewing (a driver on a machine that was lost)
+    first._thread.join()
+    time.sleep(2.5)  # S3's modification times have whole seconds: well past 2 s
+    notes: list[str] = []
+    with OutputLease(storage, root, 30.0, job="second", notify=notes.append) as second:
+        assert second.gen == 2 and storage.list(f"{root}/_lease") == [f"{root}/_lease/0000000002.json"]
+        assert notes[0].startswith(f"took over the lease of {root} from job 'first'")
+        assert first.check().startswith("the lease was taken over by job 'second'")
+    assert storage.list(root) == []  # released: nothing left
+
+
+def test_a_lease_on_an_fsspec_store(tmp_path):
+    """fsspec's in-memory filesystem stands for gs:// and az:// (its create is exclusive)."""
+    storage = Storage()
+    with OutputLease(storage, "memory://lease-test/out", 5.0, job="one") as lease:
+        assert storage.list("memory://lease-test/out/_lease") == [lease.uri]
+        with pytest.raises(LeaseHeld, match="memory://lease-test/out is in use by another driver: job 'one'"):
+            OutputLease(storage, "memory://lease-test/out", 5.0, job="two").acquire()
+    assert storage.list("memory://lease-test/out") == []
