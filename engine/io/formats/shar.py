@@ -44,8 +44,15 @@ def _cut(row: dict):
 
 
 def write_shar_shard(storage: Storage, root: str, shard_id: str, tables: Sequence[pa.Table]) -> ShardFiles:
-    """Write one shard as Lhotse Shar files (module docstring) under `root`."""
-    from lhotse.shar import SharWriter
+    """Write one shard as Lhotse Shar files (module docstring) under `root`.
+
+    Raises:
+        ValueError: lhotse is not installed (`pip install 'pcg-synth[lhotse]'`).
+    """
+    try:
+        from lhotse.shar import SharWriter
+    except ImportError as exc:
+        raise ValueError("output format lhotse-shar needs lhotse: pip install 'pcg-synth[lhotse]'") from exc
 
     rows = list(rows_of(tables))
     written = ShardFiles(rows=len(rows))
