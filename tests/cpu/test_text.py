@@ -3,6 +3,9 @@ seeds, chunks joined back into one row, normalisation, and the `text:` settings.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -224,3 +227,10 @@ def test_job_settings_not_yet_wired_fail_validation_with_a_clear_message(section
     with pytest.raises(ValidationError, match=message):
         JobSpec.model_validate(raw)
     assert JobSpec.model_validate({**raw, section: {"uri": "out"} if section == "output" else {}}).text.split == "none"
+
+
+def test_text_and_format_modules_import_without_torch():
+    modules = "engine.text.chunks, engine.text.join, engine.text.normalize, engine.io.formats"
+    code = f"import sys, {modules}; assert 'torch' not in sys.modules, sorted(sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
