@@ -18,6 +18,7 @@ Modes (`text.split`):
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -59,6 +60,11 @@ class Budget:
     def fits(self, text: str) -> bool:
         """`text`'s speech, with headroom, fits one decode."""
         return speech_budget(text, self.headroom) <= self.room(text)
+
+    def cuttable(self) -> bool:
+        """Whether cutting can make a piece fit: a one-letter text fits (a budget below the
+        headroom's two seconds, e.g. a test's `max_new_tokens: 16`, leaves no room to cut into)."""
+        return self.fits("a")
 
 
 @dataclass(frozen=True)
@@ -152,11 +158,16 @@ def plan_text(text: str, budget: Budget, mode: SplitMode = "auto", language: str
         raise ValueError("text is empty")
     fits = budget.fits(text.strip())
     whole = (0, len(text))
+    if not budget.cuttable():  # no piece would fit: auto keeps the text whole, sentences only cut sentences
+        mode = "none" if mode == "auto" else mode
+        budget = Budget(max_new_tokens=sys.maxsize)
     if mode == "none" or (mode == "auto" and fits):
         return TextPlan((_chunk(text, whole, "end"),), fits)
     pieces: list[tuple[Span, Boundary]] = []
     for sentence in sentence_spans(text, language):
         pieces.extend(_pieces_of(text, sentence, budget))
+    if not pieces:  # nothing pysbd calls a sentence (symbols only): the text as it is
+        return TextPlan((_chunk(text, whole, "end"),), fits)
     if mode == "auto":
         pieces = _pack(text, pieces, budget)
     chunks = [_chunk(text, span, kind) for span, kind in pieces]

@@ -54,7 +54,7 @@ def word_spans(text: str, start: int = 0, end: int | None = None) -> list[Span]:
     end = len(text) if end is None else end
     words = [(m.start(), m.end()) for m in _WORD_END.finditer(text, start, end)]
     if len(words) <= 1:
-        return [(i, i + 1) for i in range(start, end)] if end - start > 1 else [(start, end)]
+        return [(i, i + 1) for i in range(start, end) if not text[i].isspace()] if end - start > 1 else [(start, end)]
     return _pieces(text, start, end, [w_end for _, w_end in words[:-1]])
 
 

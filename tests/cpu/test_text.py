@@ -96,6 +96,20 @@ def test_a_sentence_too_long_is_cut_at_clause_boundaries_and_says_so(prompter):
     assert words.split and set(words.boundaries) == {"word"}
 
 
+def test_a_budget_too_small_to_cut_into_keeps_texts_whole():
+    """Below the headroom's two seconds no piece fits: cutting into words would only make many
+    rows that still do not fit (a test's `max_new_tokens: 16`)."""
+    tiny = Budget(16)
+    assert not tiny.cuttable()
+    whole = plan_text("One. Two two. Three!", tiny, "auto")
+    assert not whole.split and not whole.fits
+    sentences = plan_text("One. Two two. Three!", tiny, "sentences")
+    assert [c.text for c in sentences.chunks] == ["One.", "Two two.", "Three!"]
+    chinese = "一二三四五六七八九十" * 2
+    cjk = plan_text(chinese, Budget(160), "auto")  # no spaces: cut between characters
+    assert "".join(c.text for c in cjk.chunks) == chinese and cjk.split
+
+
 def test_unknown_split_mode_and_language_are_refused(prompter):
     with pytest.raises(ValueError, match="text.split must be one of"):
         plan_text("Hello.", llasa_budget(prompter), "paragraphs")
@@ -199,6 +213,14 @@ def test_normaliser_choices_are_checked():
 
         with pytest.raises(NormalizerUnavailable, match="pip install nemo_text_processing"):
             TextNormalizer("en", "nemo")
+
+
+def test_nemo_normaliser_when_installed():
+    """Runs where the [nemo-text] extra is installed (not in CI: Linux x86-64 only, about 1 GB, a
+    C compiler; benchmarks/results/text_normalizer_install.md)."""
+    pytest.importorskip("nemo_text_processing")
+    said = TextNormalizer("en", "nemo")("On 3/4/2025 it cost $12.50.")
+    assert not any(ch.isdigit() for ch in said) and "twelve dollars" in said
 
 
 def test_config_language_lists_match_the_libraries():
