@@ -378,6 +378,49 @@ def add_jobs(sub) -> None:
     st.set_defaults(func=cmd_status)
 
 
+# ---- convert ----------------------------------------------------------------------------------
+
+
+def cmd_convert(args) -> int:
+    from engine.config import StorageOptions
+    from engine.runtime.convert import convert
+
+    storage = StorageOptions(**{k: getattr(args, k) for k in ("endpoint_url", "region", "profile")
+                                if getattr(args, k)})
+    done = convert(args.output, args.to, dest=args.dest, tarred=args.tarred, storage_options=storage,
+                   progress=not args.quiet)
+    if args.quiet:
+        print(json.dumps(done))
+        return 0
+    print(f"{done['dest']}: {args.to}{' (tarred)' if args.tarred else ''}, {counted(done['shards'], 'shard')} "
+          f"({done['converted']} converted now, {done['skipped']} already), {done['with_audio']} clips, "
+          f"{done['audio_seconds']:.1f} s of audio, {done['failed']} error rows (in errors/)")
+    for uri in done["files"]:
+        print(f"  {uri}")
+    return 0
+
+
+def add_convert(sub) -> None:
+    from engine.config import OUTPUT_FORMATS
+
+    p = sub.add_parser("convert", help="rewrite a finished job output in another format (no decoding)",
+                       description="Read a finished hf-parquet job output (local or s3://) and write it as "
+                                   "NeMo manifests with audio (plain or tarred) or Lhotse Shar, shard by "
+                                   "shard with a commit record each: rerunning resumes, and a finished "
+                                   "conversion run again changes nothing.")
+    p.add_argument("output", help="the job's output directory or s3:// prefix (output.uri)")
+    p.add_argument("--to", required=True, choices=[f for f in OUTPUT_FORMATS if f != "hf-parquet"],
+                   help="the format to write")
+    p.add_argument("--dest", help="where to write (default: OUTPUT-FORMAT beside OUTPUT)")
+    p.add_argument("--tarred", action="store_true",
+                   help="nemo: tarred audio shards (audio_N.tar + sharded_manifests/), as NeMo's tarred datasets")
+    p.add_argument("--endpoint-url", help="S3-compatible endpoint, e.g. http://minio:9000 (unset: AWS S3)")
+    p.add_argument("--region", help="AWS region of the bucket(s)")
+    p.add_argument("--profile", help="AWS profile name from ~/.aws")
+    p.add_argument("--quiet", action="store_true", help="no progress bar; print a JSON line")
+    p.set_defaults(func=cmd_convert)
+
+
 def add_verbose(parser: argparse.ArgumentParser, top: bool = False) -> None:
     """`-v/--verbose` on `parser` and every command under it (before or after the command)."""
     parser.add_argument("-v", "--verbose", action="store_true", default=False if top else argparse.SUPPRESS,
@@ -403,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     kb.set_defaults(func=cmd_kit_build)
     add_generate(sub)
     add_jobs(sub)
+    add_convert(sub)
     from engine.bench.cli import register as register_bench
     from engine.codec.cli import register as register_codec
     from engine.draft.cli import register as register_draft

@@ -206,6 +206,10 @@ class InputSpec(BaseModel):
         "seed, temperature, top_p, top_k, repetition_penalty."))
 
 
+OutputFormat = Literal["hf-parquet", "nemo", "lhotse-shar"]  # writers: engine/io/formats/
+OUTPUT_FORMATS: tuple[str, ...] = get_args(OutputFormat)
+
+
 class OutputSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -218,6 +222,91 @@ class OutputSpec(BaseModel):
         "quarter of this time. A lease not renewed for this long (the driver was killed, its machine "
         "lost) is taken over by the next driver; one whose driver on the same machine is gone, at "
         "once. A driver that cannot renew its lease for three quarters of it stops."))
+    format: OutputFormat = Field("hf-parquet", description=(
+        "How shards are written: hf-parquet (data/<shard>.parquet, read by `datasets`; error rows "
+        "are rows with `error` set), nemo (NeMo's JSON-lines manifests with audio files, "
+        "audio/<shard>/manifest.json, or tarred shards with `tarred`), lhotse-shar (Lhotse Shar "
+        "under shar/: cuts.<N>.jsonl.gz with codes and statistics as custom fields, "
+        "recording.<N>.tar). nemo and lhotse-shar keep error rows in errors/<shard>.jsonl."))
+    tarred: bool = Field(False, description=(
+        "nemo only: write each shard as a tarred audio shard as NeMo's tarred datasets are laid "
+        "out (audio_<N>.tar, sharded_manifests/manifest_<N>.json with shard_id fields, and "
+        "tarred_audio_manifest.json once every shard is written)."))
+
+    @model_validator(mode="after")
+    def _tarred_is_nemo(self) -> OutputSpec:
+        if self.tarred and self.format != "nemo":
+            raise ValueError(f"output.tarred applies to output.format nemo, not {self.format}")
+        return self
+
+
+SplitMode = Literal["auto", "sentences", "none"]
+SPLIT_MODES: tuple[str, ...] = get_args(SplitMode)
+NormalizerName = Literal["rules", "nemo"]
+NORMALIZERS: tuple[str, ...] = get_args(NormalizerName)
+# the languages each normaliser has: rules (engine/text/english.py), nemo (nemo_text_processing's
+# text_normalization/<lang> grammars)
+NORMALIZE_LANGUAGES: dict[str, tuple[str, ...]] = {
+    "rules": ("en",),
+    "nemo": ("ar", "de", "en", "es", "fr", "hi", "hu", "hy", "it", "ja", "ko", "pt", "ru", "rw", "sv", "vi", "zh")}
+NormalizeLanguage = Literal[("none", *sorted({lang for langs in NORMALIZE_LANGUAGES.values() for lang in langs}))]
+# the languages pysbd has sentence rules for (tests/cpu/test_text.py holds this to pysbd's own list)
+SENTENCE_LANGUAGES = ("am", "ar", "bg", "da", "de", "el", "en", "es", "fa", "fr", "hi", "hy", "it", "ja", "kk",
+                      "mr", "my", "nl", "pl", "ru", "sk", "ur", "zh")
+# what jobs do not do yet (the worker's prepare and write stages call engine/text and
+# engine/io/formats once they are wired); a spec asking for another value fails validation
+JOB_SUPPORTS = {"split": ("none",), "split_output": ("joined",), "normalize": ("none",),
+                "format": ("hf-parquet",)}
+
+
+def check_normalizer(language: str, backend: str) -> None:
+    """`language` is one the normaliser `backend` has.
+
+    Raises:
+        ValueError: an unknown normaliser, or a language it lacks.
+    """
+    if backend not in NORMALIZERS:
+        raise ValueError(f"text.normalizer must be one of {', '.join(NORMALIZERS)}; got {backend!r}")
+    have = NORMALIZE_LANGUAGES[backend]
+    if language not in have:
+        hint = " (text.normalizer nemo has it)" if language in NORMALIZE_LANGUAGES["nemo"] else ""
+        raise ValueError(f"text.normalizer {backend} has no language {language!r}{hint}; it has {', '.join(have)}")
+
+
+class TextSpec(BaseModel):
+    """How texts are prepared before decoding: normalisation, and long texts cut into chunks
+    that fit one decode (engine/text/)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    split: SplitMode = Field("none", description=(
+        "Long texts: auto (a text whose estimated speech, with headroom, does not fit the row's "
+        "max_new_tokens and the model's context is cut at sentence boundaries into chunks that "
+        "fit, a sentence still too long at clause boundaries; each chunk is decoded with the "
+        "row's voice prompt and a seed derived from the row's), sentences (every sentence its own "
+        "chunk), none (one decode per row; a text too long is cut at the limit)."))
+    split_output: Literal["joined", "rows"] = Field("joined", description=(
+        "A split row's output: joined (one row: the chunks' codes in order, their audio joined "
+        "with edge silence trimmed and a short crossfade, per-chunk statistics kept) or rows (one "
+        "row per chunk, with the parent id and a segment index)."))
+    normalize: NormalizeLanguage = Field("none", description=(
+        "Write numbers, money, dates, times and abbreviations out as words before tokenising, in "
+        "this language (none: off); the result is stored as normalized_text beside text."))
+    normalizer: NormalizerName = Field("rules", description=(
+        "Which normaliser: rules (built in, English) or nemo (NeMo's text normalisation, many "
+        "languages; install nemo_text_processing, Linux x86-64: see "
+        "benchmarks/results/text_normalizer_install.md)."))
+    language: str = Field("en", description=(
+        "Language of the texts' sentence rules (pysbd's codes) used when splitting."))
+
+    @model_validator(mode="after")
+    def _languages(self) -> TextSpec:
+        if self.language not in SENTENCE_LANGUAGES:
+            raise ValueError(f"text.language {self.language!r} has no sentence rules; known: "
+                             f"{', '.join(SENTENCE_LANGUAGES)}")
+        if self.normalize != "none":
+            check_normalizer(self.normalize, self.normalizer)
+        return self
 
 
 class ResourcesSpec(BaseModel):
@@ -404,6 +493,8 @@ class JobSpec(BaseModel):
         "Workers, their CPUs, GPUs and batch, shards, retries and waits."))
     profile: ProfileSpec = Field(default_factory=ProfileSpec, description=(
         "Profiling of the workers' decode loops (off by default)."))
+    text: TextSpec = Field(default_factory=TextSpec, description=(
+        "Normalisation and long-text splitting of the manifests' texts."))
 
     @model_validator(mode="after")
     def _needs_draft(self) -> JobSpec:
@@ -417,6 +508,17 @@ class JobSpec(BaseModel):
             raise ValueError("kind: augment goes with an `augment` section (and only then)")
         if (self.kind == "sweep") != (self.sweep is not None):
             raise ValueError("kind: sweep goes with a `sweep` section (and only then)")
+        return self
+
+    @model_validator(mode="after")
+    def _supported_in_jobs(self) -> JobSpec:
+        asked = {"text.split": self.text.split, "text.split_output": self.text.split_output,
+                 "text.normalize": self.text.normalize, "output.format": self.output.format}
+        for name, value in asked.items():
+            if value not in JOB_SUPPORTS[name.split(".")[1]]:
+                hint = (f"; write hf-parquet and convert the finished output: pcg-synth convert OUTPUT --to {value}"
+                        if name == "output.format" else "")
+                raise ValueError(f"{name} {value} is not yet supported in jobs{hint}")
         return self
 
     @property

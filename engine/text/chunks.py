@@ -1,0 +1,205 @@
+"""Long texts: whether a text fits one decode, and the chunks it is cut into when it does not.
+
+A row's speech must fit both its token budget (`max_new_tokens`) and the model's context
+(Llasa: 2,048 tokens, prompt included). Its length is not known before decoding, so it is
+estimated from the text the way the dry run and batch admission estimate it
+(`engine.decoding.admission`: characters at 15 a second, 50 codes a second), with headroom
+(`speech_budget`: `headroom` times the estimate, plus two seconds) for a voice that speaks more
+slowly than the estimate. A text that does not fit is cut at sentence boundaries; a sentence
+still too long at its clause boundaries; a clause still too long between words. Each chunk says
+at which kind of boundary it ends.
+
+Modes (`text.split`):
+    auto       one chunk when the text fits; else sentences packed greedily into chunks
+               that fit (a chunk may hold many sentences)
+    sentences  every sentence its own chunk (a sentence too long still cut into clauses)
+    none       one chunk, fitting or not (today's behaviour: the audio stops at the limit)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from engine.config import SPLIT_MODES, SplitMode
+from engine.decoding.admission import speech_budget
+from engine.records import SynthesisItem, item_seed
+from engine.text.sentences import Span, clause_spans, sentence_spans, word_spans
+
+Boundary = Literal["sentence", "clause", "word", "end"]
+HEADROOM = 1.25  # a chunk's speech budget: this many times its estimated speaking time, plus 2 s
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much speech one decode of a text may produce.
+
+    Attributes:
+        max_new_tokens: the row's token budget (speech codes).
+        context: the model's context in tokens, prompt included (None: unbounded).
+        prompt_tokens: the prompt's length for a chunk's text (its template, the text's
+            tokens, the voice prompt's transcript and codes); None: 0. The prepare stage passes
+            the length of the prompt the model will really see.
+        headroom: the ratio `speech_budget` applies to the text's estimated speaking time.
+    """
+
+    max_new_tokens: int
+    context: int | None = None
+    prompt_tokens: Callable[[str], int] | None = None
+    headroom: float = HEADROOM
+
+    def room(self, text: str) -> int:
+        """Speech codes a decode of `text` can produce at most."""
+        if self.context is None:
+            return self.max_new_tokens
+        used = self.prompt_tokens(text) if self.prompt_tokens is not None else 0
+        return min(self.max_new_tokens, self.context - used)
+
+    def fits(self, text: str) -> bool:
+        """`text`'s speech, with headroom, fits one decode."""
+        return speech_budget(text, self.headroom) <= self.room(text)
+
+    def cuttable(self) -> bool:
+        """Whether cutting can make a piece fit: a one-letter text fits (a budget below the
+        headroom's two seconds, e.g. a test's `max_new_tokens: 16`, leaves no room to cut into)."""
+        return self.fits("a")
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    """A piece of a row's text, decoded on its own.
+
+    Attributes:
+        text: the piece, outer whitespace stripped.
+        start, end: where it lies in the row's text (`text == row_text[start:end].strip()`).
+        boundary: the kind of boundary it ends at: sentence, clause, word, or `end` (the text's).
+    """
+
+    text: str
+    start: int
+    end: int
+    boundary: Boundary
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "start": self.start, "end": self.end, "boundary": self.boundary}
+
+
+@dataclass(frozen=True)
+class TextPlan:
+    """How a row's text is decoded: `chunks` in order; `fits`: the whole text fits one decode."""
+
+    chunks: tuple[TextChunk, ...]
+    fits: bool
+
+    @property
+    def split(self) -> bool:
+        return len(self.chunks) > 1
+
+    @property
+    def boundaries(self) -> list[str]:
+        """The kinds of boundary the text was cut at, in order (empty when not split)."""
+        return [c.boundary for c in self.chunks[:-1]]
+
+
+def _pieces_of(text: str, span: Span, budget: Budget) -> list[tuple[Span, Boundary]]:
+    """One sentence as pieces that each fit, with the boundary each ends at: the sentence
+    itself, or its clauses (packed), a clause too long cut between words (packed)."""
+    start, end = span
+    if budget.fits(text[start:end]):
+        return [(span, "sentence")]
+    out: list[tuple[Span, Boundary]] = []
+    for clause in clause_spans(text, start, end):
+        if budget.fits(text[slice(*clause)]):
+            out.append((clause, "clause"))
+        else:
+            out.extend(_pack(text, [(w, "word") for w in word_spans(text, *clause)], budget))
+            out[-1] = (out[-1][0], "clause")
+    packed = _pack(text, out, budget)
+    packed[-1] = (packed[-1][0], "sentence")
+    return packed
+
+
+def _pack(text: str, pieces: Sequence[tuple[Span, Boundary]], budget: Budget) -> list[tuple[Span, Boundary]]:
+    """Consecutive pieces joined greedily while the joined text fits (a piece that does not
+    fit alone stays alone: nothing smaller is left to cut)."""
+    out: list[tuple[Span, Boundary]] = []
+    for span, kind in pieces:
+        if out and budget.fits(text[out[-1][0][0]:span[1]]):
+            out[-1] = ((out[-1][0][0], span[1]), kind)
+        else:
+            out.append((span, kind))
+    return out
+
+
+def _chunk(text: str, span: Span, boundary: Boundary) -> TextChunk:
+    start, end = span
+    piece = text[start:end]
+    lead = len(piece) - len(piece.lstrip())
+    return TextChunk(piece.strip(), start + lead, start + len(piece.rstrip()), boundary)
+
+
+def plan_text(text: str, budget: Budget, mode: SplitMode = "auto", language: str = "en") -> TextPlan:
+    """The chunks `text` is decoded as under `mode` (see the module docstring).
+
+    Args:
+        text: the row's text (normalised, when normalisation is on: what the model reads).
+        budget: the row's budget and the model's context.
+        mode: auto, sentences or none.
+        language: the language of the sentence rules (pysbd's codes).
+
+    Raises:
+        ValueError: an unknown mode or sentence language, or a text with nothing to say.
+    """
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"text.split must be one of {', '.join(SPLIT_MODES)}; got {mode!r}")
+    if not text.strip():
+        raise ValueError("text is empty")
+    fits = budget.fits(text.strip())
+    whole = (0, len(text))
+    if not budget.cuttable():  # no piece would fit: auto keeps the text whole, sentences only cut sentences
+        mode = "none" if mode == "auto" else mode
+        budget = Budget(max_new_tokens=sys.maxsize)
+    if mode == "none" or (mode == "auto" and fits):
+        return TextPlan((_chunk(text, whole, "end"),), fits)
+    pieces: list[tuple[Span, Boundary]] = []
+    for sentence in sentence_spans(text, language):
+        pieces.extend(_pieces_of(text, sentence, budget))
+    if not pieces:  # nothing pysbd calls a sentence (symbols only): the text as it is
+        return TextPlan((_chunk(text, whole, "end"),), fits)
+    if mode == "auto":
+        pieces = _pack(text, pieces, budget)
+    chunks = [_chunk(text, span, kind) for span, kind in pieces]
+    chunks[-1] = replace(chunks[-1], boundary="end")
+    return TextPlan(tuple(chunks), fits)
+
+
+def chunk_seeds(row_seed: int, count: int) -> list[int]:
+    """Each chunk's sampling seed, derived from the row's (`item_seed` of the row seed and the
+    chunk's index): stable across batches and runs. A row of one chunk keeps its own seed, so a
+    text that fits decodes exactly as it would unsplit."""
+    return [row_seed] if count == 1 else [item_seed(row_seed, f"chunk/{i}") for i in range(count)]
+
+
+def chunk_id(row_id: str, index: int) -> str:
+    """The id of a row's chunk (`split_output: rows` writes it as the chunk row's id)."""
+    return f"{row_id}#{index:04d}"
+
+
+def chunk_items(item: SynthesisItem, plan: TextPlan, job_seed: int) -> list[SynthesisItem]:
+    """The items a row is decoded as: one per chunk, each with the row's voice prompt and
+    sampling settings, the chunk's text and seed, and id `chunk_id(row id, index)` (a row of
+    one chunk is returned as it is).
+
+    Args:
+        item: the row (its `seed` None: derived from `job_seed` and its id, as the decoder does).
+        plan: `plan_text` of the row's text.
+        job_seed: `decoding.seed`.
+    """
+    if not plan.split:
+        return [item]
+    row_seed = item.seed if item.seed is not None else item_seed(job_seed, item.id)
+    seeds = chunk_seeds(row_seed, len(plan.chunks))
+    return [replace(item, text=c.text, id=chunk_id(item.id, i), seed=s)
+            for i, (c, s) in enumerate(zip(plan.chunks, seeds))]
