@@ -32,6 +32,7 @@ class KVCache:
         shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))  # views, made once
 
     @property
     def batch(self) -> int:
@@ -53,20 +54,30 @@ class KVCache:
 
         Args:
             layer: layer index.
-            slots: `[b]` cache rows.
+            slots: `[b, 1]` cache rows.
             positions: `[b, T]` absolute positions.
             k_new: `[b, H_kv, T, D]`.
             v_new: `[b, H_kv, T, D]`.
         """
-        rows = slots[:, None]  # [b, 1] broadcasts against positions [b, T]
-        # Advanced indices split by a slice put their dims first: the target is [b, T, H_kv, D].
-        self.k[layer][rows, :, positions] = k_new.transpose(1, 2)
-        self.v[layer][rows, :, positions] = v_new.transpose(1, 2)
+        # `slots` [b, 1] broadcasts against positions [b, T]; advanced indices split by a slice
+        # put their dims first: the target is [b, T, H_kv, D].
+        k, v = self.layer(layer)
+        k[slots, :, positions] = k_new.transpose(1, 2)
+        v[slots, :, positions] = v_new.transpose(1, 2)
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values `[B, H_kv, S, D]` of one layer: views made once (an op less per access
+        on the eager path); a compiled round indexes the whole cache, one input to its graph
+        rather than one aliasing view per layer."""
+        if torch.compiler.is_compiling():
+            return self.k[layer], self.v[layer]
+        return self.k_layers[layer], self.v_layers[layer]
 
     def read(
         self, layer: int, slots: torch.Tensor | None, kv_len: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values `[b, H_kv, kv_len, D]` of `slots` (all rows when None)."""
+        k, v = self.layer(layer)
         if slots is None:
-            return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
-        return self.k[layer, slots, :, :kv_len], self.v[layer, slots, :, :kv_len]
+            return k[:, :, :kv_len], v[:, :, :kv_len]
+        return k[slots, :, :kv_len], v[slots, :, :kv_len]

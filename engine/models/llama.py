@@ -63,7 +63,7 @@ def wide(x: torch.Tensor) -> torch.Tensor:
     """`x` in float32, or float64 when it already is: the precision the numerics run in (float32,
     as transformers does, for float32/bfloat16/float16 models; a float64 model stays exact end to
     end, which is what bit-for-bit comparisons of two code paths rely on)."""
-    return x if x.dtype == torch.float64 else x.float()
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 class RMSNorm(nn.Module):
@@ -73,10 +73,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and scale in the input dtype, as transformers does.
-        x32 = wide(x)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # Normalise in float32 and scale in the input dtype, as transformers does (bit for bit:
+        # tests/cpu/test_llama_parity.py); in one fused op where the input is float32 or float64.
+        if x.dtype in (torch.float32, torch.float64):
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
 
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -133,13 +134,13 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [b, T, h]
-        cos: torch.Tensor,  # [b, T, D]
-        sin: torch.Tensor,  # [b, T, D]
+        cos: torch.Tensor,  # [b, 1, T, D]
+        sin: torch.Tensor,  # [b, 1, T, D], signed for `apply_rope`
         mask: torch.Tensor,  # [b, 1, T, kv_len] bool, True = attend
         cache: KVCache,
         layer: int,
         slots: torch.Tensor | None,  # cache rows read (None: rows 0..b-1, read as a view)
-        rows: torch.Tensor,  # [b] cache rows written
+        rows: torch.Tensor,  # [b, 1] cache rows written
         positions: torch.Tensor,  # [b, T]
         grouped: bool = False,  # `grouped_attention` instead of torch's SDPA
     ) -> torch.Tensor:
@@ -275,10 +276,10 @@ class LlamaBody(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` `[b, H, T, D]` by per-row angles `[b, T, D]` (half-split layout)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
+    """Rotate `x` `[b, H, T, D]` by per-row angles (half-split layout): `cos` and `sin` `[b, 1, T, D]`
+    from `LlamaLM.rope`, whose `sin` carries the sign of the rotated half, so that
+    `x * cos + rotate_half(x) * sin` is `x * cos + roll(x) * sin` (the same values, fewer ops)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 class LlamaLM(nn.Module):
@@ -303,7 +304,7 @@ class LlamaLM(nn.Module):
         self.model = LlamaBody(shape)
         self.head = nn.Parameter(torch.empty(len(output_token_ids), shape.hidden_size))
         self.register_buffer("output_token_ids", output_token_ids.long(), persistent=False)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.set_rope_tables(inv_freq)
         self.rope_scaling = rope_scaling
         self.packed_head: PackedLinear | None = None
         self.compile_mode = "none"  # how decode rounds over this model run (`set_compile_mode`)
@@ -393,12 +394,24 @@ class LlamaLM(nn.Module):
         s = self.shape
         return KVCache(s.num_layers, batch, s.num_kv_heads, max_len, s.head_dim, self.dtype, self.device)
 
+    def set_rope_tables(self, inv_freq: torch.Tensor) -> None:
+        """The rotary inverse frequencies `[D/2]`, both halves' `[D]` and the sign of the rotated
+        half `[D]` (`apply_rope`), on `inv_freq`'s device."""
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.register_buffer("inv_freq_full", torch.cat([self.inv_freq] * 2), persistent=False)
+        ones = torch.ones(len(inv_freq), device=inv_freq.device)
+        self.register_buffer("rope_sign", torch.cat([-ones, ones]), persistent=False)
+
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin `[b, T, D]` for `positions` `[b, T]`, computed as transformers does."""
-        inv_freq = self.inv_freq.double() if self.dtype == torch.float64 else self.inv_freq
-        freqs = positions[..., None].to(inv_freq.dtype) * inv_freq  # [b, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos() * self.rope_scaling, emb.sin() * self.rope_scaling
+        """cos and signed sin `[b, 1, T, D]` for `positions` `[b, T]` (see `apply_rope`), computed
+        as transformers does: angles in float32 (float64 for a float64 model), then the dtype."""
+        inv_freq = self.inv_freq_full.double() if self.dtype == torch.float64 else self.inv_freq_full
+        emb = positions[:, None, :, None].to(inv_freq.dtype) * inv_freq  # [b, 1, T, D]
+        cos, sin = emb.cos(), emb.sin() * self.rope_sign
+        if self.rope_scaling != 1.0:
+            cos, sin = cos * self.rope_scaling, sin * self.rope_scaling
+        if cos.dtype == self.dtype:
+            return cos, sin
         return cos.to(self.dtype), sin.to(self.dtype)
 
     def set_compile_mode(self, mode: str) -> None:
@@ -443,10 +456,10 @@ class LlamaLM(nn.Module):
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
               slots: torch.Tensor | None, logits_at: LogitsAt) -> torch.Tensor | None:
         key_pos = torch.arange(kv_len, device=tokens.device)
-        mask = key_pos[None, None, None, :] <= positions[:, None, :, None]  # [b, 1, T, kv_len]
+        mask = (key_pos <= positions[..., None])[:, None]  # [b, 1, T, kv_len]
         cos, sin = self.rope(positions)
         grouped = self.attention == "grouped" or (self.attention == "auto" and tokens.is_cuda)
-        rows = slots if slots is not None else torch.arange(tokens.shape[0], device=tokens.device)
+        rows = (slots if slots is not None else torch.arange(tokens.shape[0], device=tokens.device))[:, None]
         x = self.model.embed_tokens(tokens)  # [b, T, h]
         for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)

@@ -303,7 +303,7 @@ def empty_model(config: dict, layout: LlasaLayout, device: torch.device, dtype: 
                     new = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
                     tensors[name] = nn.Parameter(new, t.requires_grad) if isinstance(t, nn.Parameter) else new
     model.output_token_ids = ids.to(device)
-    model.inv_freq = inv_freq.to(device)
+    model.set_rope_tables(inv_freq.to(device))
     return model
 
 
