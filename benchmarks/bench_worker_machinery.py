@@ -63,30 +63,31 @@ def run_alone(models, spec, rows: list[dict]) -> dict:
             "preempted_per_round": r["preempted_per_round"], "io_cpu_per_s": 0.0}
 
 
-def worker_class(export: bool):
-    """A `ShardProcessor` that counts its IO thread's CPU time in `finalise` (`io_cpu_s`);
-    without `export`, one whose IO thread writes a commit record only (no codec, audio, Parquet)."""
+def counted_worker(export: bool, spec, groups, models):
+    """A `ShardProcessor` whose write stage counts its IO thread's CPU time (`io_cpu_s`); without
+    `export`, one whose write stage writes a commit record only (no codec, audio, Parquet)."""
     from engine.records import aggregate
-    from engine.runtime.stream import thread_clock
+    from engine.runtime.threads import thread_clock
     from engine.runtime.worker import ShardProcessor
 
-    class Counted(ShardProcessor):
-        io_cpu_s = 0.0
+    worker = ShardProcessor(spec, groups, "in-process", models=models)
+    write, worker.io_cpu_s = worker.stages.write, 0.0
 
-        def finalise(self, task, figures) -> dict:
-            cpu = thread_clock()[0]
-            try:
-                if export:
-                    return super().finalise(task, figures)
-                stats = aggregate([r.stats for r in task.results if r.stats is not None])
-                record = {"shard": task.shard.id, "rows": task.shard.rows,
-                          "generated_tokens": stats.generated_tokens, "audio_seconds": 0.0,
-                          "wall_s": round(time.perf_counter() - task.received, 4), **figures(), **self.info()}
-                self.storage.write_bytes(self.layout.commit(task.shard), json.dumps(record).encode())
-                return record
-            finally:
-                self.io_cpu_s += thread_clock()[0] - cpu
-    return Counted
+    def counted(task, figures) -> dict:
+        cpu = thread_clock()[0]
+        try:
+            if export:
+                return write(task, figures)
+            stats = aggregate([s for row in task.rows for s in row.work()])
+            record = {"shard": task.shard.id, "rows": task.shard.rows,
+                      "generated_tokens": stats.generated_tokens, "audio_seconds": 0.0,
+                      "wall_s": round(time.perf_counter() - task.received, 4), **figures(), **worker.info()}
+            worker.storage.write_bytes(worker.layout.commit(task.shard), json.dumps(record).encode())
+            return record
+        finally:
+            worker.io_cpu_s += thread_clock()[0] - cpu
+    worker.stages.write = counted
+    return worker
 
 
 def run_worker(models, spec, groups, out: str, export: bool, manifest: str) -> dict:
@@ -102,7 +103,7 @@ def run_worker(models, spec, groups, out: str, export: bool, manifest: str) -> d
                                    "resources": spec.resources.model_copy(update={"admission": "arrival"})})
     planned = spec.model_copy(update={"input": InputSpec(manifests=[manifest])})
     shards = make_plan(planned, Storage(spec.storage)).shards
-    worker = worker_class(export)(spec, groups, "in-process", models=models)
+    worker = counted_worker(export, spec, groups, models)
     try:
         worker.warmup()
         worker.io_cpu_s, start = 0.0, time.perf_counter()  # the warm-up's export not counted
@@ -214,7 +215,7 @@ def main() -> None:
     from engine.io.storage import Storage
     from engine.models.malloc import described as malloc_described
     from engine.runtime.job import prepare_groups
-    from engine.runtime.stream import on_short_thread
+    from engine.runtime.threads import on_short_thread
     from engine.runtime.worker import WorkerModels
 
     kit, t0, load_start = start_on_kit(args)

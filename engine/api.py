@@ -227,21 +227,32 @@ class Synthesizer:
         seed = item.seed if item.seed is not None else item_seed(settings.seed, item_id)
         result = SynthesisResult(id=item_id, text=item.text or "", seed=seed)
         try:
-            ids = self.prompter.build(item.text, item.prompt_text, item.prompt_codes)
+            request = self.request(item.text, settings, seed, index if key is None else key,
+                                   item.prompt_text, item.prompt_codes)
         except ValueError as exc:
             result.error = str(exc)
             return result, None
+        return result, request
+
+    def request(self, text: str, settings: DecodingSettings, seed: int, key: object,
+                prompt_text: str | None = None, prompt_codes: list[int] | None = None) -> Request:
+        """The decoder's request for one text (with a voice prompt's transcript and codes) decoded
+        with `settings` and `seed`: its prompt ids, token budget and admission priority.
+
+        Raises:
+            ValueError: a text or voice prompt the prompter refuses, or a prompt that fills the
+                model's context.
+        """
+        ids = self.prompter.build(text, prompt_text, prompt_codes)
         if len(ids) >= self.max_context:
-            result.error = (f"prompt is {len(ids)} tokens; the model's context is {self.max_context} "
-                            "(shorten the text or the voice prompt)")
-            return result, None
+            raise ValueError(f"prompt is {len(ids)} tokens; the model's context is {self.max_context} "
+                             "(shorten the text or the voice prompt)")
         budget = settings.max_new_tokens
         if settings.max_speech_ratio is not None:
-            budget = min(budget, speech_budget(item.text or "", settings.max_speech_ratio))
-        request = Request(key=index if key is None else key, prompt_ids=ids, seed=seed,
-                          max_new_tokens=budget, history_out=list(item.prompt_codes or []), warp=settings.warp,
-                          priority=expected_tokens(item.text or "", budget))
-        return result, request
+            budget = min(budget, speech_budget(text or "", settings.max_speech_ratio))
+        return Request(key=key, prompt_ids=ids, seed=seed, max_new_tokens=budget,
+                       history_out=list(prompt_codes or []), warp=settings.warp,
+                       priority=expected_tokens(text or "", budget))
 
     def session(self, batch_size: int | None = None, stream: bool = False,
                 admission: Admission = "longest_first") -> DecodeSession:
@@ -397,16 +408,18 @@ class DecodeSession:
         self.inbox: list[tuple[Request, RowResult]] = []  # own rows another session's round finished
         self.pending = 0  # own rows submitted and not yet returned by `step`
 
-    def submit(self, rows: Sequence[tuple[DecodingSettings, Request]]) -> None:
+    def submit(self, rows: Sequence[tuple[DecodingSettings, Request]], ahead: bool = False) -> None:
         """Queue `(settings, request)` pairs (requests from `Synthesizer.prepare` with those
-        settings). `gamma: auto` is resolved here, per structure, from these rows."""
+        settings). `gamma: auto` is resolved here, per structure, from these rows. `ahead`: they
+        take free slots before every row queued so far (the quality gate's regenerations, whose
+        rows hold back a shard or a call that is otherwise done)."""
         with self.synth.lock:
             self.synth.drop_closed()
-            self._submit(rows)
+            self._submit(rows, ahead)
 
-    def _submit(self, rows: Sequence[tuple[DecodingSettings, Request]]) -> None:
+    def _submit(self, rows: Sequence[tuple[DecodingSettings, Request]], ahead: bool = False) -> None:
         by_structure: dict[tuple, list[tuple[DecodingSettings, Request]]] = {}
-        submission = next(self.synth.submissions)
+        submission = 0 if ahead else next(self.synth.submissions)  # numbered from 1: 0 goes first
         for settings, request in rows:
             request.submission, request.owner = submission, self
             if self.admission == "arrival":
