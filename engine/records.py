@@ -212,6 +212,7 @@ class RunSummary:
     slot_rounds: int = 0  # rows active, summed over those rounds
     batch_size: int = 1
     cut: int = 0  # items that reached their token limit (max_new_tokens or the context) before end of speech
+    quality: dict | None = None  # the quality gate's counts (passed, rejected, ...), None without one
 
     @property
     def slot_utilisation(self) -> float:
@@ -243,6 +244,7 @@ class RunSummary:
             "fallbacks": s.fallbacks,
             "slot_utilisation": round(self.slot_utilisation, 4),
             "gamma_choice": self.gamma_choice,
+            **({"quality": self.quality} if self.quality is not None else {}),
         }
 
 

@@ -21,7 +21,7 @@ from engine.codec.audio import AUDIO_FORMATS, audio_bytes
 from engine.codec.base import Codec, CodecError, as_code_array
 from engine.codec.prompts import PROMPT_AUDIO_MODES, VoicePrompt, codes_for_audio
 from engine.config import DecodingSettings
-from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer
+from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer, quality_schema, with_quality
 from engine.records import SynthesisResult
 
 
@@ -114,7 +114,7 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
                  wav_dir: str | Path | None = None, device: str = "cpu", audio_format: str = "wav", *,
                  dtype: str = "auto", prompts: Sequence[VoicePrompt | None] | None = None,
                  prompt_audio: str = "strip", codec: Codec | None = None, window: int = 256,
-                 provenance: Sequence[dict | None] | None = None) -> dict:
+                 provenance: Sequence[dict | None] | None = None, quality: bool = False) -> dict:
     """Decode results with X-codec2 and write a Parquet shard and/or audio files.
 
     Args:
@@ -134,6 +134,8 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
         window: items decoded and written per step (bounds memory).
         provenance: per result, where it came from (text id, prompt, seeds, model revisions):
             the `text_id` and `provenance` columns.
+        quality: add the quality gate's columns (`engine.io.dataset.QUALITY_FIELDS`), from each
+            result's `quality` verdict.
 
     Returns:
         {rows, with_audio, failed, audio_seconds, codec_seconds, audio_s_per_s, parquet,
@@ -160,15 +162,16 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
         out_dir.mkdir(parents=True, exist_ok=True)
     with_audio, samples, codec_s = 0, 0, 0.0
     with contextlib.ExitStack() as stack:
-        writer = (stack.enter_context(parquet_writer(parquet_path, dataset_schema(codec.sample_rate)))
-                  if parquet_path is not None else None)
+        schema = (quality_schema if quality else dataset_schema)(codec.sample_rate)
+        writer = stack.enter_context(parquet_writer(parquet_path, schema)) if parquet_path is not None else None
         for part in windows(len(results), window):
             start = time.perf_counter()
             origins = provenance[part] if provenance is not None else None
             rows = render_rows(codec, results[part], prompts[part], prompt_audio, audio_format, origins)
             codec_s += time.perf_counter() - start
             if writer is not None:
-                writer.write_table(build_table(rows, per_row[part], codec.sample_rate))
+                table = build_table(rows, per_row[part], codec.sample_rate)
+                writer.write_table(with_quality(table, results[part]) if quality else table)
             for row in rows:
                 if row.audio is None:
                     continue

@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from engine.api import Synthesizer
-from engine.config import JobSpec
+from engine.config import JobSpec, QualitySpec
 from engine.groups.csr import SpeechGroups
 from engine.io.storage import Storage
 from engine.models.device import resolve_device
@@ -52,6 +52,28 @@ class WorkerModels:
     revisions: dict
     prompt_cache: object  # PromptCache
     decode_thread: KeptThread = field(default_factory=lambda: KeptThread("decode"))
+    verifiers: dict = field(default_factory=dict)  # the quality gates' verifier processes, by what they hold
+
+    def gate(self, quality: QualitySpec, storage: Storage, device: str):
+        """The quality gate of `quality`: its verifiers (ASR, speaker encoder) run in a process of
+        their own (`runtime/verifiers.py`), started once per worker and kept for the jobs that
+        follow (a sweep's points)."""
+        from engine.metrics.gate import QualityGate
+        from engine.runtime.verifiers import RemoteASR, RemoteSpeaker, VerifierProcess
+
+        key = (quality.asr_model, quality.speaker_model)
+        if key not in self.verifiers:
+            self.verifiers[key] = VerifierProcess(quality, device, storage.options)
+        process = self.verifiers[key]
+        return QualityGate(quality, RemoteASR(process) if key[0] else None, RemoteSpeaker(process) if key[1] else None,
+                           self.codec)
+
+    def close(self) -> None:
+        """End the decode thread and the verifier processes."""
+        self.decode_thread.close()
+        for process in self.verifiers.values():
+            process.close()
+        self.verifiers.clear()
 
     @classmethod
     def load(cls, spec: JobSpec, storage: Storage, device: str) -> WorkerModels:
@@ -112,12 +134,20 @@ class ShardProcessor:
         self._prepare_lock = threading.Lock()  # shards arrive on several threads; prepare one at a time
         session = self.synth.session(spec.resources.batch_size, stream=True, admission=spec.resources.admission)
         codec = CodecStage(self.codec, spec.output.prompt_audio, self.device)
+        quality = spec.quality
+        verify = None
+        if quality.enabled:
+            from engine.runtime.stages.verify import VerifyStage
+
+            gate = models.gate(quality, self.storage, self.device)
+            verify = VerifyStage(gate, spec.output.prompt_audio, self.codec.hop_length)
         self.stages = Stages(
             read=ReadStage(self.storage),
-            prepare=PrepareStage(spec.decoding, self.storage, self.revisions, self.encode_clip),
+            prepare=PrepareStage(spec.decoding, self.storage, self.revisions, self.encode_clip,
+                                 keep_clips=quality.speaker_model is not None),
             decode=DecodeStage(self.synth, session),
             codec=codec,
-            verify=None,
+            verify=verify,
             write=WriteStage(spec, self.storage, codec, self.codec.sample_rate, self.info))
         prof = spec.profile
         profiler = RoundProfiler(prof.rounds, prof.skip, prof.trace, self.device) if prof.rounds else None
@@ -162,6 +192,14 @@ class ShardProcessor:
                 row.keep(attempt)
             self.stages.write.table_bytes(rows)
         self.stream.on_io_thread(write).result()
+        if self.stages.verify is not None:  # the verifiers' first use, on the thread that checks
+            self.stream.on_verify_thread(self.warm_verifiers).result()
+
+    def warm_verifiers(self) -> None:
+        gate = self.stages.verify.gate
+        wave = self.codec.decode([[0] * 50])[0]  # a second of the codec's audio
+        hyp = gate.transcribe([wave])[0]
+        gate.score("Warm-up.", wave, "eos", 1, 0, hypothesis=hyp if isinstance(hyp, str) else "")
 
     def info(self) -> dict:
         import ray
@@ -204,6 +242,6 @@ class ShardProcessor:
         return self.submit(shard, attempt).result()
 
     def close(self) -> None:
-        """End this processor's threads, the models' decode thread included."""
+        """End this processor's threads, the models' decode thread and verifier processes included."""
         self.stream.close()
-        self.models.decode_thread.close()
+        self.models.close()

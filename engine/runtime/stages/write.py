@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from engine.codec.export import audio_row, windows
 from engine.config import JobSpec
-from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer
-from engine.io.storage import Storage
+from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer, quality_schema, with_quality
+from engine.io.storage import Storage, join
 from engine.records import aggregate
 from engine.runtime.plan import Layout
 from engine.runtime.stages.codec import CodecStage
@@ -44,6 +44,11 @@ class WriteStage:
         self.spec, self.storage, self.codec = spec, storage, codec
         self.sample_rate, self.worker_info = sample_rate, worker_info
         self.layout = Layout(spec.output.uri)
+        self.quality = spec.quality.enabled
+
+    def rejects(self, shard) -> str:
+        """Where a shard's rejected rows go: `rejects/<shard>.parquet`."""
+        return join(self.layout.root, "rejects", f"{shard.id}.parquet")
 
     def audio_row(self, row: Row) -> AudioRow:
         """A row as the dataset stores it (its kept attempt's audio encoded)."""
@@ -58,7 +63,8 @@ class WriteStage:
         rows still without audio are decoded here, and every window's audio is freed once
         written."""
         buffer, with_audio, samples = io.BytesIO(), 0, 0
-        with parquet_writer(buffer, dataset_schema(self.sample_rate)) as writer:
+        schema = (quality_schema if self.quality else dataset_schema)(self.sample_rate)
+        with parquet_writer(buffer, schema) as writer:
             for part in windows(len(rows), WINDOW):
                 window = rows[part]
                 self.codec([row.kept for row in window if row.kept is not None and row.result.error is None])
@@ -66,7 +72,8 @@ class WriteStage:
                 audio = [self.audio_row(row) for row in window]
                 if window and window[0].task is not None:
                     window[0].task.codec_s += time.perf_counter() - start  # encoding, with the codec's time
-                writer.write_table(build_table(audio, [row.settings for row in window], self.sample_rate))
+                table = build_table(audio, [row.settings for row in window], self.sample_rate)
+                writer.write_table(with_quality(table, [row.result for row in window]) if self.quality else table)
                 for row, written in zip(window, audio):
                     if row.kept is not None:
                         row.kept.wave = None
@@ -77,15 +84,20 @@ class WriteStage:
     def __call__(self, task: ShardTask, figures: Callable[[], dict]) -> dict:
         """Write the shard's file, then its commit record (returned). `figures()` gives what the
         pipeline measured since the last record (taken when called, after the file is written)."""
-        shard, rows = task.shard, task.rows
+        shard = task.shard
+        rows = [row for row in task.rows if not row.rejected]
+        rejected = [row for row in task.rows if row.rejected]
         data, ok, samples = self.table_bytes(rows)
         self.storage.write_bytes(self.layout.data(shard), data)
-        stats = aggregate([s for row in rows for s in row.work()])  # every attempt decoded
+        if rejected and self.spec.quality.on_reject == "rejects":
+            self.storage.write_bytes(self.rejects(shard), self.table_bytes(rejected)[0])
+        stats = aggregate([s for row in task.rows for s in row.work()])  # every attempt decoded
         measured = figures()
         profile = measured.pop("profile", None)
         record = {
-            "shard": shard.id, "manifest": shard.manifest, "rows": shard.rows, "ok": ok, "failed": shard.rows - ok,
-            "cut": sum(row.result.cut for row in rows),  # rows whose audio stops at the token limit
+            "shard": shard.id, "manifest": shard.manifest, "rows": shard.rows, "ok": ok,
+            "failed": shard.rows - ok - len(rejected), "rejected": len(rejected),
+            "cut": sum(row.result.cut for row in rows),  # rows written whose audio stops at the token limit
             "audio_seconds": round(samples / self.sample_rate, 3), "generated_tokens": stats.generated_tokens,
             "rounds": stats.rounds, "emitted": stats.emitted, "reached": stats.reached,
             "accepted": stats.accepted, "thinning_trials": stats.thinning_trials,
@@ -93,6 +105,7 @@ class WriteStage:
             "wall_s": round(time.perf_counter() - task.received, 4), "attempt": task.attempt,
             "batch_size": self.spec.resources.batch_size,
             **{k: round(v, 4) if isinstance(v, float) else v for k, v in measured.items()},
+            **(self.verdicts(task) if self.quality else {}),
             "data": self.layout.data(shard), **self.worker_info(),
             "storage_retries": self.storage.retries,  # this worker's, so far (transient failures ridden out)
         }
@@ -100,6 +113,20 @@ class WriteStage:
             record["profile"] = self.write_profile(profile, record)
         self.storage.write_bytes(self.layout.commit(shard), json.dumps(record, indent=1).encode())
         return record
+
+    def verdicts(self, task: ShardTask) -> dict:
+        """The quality gate's figures of a shard: rows it kept and rejected, rows decoded more
+        than once, attempts decoded, seconds spent checking."""
+        judged = [row.result.quality for row in task.rows if row.result.quality is not None]
+        dropped = self.spec.quality.on_reject == "drop"
+        return {"quality": {"checked": len(judged), "passed": sum(v.passed for v in judged),
+                            "rejected": sum(not v.passed for v in judged),
+                            "dropped": sum(not v.passed for v in judged) if dropped else 0,
+                            "regenerated": sum(len(v.attempts) > 1 for v in judged) if self.spec.quality.best_of == 1
+                            else 0,
+                            "decodes": sum(len(row.attempts) for row in task.rows),
+                            "verify_s": round(task.verify_s, 4)},
+                "rejects": self.rejects(task.shard) if any(not v.passed for v in judged) and not dropped else None}
 
     def write_profile(self, profile: dict, record: dict) -> str:
         """Write a finished decode-loop profile under `_profiles/` (and its Chrome trace, if
