@@ -272,7 +272,7 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
     from engine.config import DecodingSettings
     from engine.records import SynthesisItem
     from engine.runtime.profiling import RoundProfiler
-    from engine.runtime.stream import thread_clock
+    from engine.runtime.threads import thread_clock
 
     batch = spec.resources.batch_size
     session = synth.session(batch, admission=admission)
