@@ -44,9 +44,13 @@ def serve(conn, quality_json: str, device: str, storage_json: str) -> None:
         except (EOFError, OSError):  # the worker is gone
             return
         try:
-            conn.send(("ok", calls[method](*args)))
+            result = calls[method](*args)
         except Exception as exc:  # noqa: BLE001 - raised in the worker, on that call
             conn.send(("raised", portable(exc)))
+            continue
+        if method == "transcribe":  # a clip's failure comes back in its place
+            result = [portable(r) if isinstance(r, BaseException) else r for r in result]
+        conn.send(("ok", result))
 
 
 def portable(exc: BaseException) -> BaseException:
