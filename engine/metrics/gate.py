@@ -188,7 +188,8 @@ class QualityGate:
             if bound is None or (value is None and name == "speaker_similarity"):  # no prompt: not checked
                 continue
             if value is None:
-                out.append(f"{name} unknown (no speech)")
+                if f"{name} unknown (no speech)" not in out:  # once, for both of its bounds
+                    out.append(f"{name} unknown (no speech)")
             elif (value < bound) if low else (value > bound):
                 out.append(f"{name} {value:g} {'<' if low else '>'} {bound:g}")
         if q.reject_truncated and s.finish_reason == "length":

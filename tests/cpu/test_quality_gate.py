@@ -24,7 +24,7 @@ from engine import SynthesisItem
 from engine.config import DecodingSettings, QualitySpec
 from engine.io.dataset import quality_schema
 from engine.metrics.gate import QualityGate
-from engine.records import SynthesisResult, attempt_seed
+from engine.records import AttemptScores, SynthesisResult, attempt_seed
 from engine.runtime.job import JobRunner
 from engine.runtime.plan import make_plan
 from engine.runtime.preflight import dry_run, dry_run_text
@@ -73,6 +73,12 @@ def test_the_spec_refuses_what_cannot_work_and_is_off_by_default():
     assert QualitySpec(max_cer=0.1).asr_model == "pocketsphinx" and QualitySpec(max_cer=0.1).speaker_model is None
     assert QualitySpec(asr="pocketsphinx").enabled and QualitySpec(asr="pocketsphinx").checks == []
     assert QualitySpec(min_speaker_similarity=0.5).speaker_model == "resemblyzer"
+    gate = QualityGate(QualitySpec(min_chars_per_s=5, max_chars_per_s=30, reject_truncated=True,
+                                   min_speaker_similarity=0.5))
+    assert gate.failed(AttemptScores(1, 7, "eos", 2.0, speaking_rate=12.0)) == []  # no prompt: similarity unchecked
+    assert gate.failed(AttemptScores(1, 7, "length", 2.0, speaking_rate=40.0, speaker_similarity=0.2)) == [
+        "speaker_similarity 0.2 < 0.5", "speaking_rate 40 > 30", "truncated (finish reason length)"]
+    assert gate.failed(AttemptScores(1, 7, "eos", 0.0)) == ["speaking_rate unknown (no speech)"]
     for bad, why in (({"max_cer": 0.1, "attempts": 2, "best_of": 2}, "not both"),
                      ({"attempts": 3}, "need a check"),
                      ({"min_duration_s": 2.0, "max_duration_s": 1.0}, "above max_duration_s"),
@@ -173,16 +179,24 @@ def test_duration_bounds_reject_exactly_the_rows_outside(kit_dir, tmp_path):
         durations = sorted({r["duration"] for r in plain.values()})
         assert len(durations) >= 3, "the kit's rows should differ in length"
         low, high = durations[0] + 1e-6, durations[-1] - 1e-6  # the shortest and the longest are out
-        gated = base.model_copy(update={"output": base.output.model_copy(update={"uri": str(tmp_path / "gated")}),
-                                        "quality": QualitySpec(min_duration_s=low, max_duration_s=high)})
-        processor, _ = processor_run(gated, processor)
+        runs = {}
+        for on_reject in ("rejects", "drop"):
+            gated = base.model_copy(update={
+                "output": base.output.model_copy(update={"uri": str(tmp_path / on_reject)}),
+                "quality": QualitySpec(min_duration_s=low, max_duration_s=high, on_reject=on_reject)})
+            processor, runs[on_reject] = processor_run(gated, processor)
     finally:
         processor.close()
-    kept, rejected = rows_of(tmp_path / "gated", "data"), rows_of(tmp_path / "gated", "rejects")
+    kept, rejected = rows_of(tmp_path / "rejects", "data"), rows_of(tmp_path / "rejects", "rejects")
     assert {r["id"] for r in kept} == {i for i, r in plain.items() if low <= r["duration"] <= high}
-    assert {r["id"] for r in rejected} == {i for i, r in plain.items() if not low <= r["duration"] <= high} != set()
+    outside = {i for i, r in plain.items() if not low <= r["duration"] <= high}
+    assert {r["id"] for r in rejected} == outside != set()
     assert all("duration" in r["reject_reason"] and r["cer"] is None for r in rejected)
     assert {r["id"]: r["codes"] for r in kept + rejected} == {i: r["codes"] for i, r in plain.items()}
+    # dropped: the same rows kept, the others written nowhere but counted
+    assert rows_of(tmp_path / "drop", "data") == kept and not (tmp_path / "drop" / "rejects").exists()
+    dropped = runs["drop"]
+    assert sum(r["quality"]["dropped"] for r in dropped) == sum(r["rejected"] for r in dropped) == len(outside)
 
 
 def espeak() -> str:
