@@ -272,7 +272,7 @@ def run_alone(synth, spec, rows: list[dict], admission: str) -> dict:
     from engine.config import DecodingSettings
     from engine.records import SynthesisItem
     from engine.runtime.profiling import RoundProfiler
-    from engine.runtime.stream import thread_clock
+    from engine.runtime.threads import thread_clock
 
     batch = spec.resources.batch_size
     session = synth.session(batch, admission=admission)
@@ -393,7 +393,7 @@ def rate(run: dict) -> float | None:
 
 def run_alone_in_thread(synth, spec, rows: list[dict], admission: str) -> dict:
     """`run_alone` on a thread of its own, as a job worker's decode loop runs."""
-    from engine.runtime.stream import on_short_thread
+    from engine.runtime.threads import on_short_thread
 
     return on_short_thread(lambda: run_alone(synth, spec, rows, admission), name="decode")
 

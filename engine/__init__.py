@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["DecodingSettings", "RunSummary", "SynthesisItem", "SynthesisResult", "Synthesizer"]
+__all__ = ["DecodingSettings", "QualityGate", "QualitySpec", "RunSummary", "SynthesisItem", "SynthesisResult",
+           "Synthesizer"]
 __version__ = "0.1.0"
 
 _HOMES = {
     "DecodingSettings": "engine.config",
+    "QualityGate": "engine.metrics.gate",
+    "QualitySpec": "engine.config",
     "RunSummary": "engine.records",
     "SynthesisItem": "engine.records",
     "SynthesisResult": "engine.records",

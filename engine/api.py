@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -32,7 +33,10 @@ from engine.models.device import resolve_compile, resolve_device
 from engine.models.llasa import DEFAULT_DATE_STRING, LLASA_CONTEXT, LlasaPrompter
 from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
 from engine.models.malloc import keep_freed_memory
-from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate, item_seed
+from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate, attempt_seed, item_seed
+
+if TYPE_CHECKING:  # the gate's verifiers load only for a call that brings one
+    from engine.metrics.gate import QualityGate
 
 PILOT_GAMMA, PILOT_TOKENS = 4, 48  # `gamma: auto`'s pilot decode: draft length, tokens per row
 # `Synthesizer.warmup`'s texts: prompts of several lengths, so that admissions prefill several widths
@@ -235,21 +239,32 @@ class Synthesizer:
         seed = item.seed if item.seed is not None else item_seed(settings.seed, item_id)
         result = SynthesisResult(id=item_id, text=item.text or "", seed=seed)
         try:
-            ids = self.prompter.build(item.text, item.prompt_text, item.prompt_codes)
+            request = self.request(item.text, settings, seed, index if key is None else key,
+                                   item.prompt_text, item.prompt_codes)
         except ValueError as exc:
             result.error = str(exc)
             return result, None
+        return result, request
+
+    def request(self, text: str, settings: DecodingSettings, seed: int, key: object,
+                prompt_text: str | None = None, prompt_codes: list[int] | None = None) -> Request:
+        """The decoder's request for one text (with a voice prompt's transcript and codes) decoded
+        with `settings` and `seed`: its prompt ids, token budget and admission priority.
+
+        Raises:
+            ValueError: a text or voice prompt the prompter refuses, or a prompt that fills the
+                model's context.
+        """
+        ids = self.prompter.build(text, prompt_text, prompt_codes)
         if len(ids) >= self.max_context:
-            result.error = (f"prompt is {len(ids)} tokens; the model's context is {self.max_context} "
-                            "(shorten the text or the voice prompt)")
-            return result, None
+            raise ValueError(f"prompt is {len(ids)} tokens; the model's context is {self.max_context} "
+                             "(shorten the text or the voice prompt)")
         budget = settings.max_new_tokens
         if settings.max_speech_ratio is not None:
-            budget = min(budget, speech_budget(item.text or "", settings.max_speech_ratio))
-        request = Request(key=index if key is None else key, prompt_ids=ids, seed=seed,
-                          max_new_tokens=budget, history_out=list(item.prompt_codes or []), warp=settings.warp,
-                          priority=expected_tokens(item.text or "", budget))
-        return result, request
+            budget = min(budget, speech_budget(text or "", settings.max_speech_ratio))
+        return Request(key=key, prompt_ids=ids, seed=seed, max_new_tokens=budget,
+                       history_out=list(prompt_codes or []), warp=settings.warp,
+                       priority=expected_tokens(text or "", budget))
 
     def session(self, batch_size: int | None = None, stream: bool = False,
                 admission: Admission = "longest_first") -> DecodeSession:
@@ -259,11 +274,12 @@ class Synthesizer:
         return DecodeSession(self, batch_size or self.batch_size, stream, admission)
 
     def _start(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None,
-               batch_size: int | None, admission: Admission) -> _Call:
+               batch_size: int | None, admission: Admission, quality: QualityGate | None = None) -> _Call:
         settings = settings or DecodingSettings()
         if settings.speculative and self.draft is None:
             raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
-        call = _Call(settings, self.session(batch_size, admission=admission))
+        session = self.session(batch_size, admission=admission)
+        call = _Call(settings, session) if quality is None else _GatedCall(settings, session, self, quality)
         rows = []
         for i, item in enumerate(items):
             try:
@@ -276,18 +292,18 @@ class Synthesizer:
             result, request = self.prepare(i, item, mine)
             call.results.append(result)
             if request is not None:
-                rows.append((mine, request))
+                rows.extend(call.first(i, item, mine, request))
         try:
             call.session.submit(rows)
         except BaseException:  # rows of a structure queued before another's failed: take them out
             call.session.close()
             raise
-        call.ok = len(rows)
+        call.ok = len(rows) // call.candidates
         return call
 
     def stream(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
                batch_size: int | None = None, admission: Admission = "longest_first",
-               ) -> Iterator[SynthesisResult]:
+               quality: QualityGate | None = None) -> Iterator[SynthesisResult]:
         """Decode `items` with `settings`, yielding each result as its row finishes (items that
         could not be decoded first). Every item's result is yielded exactly once; `result.id`
         says which item it is (the item's id, else its index as a string).
@@ -298,14 +314,20 @@ class Synthesizer:
             batch_size: override the synthesizer's batch size for this call.
             admission: which queued item takes a free slot: `longest_first` (longest expected
                 speech first, so the batch drains late) or `arrival` (input order).
+            quality: a quality gate (`engine.metrics.gate.QualityGate.load(QualitySpec(...),
+                codec=...)`): each item's audio is checked before it is yielded, an item that
+                fails is decoded again (`attempts`) or chosen among candidates (`best_of`);
+                `result.quality` holds the verdict (`passed` False: the gate's best of its
+                failed attempts), and `result.seed` the kept attempt's seed.
         """
-        call = self._start(items, settings, batch_size, admission)
+        call = self._start(items, settings, batch_size, admission, quality)
         for _, result in call:
             yield result
 
     def synthesize(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
                    progress: bool = False, batch_size: int | None = None,
-                   admission: Admission = "longest_first") -> tuple[list[SynthesisResult], RunSummary]:
+                   admission: Admission = "longest_first",
+                   quality: QualityGate | None = None) -> tuple[list[SynthesisResult], RunSummary]:
         """Decode `items` with `settings`; results come back in input order.
 
         Args:
@@ -316,11 +338,12 @@ class Synthesizer:
             batch_size: override the synthesizer's batch size for this call.
             admission: which queued item takes a free slot (see `stream`); results come back
                 in input order either way, and are the same.
+            quality: a quality gate, as in `stream` (the summary counts its decisions).
 
         Returns:
             (one result per item, the run's summary).
         """
-        call = self._start(items, settings, batch_size, admission)
+        call = self._start(items, settings, batch_size, admission, quality)
         settings = call.settings
         start = time.perf_counter()
         bar = tqdm(total=call.ok, desc=f"decode [{settings.method}]", unit="utt",
@@ -341,7 +364,7 @@ class Synthesizer:
                              stats=stats, gamma_choice=choice.to_dict() if choice else None,
                              decode_rounds=session.scheduler.rounds,
                              slot_rounds=session.scheduler.slot_rounds, batch_size=session.batch,
-                             cut=sum(r.cut for r in results))
+                             cut=sum(r.cut for r in results), quality=call.counts())
         return results, summary
 
 
@@ -404,16 +427,18 @@ class DecodeSession:
         self.inbox: list[tuple[Request, RowResult]] = []  # own rows another session's round finished
         self.pending = 0  # own rows submitted and not yet returned by `step`
 
-    def submit(self, rows: Sequence[tuple[DecodingSettings, Request]]) -> None:
+    def submit(self, rows: Sequence[tuple[DecodingSettings, Request]], ahead: bool = False) -> None:
         """Queue `(settings, request)` pairs (requests from `Synthesizer.prepare` with those
-        settings). `gamma: auto` is resolved here, per structure, from these rows."""
+        settings). `gamma: auto` is resolved here, per structure, from these rows. `ahead`: they
+        take free slots before every row queued so far (the quality gate's regenerations, whose
+        rows hold back a shard or a call that is otherwise done)."""
         with self.synth.lock:
             self.synth.drop_closed()
-            self._submit(rows)
+            self._submit(rows, ahead)
 
-    def _submit(self, rows: Sequence[tuple[DecodingSettings, Request]]) -> None:
+    def _submit(self, rows: Sequence[tuple[DecodingSettings, Request]], ahead: bool = False) -> None:
         by_structure: dict[tuple, list[tuple[DecodingSettings, Request]]] = {}
-        submission = next(self.synth.submissions)
+        submission = 0 if ahead else next(self.synth.submissions)  # numbered from 1: 0 goes first
         for settings, request in rows:
             request.submission, request.owner = submission, self
             if self.admission == "arrival":
@@ -485,10 +510,27 @@ class DecodeSession:
 class _Call:
     """One `synthesize`/`stream` call: the results in input order, filled as rows finish."""
 
+    candidates = 1  # requests per item
+
     def __init__(self, settings: DecodingSettings, session: DecodeSession) -> None:
         self.settings, self.session = settings, session
         self.results: list[SynthesisResult] = []
         self.ok = 0
+
+    def first(self, index: int, item: SynthesisItem | str, settings: DecodingSettings,
+              request: Request) -> list[tuple[DecodingSettings, Request]]:
+        """The rows an item starts with (its request from `Synthesizer.prepare`)."""
+        return [(settings, request)]
+
+    def finished(self, request: Request, row: RowResult) -> list[tuple[int, SynthesisResult]]:
+        """The results a finished row completes (index, result)."""
+        res = self.results[request.key]
+        res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats
+        return [(request.key, res)]
+
+    def counts(self) -> dict | None:
+        """The quality gate's figures (None without it)."""
+        return None
 
     def __iter__(self) -> Iterator[tuple[int, SynthesisResult]]:
         try:
@@ -497,9 +539,7 @@ class _Call:
                     yield i, result
             while not self.session.idle:
                 for request, row in self.session.step():
-                    res = self.results[request.key]
-                    res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats
-                    yield request.key, res
+                    yield from self.finished(request, row)
         except GeneratorExit:  # the caller stopped reading: its rows leave the batch
             self.session.close()
             raise
@@ -508,3 +548,80 @@ class _Call:
         except BaseException:  # a round failed: the batch is in doubt
             self.session.reset()
             raise
+
+
+class _GatedCall(_Call):
+    """A call through a quality gate: an item's attempts are decoded (keys `(index, attempt)`)
+    and scored as they finish, one that failed with attempts left is decoded again ahead of the
+    rows still queued, and the item's result is the attempt the gate keeps."""
+
+    def __init__(self, settings: DecodingSettings, session: DecodeSession, synth: Synthesizer,
+                 gate: QualityGate) -> None:
+        super().__init__(settings, session)
+        self.synth, self.gate, self.candidates = synth, gate, gate.candidates
+        self.items: dict[int, tuple] = {}  # index -> (item, its settings, its voice prompt)
+        self.tried: dict[int, dict[int, tuple]] = {}  # index -> attempt -> (scores, row)
+        self.expected: dict[int, int] = {}  # index -> attempts decoded or decoding
+        self.verify_s = 0.0
+
+    def request(self, index: int, number: int) -> tuple[DecodingSettings, Request]:
+        item, settings, _ = self.items[index]
+        seed = attempt_seed(self.results[index].seed, number)
+        return settings, self.synth.request(item.text, settings, seed, (index, number), item.prompt_text,
+                                            item.prompt_codes)
+
+    def first(self, index, item, settings, request):
+        from engine.codec.prompts import prompts_of
+
+        item = SynthesisItem(text=item) if isinstance(item, str) else item
+        self.items[index] = (item, settings, prompts_of([item])[0])
+        self.tried[index], self.expected[index] = {}, self.candidates
+        return [self.request(index, n) for n in range(1, self.candidates + 1)]
+
+    def score(self, index: int, number: int, seed: int, row: RowResult):
+        from engine.codec.base import CodecError
+        from engine.codec.export import no_codes
+
+        prompt = self.items[index][2]
+        wave, why = None, no_codes(row.finish_reason)
+        if row.tokens:
+            try:
+                wave = self.gate.audio(row.tokens)
+            except CodecError as exc:
+                why = str(exc)
+        hyp = self.gate.transcribe([wave])[0] if wave is not None else None
+        if isinstance(hyp, Exception):
+            raise hyp
+        return self.gate.score(self.results[index].text, wave, row.finish_reason, number, seed, prompt,
+                               hypothesis=hyp, no_audio=why)
+
+    def finished(self, request, row):
+        index, number = request.key
+        res, tried = self.results[index], self.tried[index]
+        if res.error is not None:
+            return []  # its check raised on another candidate: already yielded as an error
+        start = time.perf_counter()
+        try:
+            tried[number] = (self.score(index, number, request.seed, row), row)
+        except Exception as exc:  # noqa: BLE001 - the item's error result, the call goes on
+            res.error = f"quality check failed: {type(exc).__name__}: {exc}"
+            return [(index, res)]
+        finally:
+            self.verify_s += time.perf_counter() - start
+        if len(tried) < self.expected[index]:
+            return []  # best_of: candidates still decoding
+        verdict = self.gate.verdict([tried[n][0] for n in sorted(tried)])
+        if verdict is None:
+            self.expected[index] += 1
+            self.session.submit([self.request(index, self.expected[index])], ahead=True)
+            return []
+        kept = tried[verdict.kept.attempt][1]
+        res.codes, res.finish_reason, res.stats = kept.tokens, kept.finish_reason, kept.stats
+        res.seed, res.quality = verdict.kept.seed, verdict
+        return [(index, res)]
+
+    def counts(self) -> dict:
+        verdicts = [r.quality for r in self.results if r.quality is not None]
+        return {"passed": sum(v.passed for v in verdicts), "rejected": sum(not v.passed for v in verdicts),
+                "regenerated": sum(len(v.attempts) > 1 for v in verdicts) if self.candidates == 1 else 0,
+                "decodes": sum(self.expected.values()), "verify_s": round(self.verify_s, 4)}

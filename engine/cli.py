@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.cli_options import add_compile_arg, add_draft_weights_arg, add_settings_arguments, settings_from_args
-from engine.config import ADMISSIONS, METHODS, DecodingSettings, accepted_keys, decoding_default
+from engine.config import ADMISSIONS, METHODS, DecodingSettings, QualitySpec, accepted_keys, decoding_default
 from engine.console import counted
 from engine.errors import did_you_mean
 
@@ -151,7 +151,33 @@ def per_method(path: Path, method: str, several: bool) -> Path:
     return path.with_name(f"{path.stem}.{method}{path.suffix}") if several else path
 
 
-def write_audio(args, kind: str | None, items, settings, results, codec, several: bool) -> None:
+def rejected_path(path: Path) -> Path:
+    """`out.parquet` -> `out.rejects.parquet`: where the quality gate's rejected texts go."""
+    return path.with_name(f"{path.stem}.rejects{path.suffix}")
+
+
+def write_audio(args, kind: str | None, items, settings, results, codec, several: bool,
+                gate: QualitySpec | None = None) -> None:
+    """The results' audio to --out / --wav-dir; with the quality gate, its rejected texts to
+    `X.rejects.parquet` / `DIR/rejects/` (or nowhere: `--on-reject drop`)."""
+    rejected = [i for i, r in enumerate(results) if r.quality is not None and not r.quality.passed]
+    if rejected:
+        apart = gate is not None and gate.on_reject == "rejects"
+        if apart:
+            where = argparse.Namespace(**{**vars(args), "out": args.out and str(rejected_path(Path(args.out))),
+                                          "wav_dir": args.wav_dir and str(Path(args.wav_dir) / "rejects")})
+            export_results(where, kind, [items[i] for i in rejected], settings, [results[i] for i in rejected],
+                           codec, several)
+        print(f"[{settings.method}] quality gate: {counted(len(rejected), 'text')} rejected"
+              + (" (written apart: .rejects)" if apart else " (dropped)"), file=sys.stderr)
+        kept = [i for i in range(len(results)) if i not in set(rejected)]
+        items, results = [items[i] for i in kept], [results[i] for i in kept]
+    if results:
+        export_results(args, kind, items, settings, results, codec, several)
+
+
+def export_results(args, kind: str | None, items, settings, results, codec, several: bool) -> None:
+    """`results`' audio where `args` says (--out, --wav-dir; one file per method when `several`)."""
     from engine.codec.export import export_audio, file_name
     from engine.codec.prompts import prompts_of
 
@@ -160,7 +186,7 @@ def write_audio(args, kind: str | None, items, settings, results, codec, several
     load = {"codec": codec, "prompts": prompts_of(items), "prompt_audio": args.prompt_audio}
     if parquet or wav_dir:
         done = export_audio(results, settings, None, parquet_path=parquet, wav_dir=wav_dir,
-                            audio_format=args.audio_format, **load)
+                            audio_format=args.audio_format, quality=any(r.quality for r in results), **load)
         where = " and ".join(str(x) for x in (done["parquet"], done["wav_dir"]) if x)
         print(f"[{settings.method}] {done['with_audio']} clips, {done['audio_seconds']:.1f} s of audio "
               f"written to {where}")
@@ -181,6 +207,7 @@ def cmd_generate(args) -> int:
     methods = METHODS if method == "all" else [method]
     # validated before anything loads
     all_settings = [settings_from_args(args, DecodingSettings, method=m) for m in methods]
+    quality = settings_from_args(args, QualitySpec)
     items, clips = read_items(args)
     kind = output_kind(args.out, len(items))
     target = args.target or (Path(args.kit) / "target" if args.kit else None)
@@ -191,16 +218,27 @@ def cmd_generate(args) -> int:
     if draft is None and any(s.speculative for s in all_settings):
         raise UsageError(f"method {method!r} needs a draft: give --draft DIR (or use --method ar)")
     audio = kind in ("parquet", *AUDIO_FILES) or bool(args.wav_dir)
-    if (audio or clips) and codec_dir is None:
-        raise UsageError(("writing audio" if audio else "items naming voice-prompt clips") +
-                         " needs an X-codec2 checkpoint: give --codec DIR (or --kit DIR)")
+    if (audio or clips or quality.enabled) and codec_dir is None:
+        raise UsageError(("writing audio" if audio else "items naming voice-prompt clips" if clips
+                          else "the quality gate (it listens to the audio)")
+                         + " needs an X-codec2 checkpoint: give --codec DIR (or --kit DIR)")
+    if quality.enabled:  # a missing verifier fails before anything loads
+        from engine.io.storage import Storage
+        from engine.runtime.preflight import check_verifiers
+
+        check_verifiers(quality, Storage())
     from engine.api import Synthesizer  # torch: only once the arguments are known to be good
 
-    codec = None
-    if audio or clips:  # first: a bad codec fails before the models load and the texts decode
+    codec = gate = None
+    if audio or clips or quality.enabled:  # first: a bad codec fails before the models load and the texts decode
         from engine.codec.xcodec2 import Xcodec2Codec
 
         codec = Xcodec2Codec.load(codec_dir, device=args.device, encoder_device=args.device)
+    if quality.enabled:
+        from engine.metrics.gate import QualityGate
+        from engine.models.device import resolve_device
+
+        gate = QualityGate.load(quality, codec, device=str(resolve_device(args.device)))
     synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
                              compile=args.compile, draft_weights=args.draft_weights,
                              batch_size=args.batch_size)
@@ -208,7 +246,8 @@ def cmd_generate(args) -> int:
         resolve_clips(items, clips, codec)
     runs = []
     for settings in all_settings:
-        results, summary = synth.synthesize(items, settings, progress=not args.quiet, admission=args.admission)
+        results, summary = synth.synthesize(items, settings, progress=not args.quiet, admission=args.admission,
+                                            quality=gate)
         runs.append({"summary": summary.to_dict(),
                      "items": [{**r.to_dict(), "prompt_text": it.prompt_text, "prompt_codes": it.prompt_codes}
                                for r, it in zip(results, items)]})
@@ -222,8 +261,14 @@ def cmd_generate(args) -> int:
                   + (f"max_speech_ratio {ratio} times the text's estimated time + 2 s, " if ratio else "")
                   + "or the model's context): their audio is cut there; raise --max-new-tokens"
                   + (" or --max-speech-ratio" if ratio else ""), file=sys.stderr)
+        if summary.quality:
+            q = summary.quality
+            print(f"[{settings.method}] quality gate: {q['passed']} passed, {q['rejected']} rejected, "
+                  f"{q['regenerated']} regenerated, {q['decodes']} decodes; checking took {q['verify_s']} s",
+                  file=sys.stderr)
         if audio:
-            write_audio(args, kind, items, settings, results, codec, len(all_settings) > 1)
+            write_audio(args, kind, items, settings, results, codec, len(all_settings) > 1,
+                        quality if quality.enabled else None)
     summaries = [r["summary"] for r in runs]
     print(summary_table(summaries))
     outlook = None
@@ -284,6 +329,13 @@ def add_generate(sub) -> None:
     out.add_argument("--prompt-audio", default="strip", choices=["strip", "include", "context"],
                      help="voice-prompt audio in the output: strip (default), include it, or decode "
                           "with it as context and cut it")
+    gate = p.add_argument_group("quality gate (a job's `quality:` section; docs/guides/quality.md): each "
+                                "text's audio is checked; one that fails is decoded again (--attempts) or "
+                                "chosen among candidates (--best-of); texts that never pass go to "
+                                "X.rejects.parquet / DIR/rejects/ (or are dropped)")
+    add_settings_arguments(gate, QualitySpec, exclude=("reject_truncated",))
+    gate.add_argument("--reject-truncated", action="store_true", default=None,
+                      help=QualitySpec.model_fields["reject_truncated"].description)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
 

@@ -434,6 +434,103 @@ class AugmentSpec(BaseModel):
         return [*self.prompts, *own]
 
 
+OnReject = Literal["rejects", "drop"]
+
+
+class QualitySpec(BaseModel):
+    """The quality gate: every decoded row's audio is checked before it is written; a row that
+    fails is decoded again (`attempts`) or chosen among candidates (`best_of`), and a row that
+    never passes goes to `rejects/` or is dropped. Off unless a check or a verifier is set
+    (docs/guides/quality.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    asr: str | None = Field(None, description=(
+        "Speech recogniser whose transcript is scored against the row's text: 'pocketsphinx' "
+        "(bundled, offline, weak: it catches gross failures) or a transformers Whisper or CTC "
+        "checkpoint (a local directory, an s3:// URI or a Hub id), run on the worker's device. "
+        "Default: pocketsphinx when max_cer or max_wer is set; set alone, it only records cer/wer."))
+    max_cer: float | None = Field(None, ge=0, description=(
+        "Highest character error rate of the ASR transcript against the row's text, as a fraction "
+        "(0.01 = 1 %), both normalised as `pcg-synth eval` normalises them."))
+    max_wer: float | None = Field(None, ge=0, description="Highest word error rate, as max_cer.")
+    speaker: str | None = Field(None, description=(
+        "Speaker encoder for the similarity to the row's voice prompt: 'resemblyzer' (bundled) or "
+        "a transformers x-vector checkpoint (a local directory, an s3:// URI or a Hub id). "
+        "Default: resemblyzer when min_speaker_similarity is set; set alone, it only records "
+        "speaker_similarity."))
+    min_speaker_similarity: float | None = Field(None, ge=-1, le=1, description=(
+        "Lowest cosine similarity between speaker embeddings of the row's audio and of its voice "
+        "prompt's clip (a prompt given as codes is decoded for it); rows without a voice prompt "
+        "are not checked."))
+    min_duration_s: float | None = Field(None, ge=0, description="Shortest speech a row may have, in seconds.")
+    max_duration_s: float | None = Field(None, gt=0, description="Longest speech a row may have, in seconds.")
+    min_chars_per_s: float | None = Field(None, ge=0, description=(
+        "Slowest speaking rate: characters of the row's normalised text per second of its speech "
+        "(a row that says its text too slowly, or adds speech of its own)."))
+    max_chars_per_s: float | None = Field(None, gt=0, description=(
+        "Fastest speaking rate, as min_chars_per_s (a row that skips part of its text)."))
+    reject_truncated: bool = Field(False, description=(
+        "Fail rows whose speech reached the token limit (finish reason `length`): their audio is cut."))
+    attempts: int = Field(1, ge=1, le=16, description=(
+        "Decodes a row may take: a row that fails is decoded again with a seed derived from its own "
+        "(the same in every run), ahead of rows not yet started, until it passes or its attempts are "
+        "spent. Exclusive with best_of."))
+    best_of: int = Field(1, ge=1, le=16, description=(
+        "Candidates decoded per row, in the same batch, with seeds derived from the row's; the one "
+        "kept is the best by the gate's score: passing every check first, then the lowest CER "
+        "(else WER), then the highest speaker similarity, then the earliest candidate. "
+        "Exclusive with attempts."))
+    on_reject: OnReject = Field("rejects", description=(
+        "Rows that never pass: 'rejects' writes them to rejects/<shard>.parquet in the data's "
+        "schema, with reject_reason and the kept attempt's audio; 'drop' writes them nowhere "
+        "(both are counted in the summary)."))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QualitySpec:
+        if self.attempts > 1 and self.best_of > 1:
+            raise ValueError("quality: give attempts or best_of, not both")
+        if (self.attempts > 1 or self.best_of > 1) and not self.checks:
+            raise ValueError("quality: attempts and best_of need a check to pass (max_cer, max_wer, "
+                             "min_speaker_similarity, a duration or speaking-rate bound, reject_truncated)")
+        for low, high in (("min_duration_s", "max_duration_s"), ("min_chars_per_s", "max_chars_per_s")):
+            lo, hi = getattr(self, low), getattr(self, high)
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError(f"quality: {low} {lo} is above {high} {hi}")
+        return self
+
+    @property
+    def checks(self) -> list[str]:
+        """The checks set (the fields whose bound a row must meet)."""
+        bounds = ("max_cer", "max_wer", "min_speaker_similarity", "min_duration_s", "max_duration_s",
+                  "min_chars_per_s", "max_chars_per_s")
+        return [b for b in bounds if getattr(self, b) is not None] + ["reject_truncated"] * self.reject_truncated
+
+    @property
+    def enabled(self) -> bool:
+        """A check or a verifier is set: rows are scored (and gated) before they are written."""
+        return bool(self.checks) or self.asr is not None or self.speaker is not None
+
+    @property
+    def asr_model(self) -> str | None:
+        """The recogniser to load (None: no ASR)."""
+        if self.asr is not None:
+            return self.asr
+        return "pocketsphinx" if self.max_cer is not None or self.max_wer is not None else None
+
+    @property
+    def speaker_model(self) -> str | None:
+        """The speaker encoder to load (None: no speaker similarity)."""
+        if self.speaker is not None:
+            return self.speaker
+        return "resemblyzer" if self.min_speaker_similarity is not None else None
+
+    @property
+    def candidates(self) -> int:
+        """Attempts decoded at once when a row starts (best_of), else 1."""
+        return self.best_of
+
+
 class ModelPair(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -495,6 +592,9 @@ class JobSpec(BaseModel):
         "Profiling of the workers' decode loops (off by default)."))
     text: TextSpec = Field(default_factory=TextSpec, description=(
         "Normalisation and long-text splitting of the manifests' texts."))
+    quality: QualitySpec = Field(default_factory=QualitySpec, description=(
+        "The quality gate (off by default): checks on every row's audio, regeneration of the rows "
+        "that fail, rejects/ for those that never pass."))
 
     @model_validator(mode="after")
     def _needs_draft(self) -> JobSpec:
@@ -569,7 +669,8 @@ def _model(value: str, base: Path) -> str:
 
 
 def resolve_paths(raw: dict, base: Path) -> dict:
-    """Make relative local paths in models/input/output absolute against `base`."""
+    """Make relative local paths in models/input/output and the quality gate's verifiers absolute
+    against `base`."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     models = out.get("models") or {}
     for key in ("target", "draft", "codec", "groups", "groups_cache"):
@@ -586,6 +687,10 @@ def resolve_paths(raw: dict, base: Path) -> dict:
     for prompt in aug.get("prompts") or []:
         if isinstance(prompt, dict) and isinstance(prompt.get("audio"), str):
             prompt["audio"] = _local(prompt["audio"], base)
+    quality = out.get("quality") or {}
+    for key, bundled in (("asr", "pocketsphinx"), ("speaker", "resemblyzer")):
+        if isinstance(quality.get(key), str) and quality[key] != bundled:
+            quality[key] = _model(quality[key], base)
     outp = out.get("output") or {}
     if isinstance(outp.get("uri"), str):
         outp["uri"] = _local(outp["uri"], base)

@@ -110,6 +110,63 @@ class SynthesisItem:
 
 
 @dataclass
+class AttemptScores:
+    """What the quality gate measured on one decode of a row, and the checks it failed.
+
+    Attributes:
+        attempt: the attempt's number (1: the row's first decode).
+        seed: the seed it was decoded with.
+        finish_reason: `eos`, or `length` (its speech reached the token limit).
+        duration: seconds of speech checked (a voice prompt's audio left out).
+        speaking_rate: characters of the row's normalised text per second of that speech.
+        hypothesis, cer, wer: the ASR's transcript and its character and word error rates
+            against the row's text, as fractions, both normalised as `pcg-synth eval` does
+            (None without ASR).
+        speaker_similarity: cosine of the speaker embeddings of the audio and of the row's
+            voice prompt (None without a speaker check or without a voice prompt).
+        failed: the checks it failed, as `name value bound` (`cer 0.62 > 0.01`); empty: passed.
+    """
+
+    attempt: int
+    seed: int
+    finish_reason: str
+    duration: float
+    speaking_rate: float | None = None
+    hypothesis: str | None = None
+    cer: float | None = None
+    wer: float | None = None
+    speaker_similarity: float | None = None
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+
+@dataclass
+class QualityVerdict:
+    """The quality gate's decision on a row: every attempt's scores, the one kept (written to
+    the data, or to the rejects when none passed) and whether it passed."""
+
+    attempts: list[AttemptScores]
+    chosen: int  # index into `attempts`
+    passed: bool
+
+    @property
+    def kept(self) -> AttemptScores:
+        return self.attempts[self.chosen]
+
+    @property
+    def reason(self) -> str | None:
+        """Why the row was rejected (None: it passed)."""
+        if self.passed:
+            return None
+        tried = len(self.attempts)
+        return (f"failed {tried} attempt{'s' * (tried != 1)}; attempt {self.kept.attempt} kept: "
+                + ", ".join(self.kept.failed))
+
+
+@dataclass
 class SynthesisResult:
     """Codes (`0..65535`, end-of-speech stripped) and how they came about; `error` is set and
     `finish_reason == "error"` when the item could not be decoded."""
@@ -121,6 +178,7 @@ class SynthesisResult:
     finish_reason: str = "error"
     error: str | None = None
     stats: RowStats | None = None
+    quality: QualityVerdict | None = None  # the quality gate's decision (None: no gate)
 
     @property
     def audio_seconds(self) -> float:
@@ -154,6 +212,7 @@ class RunSummary:
     slot_rounds: int = 0  # rows active, summed over those rounds
     batch_size: int = 1
     cut: int = 0  # items that reached their token limit (max_new_tokens or the context) before end of speech
+    quality: dict | None = None  # the quality gate's counts (passed, rejected, ...), None without one
 
     @property
     def slot_utilisation(self) -> float:
@@ -185,10 +244,21 @@ class RunSummary:
             "fallbacks": s.fallbacks,
             "slot_utilisation": round(self.slot_utilisation, 4),
             "gamma_choice": self.gamma_choice,
+            **({"quality": self.quality} if self.quality is not None else {}),
         }
 
 
 def item_seed(job_seed: int, item_id: str) -> int:
     """A 63-bit seed from the job seed and the item's id: stable across batches and runs."""
     digest = hashlib.sha256(f"{job_seed}/{item_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def attempt_seed(seed: int, attempt: int) -> int:
+    """The seed of a row's `attempt`-th decode (1, 2, ...: the quality gate's regenerations and
+    best-of candidates): the row's own seed for the first, then a 63-bit seed derived from it and
+    the attempt's number, the same in every run (a resumed job makes the same decisions)."""
+    if attempt == 1:
+        return seed
+    digest = hashlib.sha256(f"{seed}/attempt/{attempt}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1

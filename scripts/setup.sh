@@ -90,6 +90,20 @@ if ! decodes; then
   fi
 fi
 
+# espeak-ng: the quality gate's tests (tests/cpu/test_quality_gate.py) tell real speech from the
+# tiny kit's noise with clips it speaks. Installed with apt-get as FFmpeg is (as root on
+# Debian/Ubuntu; PCG_SYNTH_APT=0 skips it); without it those tests try the same, else skip.
+if ! command -v espeak-ng >/dev/null 2>&1; then
+  if [ "${PCG_SYNTH_APT:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing espeak-ng with apt-get (the quality gate's tests speak with it;" \
+         "PCG_SYNTH_APT=0 skips this)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1; } \
+      || echo "setup: note: espeak-ng could not be installed: the quality gate's speech test will skip"
+  fi
+fi
+
 .venv/bin/python -c "import torch, transformers, engine; print('pcg-synth', engine.__version__, '| torch', torch.__version__, '| cuda', torch.cuda.is_available())"
 echo "$want" > "$STAMP"
 echo "setup: done. Run the CLI as .venv/bin/pcg-synth, or \`source .venv/bin/activate\` and then \`pcg-synth --help\`."

@@ -15,11 +15,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
 from engine.codec.audio import AUDIO_FORMATS, audio_bytes
 from engine.codec.base import Codec, CodecError, as_code_array
 from engine.codec.prompts import PROMPT_AUDIO_MODES, VoicePrompt, codes_for_audio
 from engine.config import DecodingSettings
-from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer
+from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer, quality_schema, with_quality
 from engine.records import SynthesisResult
 
 
@@ -31,6 +33,44 @@ def file_name(item_id: str, fmt: str) -> str:
     return f"{clean}.{fmt}"
 
 
+def no_codes(finish_reason: str) -> str:
+    """Why a decoded item has no audio when it ended without speech codes."""
+    return f"no speech codes to decode (finish_reason {finish_reason!r})"
+
+
+def decode_waves(codec: Codec, codes: Sequence[Sequence[int]], prompts: Sequence[VoicePrompt | None],
+                 prompt_audio: str = "strip", names: Sequence[str] | None = None) -> list[np.ndarray | CodecError]:
+    """The audio of each code list as it is written (a voice prompt's audio per `prompt_audio`,
+    see `codes_for_audio`), decoded together, equal lengths batched; a `CodecError` in place of
+    a list the codec cannot take (empty, out of range). `names` name the items in those errors."""
+    out: list[np.ndarray | CodecError | None] = [None] * len(codes)
+    todo = []  # (index, codes to decode, leading codes to cut)
+    for i, (own, prompt) in enumerate(zip(codes, prompts)):
+        joined, cut = codes_for_audio(own, prompt, prompt_audio)
+        try:
+            todo.append((i, as_code_array(joined, codec.codebook_size, f"item {names[i] if names else i}"), cut))
+        except CodecError as exc:
+            out[i] = exc
+    for (i, _, cut), wav in zip(todo, codec.decode([c for _, c, _ in todo])):
+        out[i] = wav[cut * codec.hop_length:]
+    return out
+
+
+def audio_row(result: SynthesisResult, prompt: VoicePrompt | None, prompt_audio: str, origin: dict | None,
+              audio: np.ndarray | str | None, audio_format: str, sample_rate: int) -> AudioRow:
+    """A dataset row of one result: `audio` is its waveform, the reason it has none, or None
+    (a decoding error, already in the result)."""
+    row = AudioRow(result=result, prompt_id=prompt.id if prompt else None,
+                   prompt_audio=prompt_audio if prompt else None, provenance=origin)
+    if isinstance(audio, str):
+        row.error = audio
+    elif audio is not None:
+        row.audio = audio_bytes(audio, sample_rate, audio_format)
+        row.audio_path = file_name(result.id, audio_format)
+        row.num_samples = len(audio)
+    return row
+
+
 def render_rows(codec: Codec, results: Sequence[SynthesisResult], prompts: Sequence[VoicePrompt | None],
                 prompt_audio: str = "strip", audio_format: str = "wav",
                 provenance: Sequence[dict | None] | None = None) -> list[AudioRow]:
@@ -39,28 +79,15 @@ def render_rows(codec: Codec, results: Sequence[SynthesisResult], prompts: Seque
     Items without codes, with a decoding error or with out-of-range codes become rows with an
     `error` and no audio; the others are decoded together, equal lengths batched.
     """
-    rows, todo = [], []  # todo: (row index, codes to decode, leading codes to cut)
     provenance = provenance if provenance is not None else [None] * len(results)
-    for i, (res, prompt, origin) in enumerate(zip(results, prompts, provenance)):
-        rows.append(AudioRow(result=res, prompt_id=prompt.id if prompt else None,
-                             prompt_audio=prompt_audio if prompt else None, provenance=origin))
-        if res.error:
-            continue
-        if not res.codes:
-            rows[i].error = f"no speech codes to decode (finish_reason {res.finish_reason!r})"
-            continue
-        codes, cut = codes_for_audio(res.codes, prompt, prompt_audio)
-        try:
-            todo.append((i, as_code_array(codes, codec.codebook_size, f"item {res.id}"), cut))
-        except CodecError as exc:
-            rows[i].error = str(exc)
-    waves = codec.decode([codes for _, codes, _ in todo])
-    for (i, _, cut), wav in zip(todo, waves):
-        wav = wav[cut * codec.hop_length:]
-        rows[i].audio = audio_bytes(wav, codec.sample_rate, audio_format)
-        rows[i].audio_path = file_name(rows[i].result.id, audio_format)
-        rows[i].num_samples = len(wav)
-    return rows
+    audio: list = [None if res.error else no_codes(res.finish_reason) for res in results]
+    todo = [i for i, res in enumerate(results) if not res.error and res.codes]
+    waves = decode_waves(codec, [results[i].codes for i in todo], [prompts[i] for i in todo], prompt_audio,
+                         [results[i].id for i in todo])
+    for i, wave in zip(todo, waves):
+        audio[i] = str(wave) if isinstance(wave, CodecError) else wave
+    return [audio_row(res, prompt, prompt_audio, origin, a, audio_format, codec.sample_rate)
+            for res, prompt, origin, a in zip(results, prompts, provenance, audio)]
 
 
 def windows(n: int, size: int) -> Iterator[slice]:
@@ -87,7 +114,7 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
                  wav_dir: str | Path | None = None, device: str = "cpu", audio_format: str = "wav", *,
                  dtype: str = "auto", prompts: Sequence[VoicePrompt | None] | None = None,
                  prompt_audio: str = "strip", codec: Codec | None = None, window: int = 256,
-                 provenance: Sequence[dict | None] | None = None) -> dict:
+                 provenance: Sequence[dict | None] | None = None, quality: bool = False) -> dict:
     """Decode results with X-codec2 and write a Parquet shard and/or audio files.
 
     Args:
@@ -107,6 +134,8 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
         window: items decoded and written per step (bounds memory).
         provenance: per result, where it came from (text id, prompt, seeds, model revisions):
             the `text_id` and `provenance` columns.
+        quality: add the quality gate's columns (`engine.io.dataset.QUALITY_FIELDS`), from each
+            result's `quality` verdict.
 
     Returns:
         {rows, with_audio, failed, audio_seconds, codec_seconds, audio_s_per_s, parquet,
@@ -133,15 +162,16 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
         out_dir.mkdir(parents=True, exist_ok=True)
     with_audio, samples, codec_s = 0, 0, 0.0
     with contextlib.ExitStack() as stack:
-        writer = (stack.enter_context(parquet_writer(parquet_path, dataset_schema(codec.sample_rate)))
-                  if parquet_path is not None else None)
+        schema = (quality_schema if quality else dataset_schema)(codec.sample_rate)
+        writer = stack.enter_context(parquet_writer(parquet_path, schema)) if parquet_path is not None else None
         for part in windows(len(results), window):
             start = time.perf_counter()
             origins = provenance[part] if provenance is not None else None
             rows = render_rows(codec, results[part], prompts[part], prompt_audio, audio_format, origins)
             codec_s += time.perf_counter() - start
             if writer is not None:
-                writer.write_table(build_table(rows, per_row[part], codec.sample_rate))
+                table = build_table(rows, per_row[part], codec.sample_rate)
+                writer.write_table(with_quality(table, results[part]) if quality else table)
             for row in rows:
                 if row.audio is None:
                     continue

@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -136,6 +136,45 @@ def build_table(rows: Sequence[AudioRow], settings: DecodingSettings | Sequence[
         for name, value in values.items():
             columns[name].append(value)
     return pa.Table.from_pydict(columns, schema=dataset_schema(sampling_rate))
+
+
+# The quality gate's columns (`quality:` in a job spec), after the dataset's own: the kept
+# attempt's scores, the attempts decoded, why a row was rejected, and every attempt's scores.
+QUALITY_FIELDS = (
+    pa.field("cer", pa.float64()),  # character error rate of the ASR transcript (a fraction)
+    pa.field("wer", pa.float64()),  # word error rate (a fraction)
+    pa.field("hypothesis", pa.string()),  # the ASR's transcript
+    pa.field("speaker_similarity", pa.float64()),  # cosine to the voice prompt's speaker embedding
+    pa.field("speaking_rate", pa.float64()),  # characters of normalised text per second of speech
+    pa.field("attempts", pa.int32()),  # decodes of the row (the kept one's seed is `seed`)
+    pa.field("reject_reason", pa.string()),  # why no attempt passed; null for rows kept
+    pa.field("attempt_scores", pa.string()),  # JSON: every attempt's seed, scores, failed checks
+)
+
+
+def quality_schema(sampling_rate: int = SAMPLING_RATE) -> pa.Schema:
+    """`dataset_schema` with the quality gate's columns."""
+    base = dataset_schema(sampling_rate)
+    return pa.schema([*base, *QUALITY_FIELDS], metadata=base.metadata)
+
+
+def with_quality(table: pa.Table, results: Sequence[SynthesisResult]) -> pa.Table:
+    """`table` (rows of `results`, in order) with the quality gate's columns (null for rows the
+    gate did not decide: error rows)."""
+    values: dict[str, list] = {f.name: [] for f in QUALITY_FIELDS}
+    for res in results:
+        verdict = res.quality
+        kept = verdict.kept if verdict else None
+        row = {"attempts": len(verdict.attempts) if verdict else None,
+               "reject_reason": verdict.reason if verdict else None,
+               "attempt_scores": json.dumps([asdict(a) for a in verdict.attempts]) if verdict else None}
+        for name in ("cer", "wer", "hypothesis", "speaker_similarity", "speaking_rate"):
+            row[name] = getattr(kept, name) if kept else None
+        for name, column in values.items():
+            column.append(row[name])
+    for f in QUALITY_FIELDS:
+        table = table.append_column(f, pa.array(values[f.name], f.type))
+    return table
 
 
 @contextlib.contextmanager

@@ -105,9 +105,12 @@ def settings_fingerprint(spec: JobSpec) -> dict:
     decoding = spec.decoding.model_dump()
     if decoding["max_speech_ratio"] is None:  # the same: off, the default
         del decoding["max_speech_ratio"]
-    return {"decoding": decoding, "models": models,
-            "output": {"audio_format": spec.output.audio_format, "prompt_audio": spec.output.prompt_audio},
-            "rows_per_shard": spec.resources.rows_per_shard, "batch_size": spec.resources.batch_size}
+    out = {"decoding": decoding, "models": models,
+           "output": {"audio_format": spec.output.audio_format, "prompt_audio": spec.output.prompt_audio},
+           "rows_per_shard": spec.resources.rows_per_shard, "batch_size": spec.resources.batch_size}
+    if spec.quality.enabled:  # the gate decides which rows are written where (off: as before it existed)
+        out["quality"] = spec.quality.model_dump()
+    return out
 
 
 def make_plan(spec: JobSpec, storage: Storage, inspect: Inspect | None = None) -> Plan:

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config import DecodingSettings, InputSpec, JobSpec
+from engine.config import DecodingSettings, InputSpec, JobSpec, QualitySpec
 from engine.console import counted
 from engine.decoding.admission import CHARS_PER_SECOND, CODES_PER_SECOND, expected_tokens
 from engine.io.manifest import ManifestRow, RowError, validate
@@ -46,6 +46,32 @@ def check_checkpoint(storage: Storage, uri: str | None, name: str) -> None:
         raise ValueError(f"{name}: no checkpoint at {uri} (config.json missing)")
 
 
+# the quality gate's bundled verifiers: the Python package each needs (pcg-synth[quality])
+BUNDLED_VERIFIERS = {"pocketsphinx": "pocketsphinx", "resemblyzer": "resemblyzer"}
+
+
+def check_verifiers(quality: QualitySpec, storage: Storage) -> None:
+    """The quality gate's verifiers are there: a bundled one's package installed, a checkpoint
+    (local directory, object-store URI, Hub model in the cache) holding its config.json; WER/CER
+    need jiwer.
+
+    Raises:
+        ValueError: `quality.asr: why` (or `quality.speaker`).
+    """
+    import importlib.util
+
+    for name, ref in (("quality.asr", quality.asr_model), ("quality.speaker", quality.speaker_model)):
+        if ref is None:
+            continue
+        if ref not in BUNDLED_VERIFIERS:
+            check_checkpoint(storage, ref, name)
+        modules = [BUNDLED_VERIFIERS[ref]] if ref in BUNDLED_VERIFIERS else []
+        for module in modules + (["jiwer"] if name == "quality.asr" else []):  # jiwer: WER/CER
+            if importlib.util.find_spec(module) is None:
+                raise ValueError(f"{name}: the Python package {module} is not installed: "
+                                 f"pip install 'pcg-synth[quality]' (or pip install {module})")
+
+
 def preflight(spec: JobSpec, storage: Storage, create: bool = True) -> None:
     """Fail before any work on what can be checked cheaply: models present (a sweep's: every
     model pair's too, so a pair's missing draft stops the sweep before its first point, not
@@ -64,6 +90,7 @@ def preflight(spec: JobSpec, storage: Storage, create: bool = True) -> None:
                 check_checkpoint(storage, getattr(pair, part), f"sweep.model_pairs[{i}].{part}")
     if spec.models.groups and not storage.exists(spec.models.groups):
         raise ValueError(f"models.groups: no groups file at {spec.models.groups}")
+    check_verifiers(spec.quality, storage)
     root = Layout(spec.output.uri).root.rstrip("/")
     if not create and parse(root).scheme == "file" and not Path(parse(root).path).exists():
         folder = next(p for p in Path(parse(root).path).absolute().parents if p.exists())
@@ -221,6 +248,20 @@ class RowCheck:
                 self.long += needed > limit
 
 
+def gate_cost(spec: JobSpec, tokens: int) -> dict | None:
+    """What the quality gate would cost a job whose rows take about `tokens` speech codes once
+    (None without the gate): decodes per row (best_of: always that many; attempts: from one to
+    that many), and so at most how many codes are decoded and how many hours of audio the
+    verifiers hear."""
+    q = spec.quality
+    if not q.enabled:
+        return None
+    low, high = (q.best_of, q.best_of) if q.best_of > 1 else (1, q.attempts)
+    return {"checks": q.checks, "asr": q.asr_model, "speaker": q.speaker_model, "decodes_per_row": [low, high],
+            "estimated_tokens_max": tokens * high,
+            "audio_hours_checked_max": round(tokens * high / CODES_PER_SECOND / 3600, 4), "on_reject": q.on_reject}
+
+
 def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
     """What `pcg-synth run` would do with `spec`, found without models, Ray or writing.
 
@@ -252,7 +293,7 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
         "workers": resources.workers, "batch_size": resources.batch_size,
         "estimated_tokens": check.tokens, "rows_too_long": check.long,
         "estimated_audio_hours": round(check.tokens / CODES_PER_SECOND / 3600, 4),
-        "fingerprint": plan.fingerprint})
+        "quality": gate_cost(spec, check.tokens), "fingerprint": plan.fingerprint})
     if spec.kind == "sweep":
         del report["fingerprint"]  # the base spec's plan: no point runs it
         runs = schedule(points(spec), spec.sweep.repetitions)
@@ -306,6 +347,14 @@ def dry_run_text(report: dict) -> str:
                      f"max_new_tokens allows (at {CHARS_PER_SECOND:g} characters a second, {CODES_PER_SECOND} codes a "
                      "second): their audio would likely be cut at the limit; raise decoding.max_new_tokens "
                      "(or the row's own) or split the texts")
+    if q := report.get("quality"):
+        low, high = q["decodes_per_row"]
+        times = f"{low} time{'s' * (low != 1)}" if low == high else f"{low} to {high} times"
+        verifiers = ", ".join(f"{k} {q[k]}" for k in ("asr", "speaker") if q[k]) or "no verifier"
+        lines.append(f"  quality    checks {', '.join(q['checks']) or 'none (scores recorded)'} ({verifiers}); "
+                     f"each row decoded {times}: up to about {q['estimated_tokens_max']} codes, the verifiers "
+                     f"over up to {duration(q['audio_hours_checked_max'])} of audio; rows that never pass "
+                     + ("are dropped" if q["on_reject"] == "drop" else "go to rejects/"))
     for ex in report["failing_examples"]:
         lines.append(f"  error row  {ex['source']}: {ex['error']}")
     if report["rows_failing"] > len(report["failing_examples"]):

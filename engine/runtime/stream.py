@@ -1,85 +1,89 @@
-"""A worker's shards streaming through one decode loop, with their output written beside it.
+"""A worker's pipeline: the threads that carry its rows through the stages, and the queues
+between them (no Ray here; the stages are in `runtime/stages/`).
 
-Threads, all in the worker's process (no Ray here):
-    callers   `submit` a prepared shard (the Ray actor calls it from one thread per held shard)
-              and wait on the returned future for its commit record;
-    decode    ONE loop over one `DecodeSession`: every held shard's rows share the batches
-              (a row of the next shard takes the slot a row of the current one just left);
-              when a shard's last row finishes, the shard goes to the IO queue; a worker runs
-              it on its models' `KeptThread`, so every job they serve decodes on one thread;
-    IO        finalises shards in the order they finished decoding: codec decode, audio
-              encoding, the Parquet file, the upload and then the commit record.
-The IO queue is bounded: when writing falls behind, the decode loop blocks on it (the time is
-reported as `io_wait_s`), so at most `io_queue + 1` decoded shards wait in memory for their
-files. A shard counts as done only once its commit record is written, after its data file; a
-worker that dies loses exactly the shards it held and had not committed. Anything else that
-runs the models (the worker's warm-up) runs on these threads too (`on_decode_thread`,
+    shard --read, prepare--> inbox --decode--> [verify queue --codec, verify-->] IO queue --codec, write--> commit
+                               ^                                 |
+                               +------ regenerations ------------+
+
+Threads, all in the worker's process:
+    callers   `ShardProcessor.submit` reads and prepares a shard on the caller's thread (the Ray
+              actor calls it from one thread per held shard), then `submit`s it here and waits on
+              the returned future for its commit record;
+    decode    ONE loop over the decode stage: every held shard's rows share its batches (a row of
+              the next shard takes the slot a row of the current one just left); a worker runs
+              it on its models' `KeptThread`, so every job they serve decodes on one thread. A
+              finished row goes to the verify thread (the quality gate on), else it is settled;
+    verify    with the quality gate on: the codec and verify stages on finished rows, a few at
+              a time; a row that failed and has attempts left goes back to the decode thread,
+              which queues it ahead of new rows; a passed or rejected row is settled;
+    IO        the write stage on each shard whose rows have all settled, in that order: the codec
+              for rows not yet decoded to audio, audio encoding, the Parquet file(s), the upload
+              and then the commit record.
+Queues are bounded where memory is at stake: the IO queue by `io_queue` shards (the thread that
+settles shards blocks on it, `io_wait_s`), so at most `io_queue + 1` settled shards wait for
+their files; the verify queue by one batch of rows (the decode thread blocks on it,
+`verify_wait_s`). A shard counts as done only once its commit record is written, after its data
+file; a worker that dies loses exactly the shards it held and had not committed. Anything else
+that runs the models (the worker's warm-up) runs on these threads too (`on_decode_thread`,
 `on_io_thread`): part of a thread's CUDA state is its own (CUDA-graph trees, BLAS handles), so
 a warm-up on another thread would leave the decode loop to pay for its own inside the job.
-
-CPU threads: the decode thread is the only one that runs torch ops on several threads (the
-worker's `torch_threads`); the IO thread runs its own (the codec, on a CPU worker) on one, and the
-models are loaded on a short-lived thread (`on_short_thread`). OpenMP gives every thread that
-runs a parallel op a team of helper threads that lives as long as that thread; once a process
-holds more such threads than it has cores, every team's threads stop spinning between ops and
-sleep almost at once (GNU OpenMP's throttled spinning), and each op then pays to wake them. On the
-2-core VM under OpenMP's default wait policy, decoding alone ran at 393.7 tokens/s on a process's
-main thread and at 268.6 on another thread beside the main thread's team
-(benchmarks/results/job_throughput_cpu_tiny_omp_default_probe.md; docs/benchmarks.md, Job throughput).
+How the threads use the CPU: `runtime/threads.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import queue
-import resource
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from engine.api import DecodeSession
-from engine.records import SynthesisResult
 from engine.runtime.profiling import RoundProfiler
+from engine.runtime.stages.codec import CodecStage
+from engine.runtime.stages.decode import DecodeStage
+from engine.runtime.stages.prepare import PrepareStage
+from engine.runtime.stages.read import ReadStage
+from engine.runtime.stages.row import Attempt, ShardTask
+from engine.runtime.stages.write import WriteStage
+from engine.runtime.threads import STOP, Call, KeptThread, own_threads, thread_clock
 
-STOP = object()
+if TYPE_CHECKING:  # the quality gate's stage loads its verifiers' modules only where a job has one
+    from engine.runtime.stages.verify import VerifyStage
+
+
+@dataclass
+class Stages:
+    """The stages a worker's rows pass, in order (each in its own module of `runtime/stages/`).
+    Read and prepare run on the caller's thread, the others on the pipeline's threads."""
+
+    read: ReadStage
+    prepare: PrepareStage
+    decode: DecodeStage
+    codec: CodecStage
+    verify: VerifyStage | None  # the quality gate; None: off
+    write: WriteStage
+
+    @property
+    def candidates(self) -> int:
+        """Attempts a row starts with (the gate's best_of), else 1."""
+        return self.verify.candidates if self.verify is not None else 1
 
 
 @dataclass(eq=False)
-class Call:
-    """A function for one of the stream's threads to run between its other work (warm-up: a
-    thread's own CUDA state, such as CUDA-graph trees and BLAS handles, is per thread)."""
+class Again:
+    """The next attempts of rows the quality gate failed, for the decode thread."""
 
-    fn: Callable
-    future: Future = field(default_factory=Future)
-
-    def run(self) -> None:
-        try:
-            self.future.set_result(self.fn())
-        except BaseException as exc:  # noqa: BLE001 - the caller gets it from the future
-            self.future.set_exception(exc)
-
-
-@dataclass(eq=False)
-class ShardTask:
-    """A shard in the worker: its prepared rows, results as they finish, and its future."""
-
-    shard: object  # runtime.plan.Shard
-    attempt: int
-    prepared: list  # runtime.worker.Prepared, one per manifest row
-    received: float  # time.monotonic() when the worker got it
-    results: list[SynthesisResult | None] = field(default_factory=list)
-    remaining: int = 0
-    decoded: float | None = None
-    future: Future = field(default_factory=Future)
+    attempts: list[Attempt]
 
 
 class Counters:
     """Cumulative figures of the pipeline; `take` returns what accrued since the last take."""
 
     FIELDS = ("decode_rounds", "slot_rounds", "slots", "starved_slots", "split_slots", "decode_s", "decode_cpu_s",
-              "decode_waits", "decode_preempted", "io_wait_s", "finalise_s", "overlap_s", "busy_s")
+              "decode_waits", "decode_preempted", "io_wait_s", "verify_wait_s", "finalise_s", "overlap_s", "busy_s")
 
     def __init__(self) -> None:
         self.total = dict.fromkeys(self.FIELDS, 0.0)
@@ -91,108 +95,28 @@ class Counters:
         return out
 
 
-def own_threads(n: int) -> None:
-    """Give the calling thread's torch ops `n` CPU threads, for good. torch keeps one count per
-    thread (OpenMP's), set from a process-wide default on the thread's first parallel op; so the
-    thread takes the default first and then sets its own, and a later change of the default (by
-    another thread's `torch.set_num_threads`) no longer reaches it."""
-    import torch
-
-    torch.get_num_threads()  # the thread's count initialised from the default, now
-    torch.set_num_threads(n)
-
-
-class KeptThread:
-    """One thread that runs the functions given to it (`run`), one after another, until
-    `close`; `run` after `close` starts a new one. A worker's models own one for their decode
-    loops (`WorkerModels.decode_thread`), so that the jobs they serve in turn (a sweep's points)
-    all decode on the same thread and what a thread keeps for itself is made once: its CUDA-graph
-    trees (torch keeps them per thread: with `models.compile: cudagraphs` a new thread captures
-    every graph again, into a memory pool of its own), BLAS handles, its OpenMP team."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.calls: queue.Queue = queue.Queue()
-        self.thread: threading.Thread | None = None
-        self.lock = threading.Lock()
-
-    def run(self, fn: Callable) -> Future:
-        """Queue `fn()` behind what the thread was given before; the future resolves to its result."""
-        call = Call(fn)
-        with self.lock:
-            if self.thread is None:
-                self.thread = threading.Thread(target=self.loop, name=self.name, daemon=True)
-                self.thread.start()
-            self.calls.put(call)
-        return call.future
-
-    def loop(self) -> None:
-        while (call := self.calls.get()) is not STOP:
-            call.run()
-
-    def close(self) -> None:
-        """Let the thread finish what it was given, then end it."""
-        with self.lock:
-            thread, self.thread = self.thread, None
-            if thread is not None:
-                self.calls.put(STOP)
-        if thread is not None:
-            thread.join()
-
-
-def on_short_thread(fn: Callable, name: str = "load"):
-    """`fn()` on a thread that ends when it returns (its result, or its exception raised here).
-    Whatever OpenMP threads `fn`'s torch ops started end with it (model loading's, so that they do
-    not outlive it beside the decode thread's: module docstring)."""
-    call = Call(fn)
-    thread = threading.Thread(target=call.run, name=name, daemon=True)
-    thread.start()
-    thread.join()
-    return call.future.result()
-
-
-THREAD_USAGE = getattr(resource, "RUSAGE_THREAD", None)  # Linux
-
-
-def thread_clock() -> tuple[float, int, int]:
-    """The calling thread's (CPU seconds, voluntary context switches, involuntary ones). Over a
-    stretch of wall time: CPU seconds short of the wall are time the thread did not run, either
-    waiting (for the GIL, a lock, the device: voluntary switches) or runnable but preempted by
-    other work on its core (involuntary switches). Switch counts are 0 where the platform has
-    no per-thread usage (macOS)."""
-    if THREAD_USAGE is None:
-        return time.thread_time(), 0, 0
-    ru = resource.getrusage(THREAD_USAGE)  # one call per round: CPU time and switches together
-    return ru.ru_utime + ru.ru_stime, ru.ru_nvcsw, ru.ru_nivcsw
-
-
 class ShardStream:
-    """The decode loop and the IO thread of one worker.
+    """The decode loop, the verify thread (the quality gate on) and the IO thread of one worker,
+    and the stages they run.
 
     Args:
-        session: the decode session every shard's rows go through.
-        start_rows: `(task) -> [(settings, request)]` called on the decode thread when a shard
-            arrives: fills `task.results` with error results and result shells, returns the
-            rows to decode (request keys `(task, row index)`).
-        finalise: `(task, figures) -> record` on the IO thread: writes the data file and then the
-            commit record; `figures()` gives the pipeline's counters accrued since the last
-            record, taken when called.
-        io_queue: decoded shards that may wait for the IO thread (>= 1).
+        stages: the worker's stages.
+        io_queue: settled shards that may wait for the IO thread (>= 1).
         torch_threads: CPU threads of the decode thread's torch ops (default: as many as the
-            constructing thread has); the IO thread's run on one (module docstring).
+            constructing thread has); the IO thread's run on one (`runtime/threads.py`).
         profiler: profiles some of the decode rounds (`runtime/profiling.py`); it finishes
             early when the batch runs empty, before the shard that emptied it is handed to the
-            IO thread, so that shard's `finalise` finds the profile (`profiler.take()`).
+            IO thread, so that shard's commit record names the profile.
         decode_thread: where the decode loop runs (a worker's models' `KeptThread`, left
             running by `close`); None: a `KeptThread` of the stream's own, ended by `close`.
     """
 
-    def __init__(self, session: DecodeSession, start_rows: Callable, finalise: Callable, io_queue: int = 1,
-                 profiler: RoundProfiler | None = None, torch_threads: int | None = None,
-                 decode_thread: KeptThread | None = None) -> None:
+    def __init__(self, stages: Stages, io_queue: int = 1, profiler: RoundProfiler | None = None,
+                 torch_threads: int | None = None, decode_thread: KeptThread | None = None) -> None:
         import torch
 
-        self.session, self.start_rows, self.finalise = session, start_rows, finalise
+        self.stages = stages
+        self.decode = stages.decode
         self.own_decode_thread = decode_thread is None
         self.decode_thread = decode_thread or KeptThread("decode")
         # the decode thread's torch threads (default: the constructing thread's); the IO thread's is 1
@@ -200,11 +124,15 @@ class ShardStream:
         self.profiler = profiler
         self.inbox: queue.Queue = queue.Queue()
         self.io: queue.Queue = queue.Queue(maxsize=max(1, io_queue))
-        self.io_bound = max(1, io_queue)
-        self.decoding: list[ShardTask] = []
+        self.verify = stages.verify
+        # decoded attempts waiting for the verify thread: one batch of them, at most
+        self.verifying: queue.Queue = queue.Queue(maxsize=max(1, self.decode.session.batch))
+        self.verify_thread: threading.Thread | None = None
+        self.verify_wait_s = 0.0
+        self.decoding: list[ShardTask] = []  # shards with attempts in the decoder (decode thread only)
         self.lock = threading.Lock()
         self.held = 0  # shards submitted and not yet resolved
-        self.waiting_io = 0  # decoded shards not yet finalised (queued or being written)
+        self.waiting_io = 0  # settled shards not yet written (queued or being written)
         self.waiting_io_max = 0
         self.counters = Counters()
         self.decode_s = 0.0
@@ -215,7 +143,7 @@ class ShardStream:
         self.busy_s, self.busy_since = 0.0, None
         # Empty slots by cause (the decode thread counts them): `split_slots` while rows waited
         # for another decoder (settings that cannot share a batch); the rest ran with nothing
-        # queued: a dry spell, `starved_slots` once a later shard ends it (the worker was waiting
+        # queued: a dry spell, `starved_slots` once later rows end it (the worker was waiting
         # for its next shard), else the end of the worker's work (its last rows finishing).
         self.starved_slots = self.split_slots = self.dry_spell = 0
         self.io_thread: threading.Thread | None = None
@@ -247,6 +175,12 @@ class ShardStream:
                 # torch's default to 1): its own count then sets the default back to the worker's
                 io_ready.wait()
                 self.io_thread = io
+                if self.verify is not None:
+                    verify_ready = threading.Event()
+                    self.verify_thread = threading.Thread(target=self.verify_loop, args=(verify_ready,),
+                                                          name="verify", daemon=True)
+                    self.verify_thread.start()
+                    verify_ready.wait()
                 self.decode_done = self.decode_thread.run(self.decode_loop)
 
     def submit(self, task: ShardTask) -> Future:
@@ -263,6 +197,13 @@ class ShardStream:
         self.inbox.put(call)
         return call.future
 
+    def on_verify_thread(self, fn: Callable) -> Future:
+        """Run `fn()` on the verify thread (the quality gate on), between its checks."""
+        self.start_threads()
+        call = Call(fn)
+        self.verifying.put(call)
+        return call.future
+
     def on_io_thread(self, fn: Callable) -> Future:
         """Run `fn()` on the IO thread, in turn with the shards it writes."""
         self.start_threads()
@@ -276,8 +217,10 @@ class ShardStream:
         if self.io_thread is not None:
             self.inbox.put(STOP)
             self.decode_done.exception()  # waits for the loop's end
+            if self.verify_thread is not None:
+                self.verify_thread.join()
             self.io_thread.join()
-            self.io_thread = self.decode_done = None
+            self.io_thread = self.verify_thread = self.decode_done = None
         if self.own_decode_thread:
             self.decode_thread.close()
 
@@ -294,12 +237,12 @@ class ShardStream:
         with self.lock:
             busy = self.busy_s + (now - self.busy_since if self.busy_since is not None else 0.0)
             held = self.held
-        sched = self.session.scheduler
+        sched = self.decode.scheduler
         totals = {"decode_rounds": sched.rounds, "slot_rounds": sched.slot_rounds, "slots": sched.slots,
                   "starved_slots": self.starved_slots, "split_slots": self.split_slots,
                   "decode_s": self.decode_clock(now), "decode_cpu_s": self.decode_cpu_s,
                   "decode_waits": self.decode_waits, "decode_preempted": self.decode_preempted,
-                  "io_wait_s": self.io_wait_s,
+                  "io_wait_s": self.io_wait_s, "verify_wait_s": self.verify_wait_s,
                   "finalise_s": self.finalise_s, "overlap_s": self.overlap_s, "busy_s": busy}
         out = self.counters.take(totals)
         for k in ("decode_rounds", "slot_rounds", "slots", "starved_slots", "split_slots", "decode_waits",
@@ -314,77 +257,127 @@ class ShardStream:
         own_threads(self.torch_threads)
         while True:
             try:
-                task = self.inbox.get(block=self.session.idle)
+                item = self.inbox.get(block=self.decode.idle)
             except queue.Empty:
-                task = None
-            while task is not None:
-                if task is STOP:
-                    self.io.put(STOP)
+                item = None
+            while item is not None:
+                if item is STOP:
+                    (self.verifying if self.verify is not None else self.io).put(STOP)
                     return
-                if isinstance(task, Call):
-                    task.run()
+                if isinstance(item, Call):
+                    item.run()
+                elif isinstance(item, Again):
+                    self.again(item.attempts)
                 else:
-                    self.start(task)
+                    self.start(item)
                 try:
-                    task = self.inbox.get_nowait()
+                    item = self.inbox.get_nowait()
                 except queue.Empty:
-                    task = None
-            if self.session.idle:
-                continue
-            cpu, waits, preempted = thread_clock()
-            self.round_started = start = time.perf_counter()
-            sched = self.session.scheduler
-            slots, filled = sched.slots, sched.slot_rounds
-            try:
-                with self.profiler.round() if self.profiler else contextlib.nullcontext():
-                    done = self.session.step()
-            except Exception as exc:  # the batch is in doubt: every shard in it is redone
-                self.fail_all(exc)
-                continue
-            finally:
-                self.decode_s += time.perf_counter() - start
-                self.round_started = None
-                now_cpu, now_waits, now_preempted = thread_clock()
-                self.decode_cpu_s += now_cpu - cpu
-                self.decode_waits += now_waits - waits
-                self.decode_preempted += now_preempted - preempted
-            empty = (sched.slots - slots) - (sched.slot_rounds - filled)
-            if sched.queued:
-                self.split_slots += empty
-            else:
-                self.dry_spell += empty
-            finished = []
-            for request, row in done:
-                task, i = request.key
-                res = task.results[i]
-                res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats
-                task.remaining -= 1
-                if task.remaining == 0:
-                    self.decoding.remove(task)
-                    finished.append(task)
-            if self.profiler and (self.profiler.due or self.session.idle):
-                self.profiler.finish()  # its rounds recorded, or the batch ran empty: the profile ends here
-            for task in finished:
-                self.hand_off(task)
+                    item = None
+            if not self.decode.idle:
+                self.round()
+
+    def round(self) -> None:
+        """One decode round; its finished rows settled, or on to the verify thread."""
+        cpu, waits, preempted = thread_clock()
+        self.round_started = start = time.perf_counter()
+        sched = self.decode.scheduler
+        slots, filled = sched.slots, sched.slot_rounds
+        try:
+            with self.profiler.round() if self.profiler else contextlib.nullcontext():
+                done = self.decode.step()
+        except Exception as exc:  # the batch is in doubt: every shard in it is redone
+            self.fail_all(exc)
+            return
+        finally:
+            self.decode_s += time.perf_counter() - start
+            self.round_started = None
+            now_cpu, now_waits, now_preempted = thread_clock()
+            self.decode_cpu_s += now_cpu - cpu
+            self.decode_waits += now_waits - waits
+            self.decode_preempted += now_preempted - preempted
+        empty = (sched.slots - slots) - (sched.slot_rounds - filled)
+        if sched.queued:
+            self.split_slots += empty
+        else:
+            self.dry_spell += empty
+        finished = self.decoded(done)
+        if self.profiler and (self.profiler.due or self.decode.idle):
+            self.profiler.finish()  # its rounds recorded, or the batch ran empty: the profile ends here
+        for task in finished:
+            self.hand_off(task)
 
     def start(self, task: ShardTask) -> None:
+        """A shard's rows into the decoder (rows it refuses settle as error rows)."""
+        attempts = [row.attempt(n) for row in task.rows if row.to_decode for n in range(1, self.stages.candidates + 1)]
         try:
-            rows = self.start_rows(task)
-            task.remaining = len(rows)
-            if rows:
-                self.decoding.append(task)
-                self.session.submit(rows)
-                self.starved_slots += self.dry_spell  # the spell waited for this shard
-                self.dry_spell = 0
+            refused = self.decode.submit(attempts)
         except Exception as exc:
             self.fail_all(exc, task)
             return
-        if not rows:
+        for attempt in refused:
+            attempt.row.keep(attempt)  # an error row from now on
+        task.in_decoder = len(attempts) - len(refused)
+        task.remaining = len({id(a.row) for a in attempts} - {id(a.row) for a in refused})
+        if task.in_decoder:
+            self.decoding.append(task)
+            self.starved_slots += self.dry_spell  # the spell waited for these rows
+            self.dry_spell = 0
+        else:
             self.hand_off(task)
+
+    def again(self, attempts: list[Attempt]) -> None:
+        """The quality gate's next attempts of failed rows, queued ahead of every row waiting
+        for a slot (their shards are otherwise done); an attempt refused goes back to be checked
+        as one without audio."""
+        attempts = [a for a in attempts if not a.row.task.resolved]
+        try:
+            refused = self.decode.submit(attempts, ahead=True)
+        except Exception as exc:
+            for task in {id(a.row.task): a.row.task for a in attempts}.values():
+                self.fail_all(exc, task)
+            return
+        for attempt in attempts:
+            if attempt not in refused:
+                task = attempt.row.task
+                task.in_decoder += 1
+                if task not in self.decoding:
+                    self.decoding.append(task)
+        if len(refused) < len(attempts):
+            self.starved_slots += self.dry_spell  # the spell waited for these rows
+            self.dry_spell = 0
+        for attempt in refused:
+            self.to_verify(attempt)
+
+    def to_verify(self, attempt: Attempt) -> None:
+        """A decoded attempt to the verify thread; blocks while a batch of them waits (backpressure)."""
+        start = time.perf_counter()
+        self.verifying.put(attempt)
+        self.verify_wait_s += time.perf_counter() - start
+
+    def decoded(self, done: list[Attempt]) -> list[ShardTask]:
+        """Attempts the last round finished, on to the verify thread or settled; returns the
+        shards they completed."""
+        finished = []
+        for attempt in done:
+            task = attempt.row.task
+            task.in_decoder -= 1
+            if task.in_decoder == 0 and task in self.decoding:
+                self.decoding.remove(task)
+            if task.resolved:
+                continue
+            if self.verify is not None:
+                self.to_verify(attempt)
+                continue
+            attempt.row.keep(attempt)
+            task.remaining -= 1
+            if task.remaining == 0:
+                finished.append(task)
+        return finished
 
     def fail_all(self, exc: Exception, extra: ShardTask | None = None) -> None:
         """Fail every shard being decoded (and `extra`), and empty the batches."""
-        self.session.reset()
+        self.decode.reset()
         failed = self.decoding + ([extra] if extra is not None and extra not in self.decoding else [])
         self.decoding = []
         for task in failed:
@@ -392,7 +385,7 @@ class ShardStream:
                 task.future.set_exception(exc)
 
     def hand_off(self, task: ShardTask) -> None:
-        """A decoded shard to the IO queue; blocks while the queue is full (backpressure)."""
+        """A settled shard to the IO queue; blocks while the queue is full (backpressure)."""
         task.decoded = time.perf_counter()
         with self.lock:
             self.waiting_io += 1
@@ -401,10 +394,50 @@ class ShardStream:
         self.io.put(task)
         self.io_wait_s += time.perf_counter() - start
 
+    # ---- verify thread ------------------------------------------------------------------------
+
+    def verify_loop(self, ready: threading.Event) -> None:
+        own_threads(1)  # one OpenMP team per process: the decode thread's (runtime/threads.py)
+        ready.set()
+        while True:
+            items = [self.verifying.get()]
+            while len(items) < self.verifying.maxsize:  # what else waits: checked together
+                try:
+                    items.append(self.verifying.get_nowait())
+                except queue.Empty:
+                    break
+            attempts = [item for item in items if isinstance(item, Attempt)]
+            if attempts:
+                self.check(attempts)
+            for item in items:
+                if isinstance(item, Call):
+                    item.run()
+            if any(item is STOP for item in items):
+                self.io.put(STOP)
+                return
+
+    def check(self, attempts: list[Attempt]) -> None:
+        """The codec and verify stages on decoded attempts: settled rows counted (a shard whose
+        rows are all settled goes to the IO queue), next attempts to the decode thread."""
+        try:
+            self.stages.codec(attempts)
+            settled, again = self.verify(attempts)
+        except Exception as exc:  # a fault beyond any one row's checks: their shards are redone
+            for task in {id(a.row.task): a.row.task for a in attempts}.values():
+                if not task.resolved:
+                    task.future.set_exception(exc)
+            return
+        if again:
+            self.inbox.put(Again(again))
+        for row in settled:
+            row.task.remaining -= 1
+            if row.task.remaining == 0:
+                self.hand_off(row.task)
+
     # ---- IO thread ----------------------------------------------------------------------------
 
     def io_loop(self, ready: threading.Event) -> None:
-        own_threads(1)  # one OpenMP team per process: the decode thread's (module docstring)
+        own_threads(1)  # one OpenMP team per process: the decode thread's (runtime/threads.py)
         ready.set()
         while True:
             task = self.io.get()
@@ -413,16 +446,8 @@ class ShardStream:
             if isinstance(task, Call):
                 task.run()
                 continue
-            start = time.perf_counter()
-            decoding_at_start = self.decode_clock(start)
-
-            def figures(start=start, decoding_at_start=decoding_at_start):
-                now = time.perf_counter()
-                self.finalise_s += now - start
-                self.overlap_s += self.decode_clock(now) - decoding_at_start
-                return self.figures()
             try:
-                record = self.finalise(task, figures)
+                record = self.stages.write(task, self.measured(time.perf_counter()))
             except Exception as exc:
                 task.future.set_exception(exc)
             else:
@@ -430,3 +455,21 @@ class ShardStream:
             finally:
                 with self.lock:
                     self.waiting_io -= 1
+
+    def measured(self, start: float) -> Callable[[], dict]:
+        """What a shard's commit record reports of the pipeline, taken when the write stage asks
+        (after its files are written): the counters since the last record, the `gamma: auto`
+        choices, and a finished profile."""
+        decoding_at_start = self.decode_clock(start)
+
+        def figures() -> dict:
+            now = time.perf_counter()
+            self.finalise_s += now - start
+            self.overlap_s += self.decode_clock(now) - decoding_at_start
+            out = self.figures()
+            out["gamma_choices"] = [c.to_dict() for c in self.decode.session.gamma_choices]
+            profile = self.profiler.take() if self.profiler else None
+            if profile is not None:
+                out["profile"] = profile
+            return out
+        return figures

@@ -151,6 +151,24 @@ def numerics_environments(records: list[dict]) -> list[dict]:
     return list(seen.values())
 
 
+def quality_counts(spec: JobSpec, all_records: list[dict], run_records: list[dict]) -> dict | None:
+    """The quality gate's figures over every committed shard (None without the gate): rows
+    checked, passed, rejected (and of those dropped), regenerated (decoded again after a failed
+    attempt), attempts decoded, seconds spent checking (and per row checked), the seconds this
+    run's decode loops waited for the verify thread, and the rejects files written."""
+    if not spec.quality.enabled:
+        return None
+    gated = [r["quality"] for r in all_records if r.get("quality")]
+    out = {k: sum(q[k] for q in gated) for k in ("checked", "passed", "rejected", "dropped", "regenerated", "decodes")}
+    verify_s = sum(q["verify_s"] for q in gated)
+    return {**out, "verify_s": round(verify_s, 3),
+            "verify_s_per_row": round(verify_s / out["checked"], 4) if out["checked"] else None,
+            "verify_wait_s": round(sum(r.get("verify_wait_s", 0.0) for r in run_records), 3),
+            "checks": spec.quality.checks, "asr": spec.quality.asr_model, "speaker": spec.quality.speaker_model,
+            "attempts": spec.quality.attempts, "best_of": spec.quality.best_of, "on_reject": spec.quality.on_reject,
+            "rejects": [r["rejects"] for r in all_records if r.get("rejects")]}
+
+
 def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: list[dict], report,
               committed_before: int, wall_s: float, setup_s: float = 0.0) -> dict:
     """Totals over every committed shard; throughput and workers of this run only.
@@ -174,6 +192,7 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "rows": plan.rows,
         "rows_ok": sum(r["ok"] for r in all_records),
         "rows_failed": sum(r["failed"] for r in all_records),
+        "rows_rejected": sum(r.get("rejected", 0) for r in all_records),  # by the quality gate
         # rows whose speech reached the token limit (max_new_tokens or the context): audio cut there
         "rows_cut": sum(r.get("cut", 0) for r in all_records),
         "rows_committed": sum(r["rows"] for r in all_records),
@@ -206,6 +225,7 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "steady": steady(run_records, report),
         # decode-loop profiles this run wrote (`profile.rounds`), one per worker process
         "profiles": [r["profile"] for r in run_records if r.get("profile")],
+        "quality": quality_counts(spec, all_records, run_records),
     }
 
 
@@ -221,6 +241,8 @@ def summary_table(s: dict) -> str:
                      f"({counted(aug['texts'] + aug['bad_rows'], 'manifest row')})")
     else:
         method, rows_line = s["method"], f"{s['rows_ok']} ok, {s['rows_failed']} failed, {s['rows']} in manifests"
+    if s.get("rows_rejected"):
+        rows_line += f"; {s['rows_rejected']} rejected by the quality gate"
     if s.get("rows_cut"):
         ratio = s["decoding"].get("max_speech_ratio")
         rows_line += (f"; {counted(s['rows_cut'], 'row')} reached the token limit before the end of speech "
@@ -246,6 +268,12 @@ def summary_table(s: dict) -> str:
         ("throughput", f"{s['throughput']['tokens_per_s']} tok/s, {s['throughput']['audio_s_per_s']} "
                        f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"),
     ]
+    if q := s.get("quality"):
+        where = "dropped" if q["on_reject"] == "drop" else "in rejects/"
+        rows.append(("quality", f"{q['passed']} passed, {q['rejected']} rejected ({where}), {q['regenerated']} "
+                                f"regenerated; {q['decodes']} decodes for {counted(q['checked'], 'row')}; checking "
+                                f"took {q['verify_s']} s ({q['verify_s_per_row']} s a row), decoding waited for it "
+                                f"{q['verify_wait_s']} s"))
     for text in s.get("warnings", []):
         rows.append(("warning", text))
     for w in sh.get("capacity_waits", []):

@@ -1,53 +1,43 @@
 """What a synthesis worker does, without Ray: hold the models once, turn shards into files.
 
-A shard becomes one Parquet file (every manifest row exactly once: audio rows and error rows)
-and then a commit record. The commit record is written last, so a shard counts as done only
-when its data file is complete; a worker that dies in between leaves an uncommitted shard that
-is redone (and its data file overwritten with the same rows).
+A shard's rows flow through the worker's stages (`runtime/stages/`, one module each):
 
-Shards stream (`runtime/stream.py`): the worker may hold several at once; their rows share one
-continuously batched decode loop, and each shard's file is written by a background thread as
-soon as its last row is decoded, while decoding goes on.
+    read -> prepare -> decode -> codec -> verify -> write
+
+and become one Parquet file (every manifest row exactly once: audio rows and error rows; rows
+the quality gate rejected go to `rejects/`) and then a commit record, written last, so a shard
+counts as done only when its files are complete. The worker may hold several shards at once:
+their rows share one continuously batched decode loop, and each shard is written by a
+background thread as soon as its rows are done, while decoding goes on (the pipeline's threads
+and queues: `runtime/stream.py`). `ShardProcessor` builds the stages and the pipeline.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
 import socket
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from functools import lru_cache
-
-from pydantic import ValidationError
 
 from engine.api import Synthesizer
-from engine.config import DecodingSettings, JobSpec
+from engine.config import JobSpec, QualitySpec
 from engine.groups.csr import SpeechGroups
-from engine.io.manifest import ManifestRow, RowError, gzipped, parse_jsonl, parse_rows, unpacked, validated
-from engine.io.storage import Storage, StorageError, relative_to
+from engine.io.storage import Storage
 from engine.models.device import resolve_device
 from engine.models.malloc import described as malloc_described
-from engine.records import SynthesisItem, SynthesisResult, aggregate, item_seed
 from engine.runtime.numerics import worker_device
 from engine.runtime.plan import Layout, Shard
 from engine.runtime.profiling import RoundProfiler
-from engine.runtime.stream import KeptThread, ShardStream, ShardTask, on_short_thread
-
-
-@dataclass
-class Prepared:
-    """One manifest row ready to decode (`item`), or already failed (`error`)."""
-
-    item: SynthesisItem | None
-    settings: DecodingSettings
-    prompt: object | None  # VoicePrompt
-    error: SynthesisResult | None
-    origin: dict
+from engine.runtime.stages.codec import CodecStage
+from engine.runtime.stages.decode import DecodeStage
+from engine.runtime.stages.prepare import PrepareStage
+from engine.runtime.stages.read import ReadStage
+from engine.runtime.stages.row import ShardTask
+from engine.runtime.stages.write import WriteStage
+from engine.runtime.stream import ShardStream, Stages
+from engine.runtime.threads import KeptThread, on_short_thread
 
 
 @dataclass
@@ -62,6 +52,28 @@ class WorkerModels:
     revisions: dict
     prompt_cache: object  # PromptCache
     decode_thread: KeptThread = field(default_factory=lambda: KeptThread("decode"))
+    verifiers: dict = field(default_factory=dict)  # the quality gates' verifier processes, by what they hold
+
+    def gate(self, quality: QualitySpec, storage: Storage, device: str):
+        """The quality gate of `quality`: its verifiers (ASR, speaker encoder) run in a process of
+        their own (`runtime/verifiers.py`), started once per worker and kept for the jobs that
+        follow (a sweep's points)."""
+        from engine.metrics.gate import QualityGate
+        from engine.runtime.verifiers import RemoteASR, RemoteSpeaker, VerifierProcess
+
+        key = (quality.asr_model, quality.speaker_model)
+        if key not in self.verifiers:
+            self.verifiers[key] = VerifierProcess(quality, device, storage.options)
+        process = self.verifiers[key]
+        return QualityGate(quality, RemoteASR(process) if key[0] else None, RemoteSpeaker(process) if key[1] else None,
+                           self.codec)
+
+    def close(self) -> None:
+        """End the decode thread and the verifier processes."""
+        self.decode_thread.close()
+        for process in self.verifiers.values():
+            process.close()
+        self.verifiers.clear()
 
     @classmethod
     def load(cls, spec: JobSpec, storage: Storage, device: str) -> WorkerModels:
@@ -92,14 +104,15 @@ def check_reusable(models: WorkerModels, spec: JobSpec) -> None:
 
 
 class ShardProcessor:
-    """Models, codec and groups of one worker, and the shard -> Parquet + commit pipeline.
+    """A worker's models and groups, its stages, and the pipeline that runs them: shards in,
+    Parquet files and commit records out.
 
     Args:
         spec: the job.
         groups: PCG groups prepared by the driver (None unless the method is `pcg`).
         worker_id: a label for the summary's per-worker figures.
         storage: where to read and write (default: `Storage(spec.storage)`).
-        io_queue: decoded shards that may wait for the writer before decoding blocks.
+        io_queue: settled shards that may wait for the writer before decoding blocks.
         models: models loaded before (`reuse`); None loads them.
     """
 
@@ -114,19 +127,31 @@ class ShardProcessor:
         check_reusable(models, spec)
         self.models = models
         self.synth, self.codec, self.revisions = models.synth, models.codec, models.revisions
-        self.prompt_cache = models.prompt_cache
         self.synth.batch_size = spec.resources.batch_size
         if groups is not None:  # torch ops (the group index): on a short thread, as the loading's
             on_short_thread(lambda: self.synth.set_groups(groups))
-        self._read_whole = lru_cache(maxsize=2)(self._parse_file)
-        self._unpacked = lru_cache(maxsize=2)(self._unpack_file)  # gzipped JSONL: read once, sliced per shard
-        self._codec_stream = None
         self._numerics: dict | None = None
         self._prepare_lock = threading.Lock()  # shards arrive on several threads; prepare one at a time
         session = self.synth.session(spec.resources.batch_size, stream=True, admission=spec.resources.admission)
+        codec = CodecStage(self.codec, spec.output.prompt_audio, self.device)
+        quality = spec.quality
+        verify = None
+        if quality.enabled:
+            from engine.runtime.stages.verify import VerifyStage
+
+            gate = models.gate(quality, self.storage, self.device)
+            verify = VerifyStage(gate, spec.output.prompt_audio, self.codec.hop_length)
+        self.stages = Stages(
+            read=ReadStage(self.storage),
+            prepare=PrepareStage(spec.decoding, self.storage, self.revisions, self.encode_clip,
+                                 keep_clips=quality.speaker_model is not None),
+            decode=DecodeStage(self.synth, session),
+            codec=codec,
+            verify=verify,
+            write=WriteStage(spec, self.storage, codec, self.codec.sample_rate, self.info))
         prof = spec.profile
         profiler = RoundProfiler(prof.rounds, prof.skip, prof.trace, self.device) if prof.rounds else None
-        self.stream = ShardStream(session, self.start_rows, self.finalise, io_queue=io_queue, profiler=profiler,
+        self.stream = ShardStream(self.stages, io_queue=io_queue, profiler=profiler,
                                   decode_thread=models.decode_thread)
 
     def reuse(self, spec: JobSpec, groups: SpeechGroups | None = None, worker_id: str = "w0") -> ShardProcessor:
@@ -143,29 +168,38 @@ class ShardProcessor:
         return ShardProcessor(spec, groups, worker_id, models=self.models)
 
     def warmup(self) -> None:
-        """Decode a batch and a half with the job's settings at its batch size, and export two of
+        """Decode a batch and a half with the job's settings at its batch size, and write two of
         its rows as a shard is (codec, audio encoding, a Parquet table, in memory: nothing is
         written), so that allocation, kernel selection, the decoder's caches and the first use
-        of the export's libraries (pyarrow's Parquet writer, libsndfile: modules loaded, tables
+        of the writer's libraries (pyarrow's Parquet writer, libsndfile: modules loaded, tables
         built) are paid for before anything is timed (`Synthesizer.warmup`). Each runs on the
         thread that will run it in the job (the decode loop's, the IO thread's on the codec's
         CUDA stream), since part of that cost is per thread: with `models.compile: cudagraphs`,
-        a thread's graphs. (Before the export was warmed up, the first shard's export paid for
+        a thread's graphs. (Before the writer was warmed up, the first shard's write paid for
         those first uses inside the job's timed window, beside the decode loop:
         benchmarks/results/job_throughput_cpu_tiny_zen4_dec02_vs_2baeb1d.md.)"""
         results = self.stream.on_decode_thread(
             lambda: self.synth.warmup(self.spec.decoding, self.spec.resources.batch_size)).result()
 
-        def export() -> None:
-            from engine.codec.export import export_audio
+        def write() -> None:
+            from engine.runtime.stages.row import Row
 
             sample = [r for r in results if r.codes][:2]
-            if not sample:
-                return
-            with self.codec_stream():
-                export_audio(sample, self.spec.decoding, None, parquet_path=io.BytesIO(), codec=self.codec,
-                             audio_format=self.spec.output.audio_format)
-        self.stream.on_io_thread(export).result()
+            rows = [Row(i, r, self.spec.decoding, {}, seed=r.seed) for i, r in enumerate(sample)]
+            for row in rows:
+                attempt = row.attempt(1)
+                attempt.codes, attempt.finish_reason = row.result.codes, row.result.finish_reason
+                row.keep(attempt)
+            self.stages.write.table_bytes(rows)
+        self.stream.on_io_thread(write).result()
+        if self.stages.verify is not None:  # the verifiers' first use, on the thread that checks
+            self.stream.on_verify_thread(self.warm_verifiers).result()
+
+    def warm_verifiers(self) -> None:
+        gate = self.stages.verify.gate
+        wave = self.codec.decode([[0] * 50])[0]  # a second of the codec's audio
+        hyp = gate.transcribe([wave])[0]
+        gate.score("Warm-up.", wave, "eos", 1, 0, hypothesis=hyp if isinstance(hyp, str) else "")
 
     def info(self) -> dict:
         import ray
@@ -184,178 +218,30 @@ class ShardProcessor:
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                 "malloc": malloc_described()}
 
-    # ---- reading ---------------------------------------------------------------------------
-
-    def _parse_file(self, uri: str) -> list:
-        return parse_rows(uri, self.storage.read_bytes(uri))
-
-    def _unpack_file(self, uri: str) -> bytes:
-        return unpacked(uri, self.storage.read_bytes(uri))
-
-    def rows_of(self, shard: Shard) -> list[ManifestRow | RowError]:
-        """The shard's rows in manifest order; duplicates (found by the plan) become errors."""
-        if shard.byte_range is not None and gzipped(shard.manifest):
-            raws = parse_jsonl(self._unpacked(shard.manifest)[slice(*shard.byte_range)])
-        elif shard.byte_range is not None:
-            raws = parse_jsonl(self.storage.read_range(shard.manifest, *shard.byte_range))
-        else:
-            raws = self._read_whole(shard.manifest)[shard.start:shard.stop]
-        if len(raws) != shard.rows:
-            raise RuntimeError(f"{shard.manifest} changed since the job was planned "
-                               f"({len(raws)} rows where {shard.rows} were planned)")
-        rows = validated(raws, shard.manifest, shard.start)
-        for i, first in shard.duplicates.items():
-            row = rows[i - shard.start]
-            if isinstance(row, ManifestRow):
-                rows[i - shard.start] = RowError(f"{shard.manifest}:{i + 1}", row.id,
-                                                 f"duplicate id (first at {first})", row.text)
-        return rows
-
-    def voice_prompt(self, shard: Shard, row: ManifestRow):
-        """The row's voice prompt (None without one); clips are read through storage, encoded
-        once and cached by content."""
-        from engine.codec.audio import read_clip
-        from engine.codec.prompts import load_voice_prompt
-
-        if row.prompt_codes is None and row.prompt_audio is None:
-            return None
-        if row.prompt_codes is not None:
-            return load_voice_prompt(row.prompt_text or "", codes=row.prompt_codes, id=row.prompt_id)
-        clip = relative_to(shard.manifest, row.prompt_audio)
-        wave = read_clip(io.BytesIO(self.storage.read_bytes(clip)), name=clip)
-        # encoded on the IO thread, whose torch ops run on one CPU thread (runtime/stream.py)
-        codes = self.stream.on_io_thread(lambda: self.prompt_cache.encode(self.codec, wave)).result()
-        return load_voice_prompt(row.prompt_text or "", codes=codes, id=row.prompt_id)
-
-    # ---- processing ------------------------------------------------------------------------
-
-    def origin(self, row: ManifestRow | RowError) -> dict:
-        """Provenance of a row: where it came from and which models made it."""
-        out = {"models": self.revisions}
-        if isinstance(row, ManifestRow):
-            out.update({k: v for k, v in (("text_id", row.text_id), ("prompt_id", row.prompt_id),
-                                          ("augment_seed", row.augment_seed)) if v is not None})
-        return out
-
-    def prepare(self, shard: Shard) -> list[Prepared]:
-        """The shard's rows, each ready to decode or already an error result."""
-        base = self.spec.decoding
-        out = []
-        for row in self.rows_of(shard):
-            if isinstance(row, RowError):
-                ident = row.id or f"!{row.source}"
-                out.append(Prepared(None, base, None, SynthesisResult(
-                    id=ident, text=row.text, seed=item_seed(base.seed, ident), error=row.error),
-                    self.origin(row)))
-                continue
-            try:
-                settings = base.with_overrides(row.overrides())
-                prompt = self.voice_prompt(shard, row)
-            except (ValidationError, ValueError, StorageError) as exc:
-                out.append(Prepared(None, base, None, SynthesisResult(
-                    id=row.id, text=row.text, seed=item_seed(base.seed, row.id), error=str(exc)),
-                    self.origin(row)))
-                continue
-            item = SynthesisItem(text=row.text, id=row.id, seed=row.seed,
-                                 prompt_text=prompt.text if prompt else None,
-                                 prompt_codes=list(prompt.codes) if prompt else None)
-            out.append(Prepared(item, settings, prompt, None, self.origin(row)))
-        return out
-
-    def start_rows(self, task: ShardTask) -> list:
-        """On the decode thread: the shard's rows to decode, as `(settings, request)` with keys
-        `(task, row index)`; error rows get their results now."""
-        rows = []
-        task.results = [p.error for p in task.prepared]
-        for i, p in enumerate(task.prepared):
-            if p.item is None:
-                continue
-            result, request = self.synth.prepare(i, p.item, p.settings, key=(task, i))
-            task.results[i] = result
-            if request is not None:
-                rows.append((p.settings, request))
-        return rows
+    def encode_clip(self, wave) -> list[int]:
+        """A voice-prompt clip's codes: encoded on the IO thread, whose torch ops run on one CPU
+        thread (runtime/threads.py), once per clip content (the models' prompt cache)."""
+        return self.stream.on_io_thread(lambda: self.models.prompt_cache.encode(self.codec, wave)).result()
 
     def submit(self, shard: Shard, attempt: int = 1) -> Future:
-        """Hand a shard to the decode loop; the future resolves to its commit record (or to the
-        error that failed it). Reading and preparing its rows happen here, on the caller's
-        thread, while the loop decodes other shards."""
+        """Hand a shard to the pipeline; the future resolves to its commit record (or to the
+        error that failed it). Its read and prepare stages run here, on the caller's thread,
+        while the decode loop decodes other shards."""
         received = time.perf_counter()
         self.stream.hold()
         try:
             with self._prepare_lock:
-                prepared = self.prepare(shard)
+                rows = self.stages.prepare(shard.manifest, self.stages.read(shard))
         except BaseException:
             self.stream.release()
             raise
-        return self.stream.submit(ShardTask(shard, attempt, prepared, received))
+        return self.stream.submit(ShardTask(shard, attempt, rows, received))
 
     def process(self, shard: Shard, attempt: int = 1) -> dict:
         """Synthesize one shard, write its Parquet file, then its commit record."""
         return self.submit(shard, attempt).result()
 
-    def finalise(self, task: ShardTask, figures) -> dict:
-        """On the IO thread: codec, audio, Parquet file, upload; then the commit record."""
-        from engine.codec.export import export_audio
-
-        shard, prepared, results = task.shard, task.prepared, task.results
-        buffer = io.BytesIO()
-        with self.codec_stream():
-            exported = export_audio(results, [p.settings for p in prepared], None, parquet_path=buffer,
-                                    codec=self.codec, audio_format=self.spec.output.audio_format,
-                                    prompts=[p.prompt for p in prepared],
-                                    prompt_audio=self.spec.output.prompt_audio,
-                                    provenance=[p.origin for p in prepared])
-        self.storage.write_bytes(self.layout.data(shard), buffer.getvalue())
-        stats = aggregate([r.stats for r in results if r.stats is not None])
-        pipeline = figures()
-        record = {
-            "shard": shard.id, "manifest": shard.manifest, "rows": shard.rows,
-            "ok": exported["with_audio"], "failed": shard.rows - exported["with_audio"],
-            "cut": sum(r.cut for r in results),  # rows whose audio stops at the token limit
-            "audio_seconds": exported["audio_seconds"], "generated_tokens": stats.generated_tokens,
-            "rounds": stats.rounds, "emitted": stats.emitted, "reached": stats.reached,
-            "accepted": stats.accepted, "thinning_trials": stats.thinning_trials,
-            "codec_s": exported["codec_seconds"],
-            "wall_s": round(time.perf_counter() - task.received, 4), "attempt": task.attempt,
-            "batch_size": self.spec.resources.batch_size,
-            **{k: round(v, 4) if isinstance(v, float) else v for k, v in pipeline.items()},
-            "gamma_choices": [c.to_dict() for c in self.stream.session.gamma_choices],
-            "data": self.layout.data(shard), **self.info(),
-            "storage_retries": self.storage.retries,  # this worker's, so far (transient failures ridden out)
-        }
-        profile = self.stream.profiler.take() if self.stream.profiler else None
-        if profile is not None:  # finished with this shard's rounds: written once, named in this record
-            record["profile"] = self.write_profile(profile)
-        self.storage.write_bytes(self.layout.commit(shard), json.dumps(record, indent=1).encode())
-        return record
-
-    def write_profile(self, profile: dict) -> str:
-        """Write a finished decode-loop profile under `_profiles/` (and its Chrome trace, if
-        kept); returns the profile's URI."""
-        trace = profile.pop("trace_gz", None)
-        name = f"{self.worker_id}-{os.getpid()}"
-        profile = {"worker": self.worker_id, "pid": os.getpid(), "device": self.device,
-                   "batch_size": self.spec.resources.batch_size, **profile}
-        if trace is not None:
-            profile["trace"] = self.layout.profile(f"{name}.trace.json.gz")
-            self.storage.write_bytes(profile["trace"], trace)
-        uri = self.layout.profile(f"{name}.json")
-        self.storage.write_bytes(uri, json.dumps(profile, indent=1).encode())
-        return uri
-
-    def codec_stream(self):
-        """On CUDA, the codec runs on a CUDA stream of its own, so its kernels interleave with
-        the decode loop's instead of queueing behind them on the default stream."""
-        import torch
-
-        if not self.device.startswith("cuda"):
-            return contextlib.nullcontext()
-        if self._codec_stream is None:
-            self._codec_stream = torch.cuda.Stream(device=self.device)
-        return torch.cuda.stream(self._codec_stream)
-
     def close(self) -> None:
-        """End this processor's threads, the models' decode thread included."""
+        """End this processor's threads, the models' decode thread and verifier processes included."""
         self.stream.close()
-        self.models.decode_thread.close()
+        self.models.close()

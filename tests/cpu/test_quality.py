@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import numpy as np
@@ -11,6 +10,8 @@ import pytest
 from engine.metrics.deps import MissingBackend
 from engine.metrics.signals import synthetic_voice
 from engine.metrics.text import corpus_rates, edit_counts, normalize
+
+from asrhelpers import save_char_processor
 
 
 def test_normalize_keeps_words_and_contractions_only():
@@ -53,22 +54,9 @@ def test_pocketsphinx_transcribes_clips_to_strings():
 
 def tiny_ctc_checkpoint(path):
     """A random HuBERT CTC model with a character vocabulary, saved as a local checkpoint."""
-    from transformers import (
-        HubertConfig,
-        HubertForCTC,
-        Wav2Vec2CTCTokenizer,
-        Wav2Vec2FeatureExtractor,
-        Wav2Vec2Processor,
-    )
+    from transformers import HubertConfig, HubertForCTC
 
-    path.mkdir(parents=True)
-    vocab = {"<pad>": 0, "<unk>": 1, "|": 2, **{c: i + 3 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz'")}}
-    (path / "vocab.json").write_text(json.dumps(vocab))
-    tokenizer = Wav2Vec2CTCTokenizer(str(path / "vocab.json"), pad_token="<pad>", unk_token="<unk>",
-                                     word_delimiter_token="|")
-    extractor = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0,
-                                         do_normalize=True, return_attention_mask=False)
-    Wav2Vec2Processor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(str(path))
+    vocab = save_char_processor(path)
     config = HubertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                           intermediate_size=64, conv_dim=(32, 32), conv_stride=(5, 4), conv_kernel=(10, 4),
                           num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, pad_token_id=0)

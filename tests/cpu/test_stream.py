@@ -18,12 +18,11 @@ import soundfile as sf
 import torch
 
 from engine import SynthesisItem
-from engine.codec import export
 from engine.io.manifest import ManifestRow
 from engine.io.storage import Storage
 from engine.runtime.plan import make_plan
-from engine.runtime.stream import on_short_thread, own_threads, thread_clock
 from engine.runtime.summary import per_worker
+from engine.runtime.threads import on_short_thread, own_threads, thread_clock
 from engine.runtime.worker import ShardProcessor
 
 from jobhelpers import job_spec, texts, write_manifest
@@ -215,7 +214,7 @@ def test_empty_slots_are_told_apart_by_cause(kit_dir, tmp_path):
                      "end_of_work": round(second_empty / slots, 4)}
 
 
-def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path, monkeypatch):
+def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path):
     manifest = write_manifest(tmp_path / "m.jsonl", texts(4))
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
                     decoding={"method": "exact", "max_new_tokens": 4, "seed": 1},
@@ -229,10 +228,11 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path,
             return fn(*args, **kwargs)
         return run
     processor.synth.warmup = on("warmup", processor.synth.warmup)
-    processor.stream.session.step = on("step", processor.stream.session.step)
+    session = processor.stages.decode.session
+    session.step = on("step", session.step)
     processor.codec.decode = on("codec", processor.codec.decode)
     processor.codec.encode = on("encode", processor.codec.encode)
-    monkeypatch.setattr(export, "export_audio", on("export", export.export_audio))
+    processor.stages.write.table_bytes = on("export", processor.stages.write.table_bytes)
     clip = tmp_path / "voice.wav"
     sf.write(clip, np.sin(np.arange(8000) / 7.0).astype(np.float32) * 0.3, 16000)
     shard = make_plan(spec, processor.storage).shards[0]
@@ -246,7 +246,7 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path,
                    "io": processor.stream.on_io_thread(torch.get_num_threads).result()}
         with ThreadPoolExecutor(1) as fresh:  # torch's default for new threads is left as it was
             threads["new"] = fresh.submit(torch.get_num_threads).result()
-        assert processor.voice_prompt(shard, row).codes  # a clip is encoded on the IO thread
+        assert processor.stages.prepare.voice_prompt(shard.manifest, row)[0].codes  # a clip is encoded on the IO thread
         records = run_shards(processor, spec)
     finally:
         processor.close()

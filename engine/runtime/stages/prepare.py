@@ -1,0 +1,87 @@
+"""Prepare: manifest rows -> row records ready to decode (the second stage a row passes).
+
+A row gets its decoding settings (the job's with the row's own applied), its seed, its voice
+prompt (a clip is read through storage and encoded once, cached by content) and its provenance.
+A row that cannot be decoded (a malformed manifest row, a duplicate id, invalid settings, a
+voice-prompt clip that cannot be read) becomes a row whose result carries the error: it is
+written as an error record and never reaches the decoder.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import numpy as np
+from pydantic import ValidationError
+
+from engine.config import DecodingSettings
+from engine.io.manifest import ManifestRow, RowError
+from engine.io.storage import Storage, StorageError, relative_to
+from engine.records import SynthesisResult, item_seed
+from engine.runtime.stages.row import Row
+
+
+class PrepareStage:
+    """Row records from a shard's manifest rows.
+
+    Args:
+        decoding: the job's decoding settings.
+        storage: reads voice-prompt clips.
+        revisions: the models' revisions (every row's provenance).
+        encode_clip: a 16 kHz clip -> its codec codes (the worker encodes on its IO thread).
+        keep_clips: keep each clip's audio with its row (the quality gate's speaker check).
+    """
+
+    def __init__(self, decoding: DecodingSettings, storage: Storage, revisions: dict,
+                 encode_clip: Callable[[np.ndarray], list[int]], keep_clips: bool = False) -> None:
+        self.decoding, self.storage, self.revisions = decoding, storage, revisions
+        self.encode_clip, self.keep_clips = encode_clip, keep_clips
+
+    def origin(self, row: ManifestRow | RowError) -> dict:
+        """Provenance of a row: where it came from and which models made it."""
+        out = {"models": self.revisions}
+        if isinstance(row, ManifestRow):
+            out.update({k: v for k, v in (("text_id", row.text_id), ("prompt_id", row.prompt_id),
+                                          ("augment_seed", row.augment_seed)) if v is not None})
+        return out
+
+    def voice_prompt(self, manifest: str, row: ManifestRow):
+        """(the row's voice prompt or None, its clip's 16 kHz audio or None); a clip path is
+        taken relative to the manifest, read through storage and encoded once (cached by
+        content)."""
+        from engine.codec.audio import read_clip
+        from engine.codec.prompts import load_voice_prompt
+
+        if row.prompt_codes is not None:
+            return load_voice_prompt(row.prompt_text or "", codes=row.prompt_codes, id=row.prompt_id), None
+        if row.prompt_audio is None:
+            return None, None
+        clip = relative_to(manifest, row.prompt_audio)
+        wave = read_clip(io.BytesIO(self.storage.read_bytes(clip)), name=clip)
+        prompt = load_voice_prompt(row.prompt_text or "", codes=self.encode_clip(wave), id=row.prompt_id)
+        return prompt, wave
+
+    def error_row(self, index: int, ident: str, text: str, why: str, origin: dict) -> Row:
+        seed = item_seed(self.decoding.seed, ident)
+        return Row(index, SynthesisResult(id=ident, text=text, seed=seed, error=why), self.decoding, origin,
+                   seed=seed)
+
+    def __call__(self, manifest: str, rows: list[ManifestRow | RowError]) -> list[Row]:
+        """One record per manifest row, in order: ready to decode, or an error row."""
+        out = []
+        for index, row in enumerate(rows):
+            origin = self.origin(row)
+            if isinstance(row, RowError):
+                out.append(self.error_row(index, row.id or f"!{row.source}", row.text, row.error, origin))
+                continue
+            try:
+                settings = self.decoding.with_overrides(row.overrides())
+                prompt, clip = self.voice_prompt(manifest, row)
+            except (ValidationError, ValueError, StorageError) as exc:
+                out.append(self.error_row(index, row.id, row.text, str(exc), origin))
+                continue
+            seed = row.seed if row.seed is not None else item_seed(self.decoding.seed, row.id)
+            out.append(Row(index, SynthesisResult(id=row.id, text=row.text, seed=seed), settings, origin,
+                           prompt=prompt, prompt_wave=clip if self.keep_clips else None, seed=seed))
+        return out

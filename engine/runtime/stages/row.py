@@ -1,0 +1,167 @@
+"""The row record: one manifest row on its way through a worker's stages, and its shard's task.
+
+The prepare stage makes a `Row` once; every later stage fills in its own part of it, and no
+stage copies a row into a container of its own:
+
+    read     ManifestRow | RowError             what the manifest says (io/manifest.py)
+    prepare  Row: result (id, text, seed), settings, voice prompt, provenance; a bad manifest
+             row is a Row whose result carries the error
+    decode   Attempt: codes, finish reason, statistics (one Attempt per decode of the row)
+    codec    Attempt.wave: its audio as it will be written
+    verify   Attempt.scores; the row keeps an attempt, is rejected, or is decoded again
+    write    Row.kept (or the rejected row) into its shard's Parquet file(s)
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.config import DecodingSettings
+from engine.records import AttemptScores, RowStats, SynthesisResult, attempt_seed
+
+
+@dataclass(eq=False)
+class Attempt:
+    """One decode of a row: its seed, what the decoder made, its audio and its scores.
+
+    Attributes:
+        row: the row it decodes.
+        number: 1 for a row's first decode; the quality gate's regenerations and best-of
+            candidates count on (`attempt_seed(row.seed, number)` is its seed).
+        seed: the seed it was decoded with.
+        codes, finish_reason, stats: the decoder's output (stats: the work it cost).
+        wave: its audio as it will be written (codec stage), until the row is written.
+        error: why it has no audio (the codec refused its codes) or could not be checked.
+        scores: what the quality gate measured (None without the gate).
+    """
+
+    row: Row
+    number: int
+    seed: int
+    codes: list[int] = field(default_factory=list)
+    finish_reason: str = "error"
+    stats: RowStats | None = None
+    wave: np.ndarray | None = None
+    error: str | None = None
+    scores: AttemptScores | None = None
+
+
+@dataclass(eq=False)
+class Row:
+    """One manifest row in a worker, from its prepare stage to its write stage.
+
+    Attributes:
+        index: its position in the shard (rows are written in manifest order).
+        result: id, text, the row's seed; once an attempt is kept, its codes, finish reason,
+            statistics and seed (the chosen one); `error` for a row that cannot be decoded.
+        settings: the job's decoding settings with the row's own applied.
+        origin: provenance (text id, prompt id, augmentation seed, model revisions).
+        prompt: its voice prompt (transcript + codes), None without one.
+        prompt_wave: the prompt's clip (16 kHz) when it was given as audio: the speaker check's
+            reference (a prompt given as codes is decoded for it).
+        task: the shard it belongs to in this worker.
+        seed: its own seed (the first attempt's).
+        attempts: its decodes, in the order they were made.
+        kept: the attempt whose audio is written (None: an error row).
+        settled: nothing more happens to it before it is written (kept, rejected or failed).
+    """
+
+    index: int
+    result: SynthesisResult
+    settings: DecodingSettings
+    origin: dict
+    prompt: object | None = None  # codec.prompts.VoicePrompt
+    prompt_wave: np.ndarray | None = None
+    task: ShardTask | None = None
+    seed: int = 0
+    attempts: list[Attempt] = field(default_factory=list)
+    kept: Attempt | None = None
+    settled: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.result.id
+
+    @property
+    def text(self) -> str:
+        return self.result.text
+
+    @property
+    def to_decode(self) -> bool:
+        """Not already an error row (a bad manifest row, settings or voice prompt)."""
+        return self.result.error is None
+
+    def attempt(self, number: int) -> Attempt:
+        """A new attempt of this row (recorded in `attempts`)."""
+        made = Attempt(self, number, attempt_seed(self.seed, number))
+        self.attempts.append(made)
+        return made
+
+    def keep(self, attempt: Attempt) -> None:
+        """Make `attempt` the one written: its codes, finish reason, statistics and seed become
+        the row's result (an attempt without codes leaves the row an error row)."""
+        self.kept, self.settled = attempt, True
+        res = self.result
+        res.codes, res.finish_reason, res.stats, res.seed = (attempt.codes, attempt.finish_reason,
+                                                            attempt.stats, attempt.seed)
+        if not attempt.codes and attempt.finish_reason == "error":
+            res.error = attempt.error
+        for other in self.attempts:  # only the kept audio waits for the writer
+            if other is not attempt:
+                other.wave = None
+
+    def fail(self, why: str) -> None:
+        """Make it an error row (no audio is written; its attempts' statistics still count)."""
+        self.result.error, self.kept, self.settled = why, None, True
+        for attempt in self.attempts:
+            attempt.wave = None
+
+    @property
+    def rejected(self) -> bool:
+        """The quality gate kept none of its attempts."""
+        return self.result.quality is not None and not self.result.quality.passed
+
+    def work(self) -> list[RowStats]:
+        """Statistics of every attempt decoded (what decoding the row cost)."""
+        return [a.stats for a in self.attempts if a.stats is not None]
+
+
+@dataclass(eq=False)
+class ShardTask:
+    """A shard in the worker: its rows, how many are still on their way, and its future.
+
+    Attributes:
+        shard: the plan's shard (runtime.plan.Shard).
+        attempt: which try of the shard this is (the pool retries failed shards).
+        rows: one Row per manifest row, in manifest order.
+        received: `time.perf_counter()` when the worker got it.
+        remaining: rows not yet settled (decoded, and checked when the gate is on).
+        in_decoder: its attempts queued or decoding.
+        decoded: when its last row settled.
+        future: resolves to the commit record (or the error that failed the shard).
+        codec_s, verify_s: seconds the codec and the quality gate spent on its rows.
+    """
+
+    shard: object
+    attempt: int
+    rows: list[Row]
+    received: float = field(default_factory=time.perf_counter)
+    remaining: int = 0
+    in_decoder: int = 0
+    decoded: float | None = None
+    future: Future = field(default_factory=Future)
+    codec_s: float = 0.0
+    verify_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for row in self.rows:
+            row.task = self
+
+    @property
+    def resolved(self) -> bool:
+        """Committed or failed: rows of a failed shard still on their way are dropped."""
+        return self.future.done()
