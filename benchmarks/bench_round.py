@@ -2,8 +2,8 @@
 
 For each model set, method and batch size: a decoder of each compile mode decodes the same rows
 (a full batch, refilled from a queue as rows end); their rounds are timed in turns, one of each
-mode per turn, after a warm-up that compiles the graph. Per round: the ops dispatched (torch's
-dispatcher, counted on one round), the graph launches, the host's milliseconds (the round's wall
+mode per turn, after a warm-up that compiles the graph. Per round: the ops dispatched (counted on
+one round: `engine.decoding.graphs.count_ops`), the graph launches, the host's milliseconds (the round's wall
 time, its one read-back included), the device's milliseconds (CUDA events; none on a CPU), and
 tokens per second (tokens committed over the rounds' time). Compile seconds and on-disk cache
 hits come with each compiled mode.
@@ -44,28 +44,6 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch's CPU threads")
     ap.add_argument("--out", default=None, help="result stem: writes STEM.json and STEM.md")
     return ap.parse_args()
-
-
-class OpCount:
-    """Ops through torch's dispatcher while active (a compiled graph's own kernels are not)."""
-
-    def __init__(self) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        outer = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                outer.n += 1
-                return func(*args, **(kwargs or {}))
-        self.n, self.mode = 0, Mode()
-
-    def __enter__(self):
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.mode.__exit__(*exc)
 
 
 def synthesizers(name: str, args, modes: list[str]) -> tuple[dict, dict]:
@@ -135,11 +113,7 @@ def measure(synths: dict, method: str, batch: int, args) -> list[dict]:
             s, n = timed(d)
             seconds[m].append(s)
             tokens[m] += n
-    ops = {}
-    for m, d in decoders.items():
-        with OpCount() as count:
-            timed(d)
-        ops[m] = count.n
+    ops = {m: s.runner.stats.ops_per_round for m, s in synths.items()}  # counted on a plan's 2nd round
     out = []
     for m, s in synths.items():
         stats = s.runner.stats
@@ -202,9 +176,9 @@ def main() -> None:
            "readings": readings,
            "notes": ("Rounds timed in turns (one of each mode per turn) after the warm-up, on decoders kept "
                      "full from a queue; host ms is the median round, tokens/s the tokens committed over "
-                     "all timed rounds. Ops are counted through torch's dispatcher on one round: a compiled "
-                     "round's own kernels are not dispatched ops, its extern calls (matrix products, "
-                     "attention) are.")}
+                     "all timed rounds. Ops are counted on one round (engine.decoding.graphs.count_ops): "
+                     "eager, every op through torch's dispatcher; compiled, the ops the graph calls "
+                     "(matrix products, attention), its own fused kernels not being dispatched ops.")}
     if args.out:
         write_result_pair(Path(args.out), doc, table(doc))
     else:

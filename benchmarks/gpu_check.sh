@@ -2,26 +2,33 @@
 # A lent GPU's checks in one call, most important first, each with its own time limit so that
 # what comes after still runs and every log is written:
 #   1. the CUDA tests (tests/gpu: speculative decoding, parity with the CPU, bf16 sampling, the
-#      codec, groups backends, the CUDA-graph step);
-#   2. the job-throughput benchmark on the llasa-1b-shape preset (slot utilisation and a job's
+#      codec, groups backends, a CUDA-graph round against the eager one with no host sync inside);
+#   2. the round benchmark: eager against CUDA graphs, ar and pcg at batch 1, 8 and 32, on the kit and
+#      on the llasa-1b-shape preset (benchmarks/bench_round.py: ops, launches, host and device ms,
+#      tokens/s per round);
+#   3. the job-throughput benchmark on the llasa-1b-shape preset (slot utilisation and a job's
 #      steady tokens/s against decoding alone: benchmarks/bench_job_throughput.py).
-# Logs, nvidia-smi and the result files land in $OUT (default work/gpu-check).
+# Logs, nvidia-smi and the result files land in $OUT (default work/gpu-check). Times of earlier
+# calls are in benchmarks/results/gpu_check_*.md.
 #
-#   bash benchmarks/gpu_check.sh                    # 580 s in all (an H200, 2026-11-26: bench 336 s; tests
-#                                                   # about 180 s, the CUDA-graph one 137 s of it)
-#   BUDGET=300 BENCH_ARGS="--workloads temps192" bash benchmarks/gpu_check.sh
+#   bash benchmarks/gpu_check.sh
+#   BUDGET=300 ROUND_BUDGET=120 BENCH_ARGS="--workloads temps192" bash benchmarks/gpu_check.sh
 #
-# Environment: BUDGET (seconds for everything), TEST_BUDGET (seconds for step 1; 0 skips it), PY (default
-# .venv/bin/python, else python3), BENCH_ARGS (replaces the benchmark's arguments), SITE_TAR (a
-# .tar.xz of site-packages unpacked into SITE_DIR, default /tmp/pcg-site, and put on PYTHONPATH:
-# for a machine that has torch but lacks the project's other packages and cannot reach a
-# registry; benchmarks/site_archive.sh builds it).
+# Environment: BUDGET (seconds for everything), TEST_BUDGET (seconds for step 1; 0 skips it),
+# ROUND_BUDGET (seconds for step 2; 0 skips it), ROUND_ARGS (replaces step 2's arguments), PY (default
+# .venv/bin/python, else python3), BENCH_ARGS (replaces step 3's arguments), SITE_TAR (a .tar.xz of
+# site-packages unpacked into SITE_DIR, default /tmp/pcg-site, and put on PYTHONPATH: for a machine
+# that has torch but lacks the project's other packages and cannot reach a registry;
+# benchmarks/site_archive.sh builds it).
+case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0;; esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-work/gpu-check}
 BUDGET=${BUDGET:-580}
-TEST_BUDGET=${TEST_BUDGET:-220}  # the CUDA-graph test alone took 115 s on an H200 (compiling)
+TEST_BUDGET=${TEST_BUDGET:-200}  # the CUDA-graph tests compile their rounds
+ROUND_BUDGET=${ROUND_BUDGET:-200}
+ROUND_ARGS=${ROUND_ARGS:---device cuda --models kit,llasa-1b-shape --modes none,cudagraphs --batches 1,8,32 --rounds 20}
 BENCH_ARGS=${BENCH_ARGS:---preset llasa-1b-shape --device cuda --batch 32 --scale 4 --threads 4 --workloads temps192,augment120}
 mkdir -p "$OUT"
 SECONDS=0
@@ -65,15 +72,29 @@ else
   stage "1. CUDA tests skipped (TEST_BUDGET=0)"
 fi
 
+LEFT=$((BUDGET - SECONDS - 70))  # step 3 keeps a minute at least
+LIMIT=$((ROUND_BUDGET < LEFT ? ROUND_BUDGET : LEFT))
+if [ "$ROUND_BUDGET" -eq 0 ]; then
+  stage "2. round benchmark skipped (ROUND_BUDGET=0)"
+elif [ "$LIMIT" -gt 60 ]; then
+  stage "2. round: $ROUND_ARGS (limit ${LIMIT}s)"
+  # shellcheck disable=SC2086 # ROUND_ARGS is a list of arguments
+  timeout "$LIMIT" "$PY" benchmarks/bench_round.py $ROUND_ARGS --out "$OUT/round_cuda" >"$OUT/round.log" 2>&1
+  echo "rc=$?" >>"$OUT/round.log"
+  tail -30 "$OUT/round.log"
+else
+  stage "2. skipped: ${LIMIT}s left for it"
+fi
+
 LEFT=$((BUDGET - SECONDS - 10))
 if [ "$LEFT" -gt 60 ]; then
-  stage "2. job throughput: $BENCH_ARGS (limit ${LEFT}s)"
+  stage "3. job throughput: $BENCH_ARGS (limit ${LEFT}s)"
   # shellcheck disable=SC2086 # BENCH_ARGS is a list of arguments
   timeout "$LEFT" "$PY" benchmarks/bench_job_throughput.py $BENCH_ARGS --out "$OUT/job_throughput" \
     >"$OUT/bench.log" 2>&1
   echo "rc=$?" >>"$OUT/bench.log"
   grep -vE "^\(|WARNING|INFO" "$OUT/bench.log" | tail -40
 else
-  stage "2. skipped: ${LEFT}s left of the budget"
+  stage "3. skipped: ${LEFT}s left of the budget"
 fi
 stage "done"

@@ -35,6 +35,22 @@ def header(doc: dict) -> list[str]:
     ]
 
 
+def rounds_table(doc: dict) -> list[str]:
+    """Per round, as the round runner saw it: the ops dispatched, graph launches, the round's host
+    and device milliseconds (eager rounds are op by op; compiled rounds one graph launch each)."""
+    lines = ["", "## Rounds", "", "| batch | setting | ops / round | graph launches / round | host ms / round | "
+             "device ms / round |", "|---|---|---|---|---|---|"]
+    for batch, entry in doc["batches"].items():
+        for label, r in entry["runs"].items():
+            if "round_host_ms" not in r:
+                continue
+            device = r.get("round_device_ms")
+            device = f"{device['median']:.2f}" if device else "-"
+            lines.append(f"| {batch} | {label} | {r.get('ops_per_round') or '-'} | "
+                         f"{r['graph_launches_per_round']:.0f} | {r['round_host_ms']['median']:.2f} | {device} |")
+    return lines if len(lines) > 5 else []
+
+
 def runs_table(doc: dict) -> list[str]:
     lines = ["| batch | setting | tokens/s | audio s/s | speedup vs ar | decode-phase speedup | "
              "mean accepted length | acceptance by position | thinning trials / token | host ms / round | "
@@ -114,4 +130,4 @@ def readings(doc: dict) -> list[str]:
 
 
 def markdown(doc: dict) -> str:
-    return "\n".join(header(doc) + runs_table(doc) + cost_table(doc) + readings(doc)) + "\n"
+    return "\n".join(header(doc) + runs_table(doc) + rounds_table(doc) + cost_table(doc) + readings(doc)) + "\n"

@@ -109,11 +109,25 @@ def timed_runs(synth: Synthesizer, batch: int, settings: list[Setting], cfg: Ben
     for rep in range(cfg.reps):
         k = rep % len(settings)
         for s in settings[k:] + settings[:k]:
+            before = synth.runner.stats.to_dict()
             with ForwardClock(*models) as clock:
                 _, summary = synth.synthesize(items, decoding(s, cfg, rep, cfg.max_new_tokens), batch_size=batch)
-            runs[s.label].append(timed_summary(summary, clock))
+            runs[s.label].append({**timed_summary(summary, clock), **round_delta(before, synth.runner.stats)})
             bar.update(1)
     return runs
+
+
+def round_delta(before: dict, stats) -> dict:
+    """A run's rounds as the round runner saw them (`RoundStats` before and after): host and device
+    milliseconds per round, graph launches per round, and the ops a round dispatches (counted on a
+    plan's second round)."""
+    now = stats.to_dict()
+    rounds = max(now["rounds"] - before["rounds"], 1)
+    device = now["device_s"] - before["device_s"]
+    return {"round_host_ms": 1e3 * (now["host_s"] - before["host_s"]) / rounds,
+            "round_device_ms": 1e3 * device / rounds if device else None,
+            "graph_launches_per_round": (now["graph_launches"] - before["graph_launches"]) / rounds,
+            "ops_per_round": now["ops_per_round"], "compile_mode": now["mode"]}
 
 
 def timed_summary(summary: RunSummary, clock: ForwardClock) -> dict:
@@ -145,6 +159,10 @@ def aggregate(runs: dict[str, list[dict]], settings: list[Setting]) -> dict[str,
             "decode_speedup_vs_ar": spread([r["decode_tokens_per_s"] / a["decode_tokens_per_s"]
                                             for r, a in zip(rows, base)]),
             "host_s_per_round": spread([r["host_s_per_round"] for r in rows]),
+            "round_host_ms": spread([r["round_host_ms"] for r in rows]),
+            "round_device_ms": spread([r["round_device_ms"] for r in rows]) if rows[0]["round_device_ms"] else None,
+            "graph_launches_per_round": statistics.fmean(r["graph_launches_per_round"] for r in rows),
+            "ops_per_round": rows[-1]["ops_per_round"],
             "forward_s_per_round": spread([r["forward_s_per_round"] for r in rows]),
             "prefill_share": statistics.fmean(r["prefill_s"] / r["wall_s"] for r in rows),
             "mean_accepted_length": spread([r["mean_accepted_length"] for r in rows]),

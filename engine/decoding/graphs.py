@@ -64,6 +64,7 @@ class RoundStats:
     compiles: int = 0  # graphs compiled (or loaded from the on-disk cache) by this runner
     compile_s: float = 0.0
     cache_hits: int = 0  # of those, inductor's on-disk cache served the compiled code
+    ops_per_round: int | None = None  # ops dispatched by a round (`count_ops`), the last counted
     plans: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -85,7 +86,8 @@ class RoundRunner:
         if mode not in ("none", "inductor", "cudagraphs"):
             raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, not {mode!r}")
         self.mode = mode
-        self.graphs: dict[tuple[int, RoundPlan], object] = {}
+        self.graphs: dict[tuple, object] = {}
+        self.seen: dict[tuple[int, RoundPlan], int] = {}  # rounds run per decoder and plan
         self.stats = RoundStats(mode=mode)
         self.time_device = False  # CUDA events around each round (set by the caller that reports them)
         self.sync_check = False  # CUDA: a host sync inside a compiled round raises (a test's check)
@@ -96,7 +98,17 @@ class RoundRunner:
         return cls(getattr(model, "compile_mode", "none"))
 
     def run(self, decoder, plan: RoundPlan) -> np.ndarray:
-        """One round of `decoder` under `plan`; its `[B, 3]` result as a host array."""
+        """One round of `decoder` under `plan`; its `[B, 3]` result as a host array. The second
+        round of each plan (the first after a compile) also counts its dispatched ops."""
+        key = (id(decoder), plan)
+        self.seen[key] = self.seen.get(key, 0) + 1
+        if self.seen[key] == 2 and not profiling():
+            ops, host = count_ops(lambda: self.round(decoder, plan), compiled=self.mode != "none")
+            self.stats.ops_per_round = ops
+            return host
+        return self.round(decoder, plan)
+
+    def round(self, decoder, plan: RoundPlan) -> np.ndarray:
         state = decoder.state
         cuda = decoder.device.type == "cuda"
         events = None
@@ -152,6 +164,44 @@ class RoundRunner:
         self.stats.compiles += 1
         self.stats.plans.append(describe(plan))
         return Compiled(compiled, self, self.stats.plans[-1])
+
+
+def profiling() -> bool:
+    """Whether torch's profiler is recording on this thread (its counting would nest in it)."""
+    return torch._C._autograd._profiler_enabled()
+
+
+def count_ops(fn, compiled: bool) -> tuple[int, object]:
+    """(ops dispatched by `fn()`, its result). Eager code: every op through torch's dispatcher (a
+    dispatch mode, below composite ops). A compiled graph's own kernels are no dispatched ops and a
+    dispatch mode would turn the graph off, so there the profiler counts the ops it calls (extern
+    kernels such as matrix products and attention), each once with what runs inside it."""
+    if not compiled:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Count(TorchDispatchMode):
+            n = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                Count.n += 1
+                return func(*args, **(kwargs or {}))
+        with Count():
+            out = fn()
+        return Count.n, out
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn()
+
+    def is_op(e) -> bool:
+        return "::" in e.name and not e.name.startswith("#")
+
+    def outermost(e) -> bool:
+        parent = e.cpu_parent
+        while parent is not None:
+            if is_op(parent):
+                return False
+            parent = parent.cpu_parent
+        return True
+    return sum(1 for e in prof.events() if is_op(e) and outermost(e)), out
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ the rules present, which sampling steps any row needs, and the key bucket. A row
 off is left exactly as it would be alone, so a row's tokens never depend on the plan its
 neighbours chose (nor on the rows beside it).
 
-PCG's thinning runs a fixed number of trials; the rows whose trials all failed (`needs_fix`)
+PCG's thinning runs a fixed number of trials; the rows whose trials all failed (`OUT_FIX`)
 keep their accepted tokens, and the caller draws their recovered token with the exact dense
 residual after the round (`SpeculativeDecoder.fix_fallbacks`), from the distributions the round
 left in `RoundState.fallback_target` / `fallback_draft`: the law stays exact, the graph static.
@@ -152,7 +152,8 @@ class RoundState:
         names = ("tokens", "seq_len", "limit", "active", "keys", "temperature", "top_k", "top_p", "penalty",
                  "greedy", "rule_index", "stat_reached", "stat_accepted", "stat_counts", "seen",
                  "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "out_to_token")
-        caches = [self.tcache.k, self.tcache.v] + ([self.dcache.k, self.dcache.v] if self.dcache else [])
+        caches = [self.tcache.k, self.tcache.v, self.tcache.rows] + (
+            [self.dcache.k, self.dcache.v, self.dcache.rows] if self.dcache else [])
         return [t for t in [getattr(self, n) for n in names] + caches if t is not None]
 
 
@@ -160,8 +161,9 @@ def draws(state: RoundState, plan: RoundPlan, lens: torch.Tensor) -> dict[int, t
     """Every uniform of the round in one hash evaluation: purpose -> `[B, slots, lanes]`."""
     if not plan.draw_purposes():
         return {}
-    u = rng.keyed_uniform(state.keys[:, None], lens[:, None] + state.draw_offsets, 0,
-                          state.draw_words)  # [B, K]
+    if plan.gamma == 0:  # `ar`: one draw per row
+        return {rng.BONUS: rng.keyed_uniform(state.keys, lens, rng.BONUS)[:, None, None]}
+    u = rng.draw(state.keys[:, None], lens[:, None] + state.draw_offsets, state.draw_words)  # [B, K]
     out, at = {}, 0
     for purpose, slots, lanes in plan.draw_purposes():
         out[purpose] = u[:, at: at + slots * lanes].view(-1, slots, lanes)
@@ -223,20 +225,21 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
     warp = plan.warp(state)
     lens = state.seq_len  # [B]
     u = draws(state, plan, lens)
-    last = state.tokens.gather(1, (lens - 1)[:, None])  # [B, 1]
+    before = (lens - 1)[:, None]  # [B, 1] the last committed position
+    last = state.tokens.gather(1, before)  # [B, 1]
     if g:
         drafts, draft_probs, history = propose(state, plan, warp, lens, u, kv_len)
         feed = torch.cat([last, state.out_to_token[drafts]], 1)  # [B, g+1]
     else:
         drafts, draft_probs, feed = None, None, last
         history = state.seen[:, None] if plan.penalty else None
-    pos = (lens - 1)[:, None] + torch.arange(g + 1, device=lens.device)  # [B, g+1]
+    pos = before + torch.arange(g + 1, device=lens.device)  # [B, g+1]
     logits = state.target._step(feed, pos, state.tcache, kv_len, None, "all")  # [B, g+1, V]
     penalised = penalised_logits(logits, history, warp)
     target_probs = warp_penalised(penalised, warp) if plan.sampled else None
     argmax = penalised.argmax(-1) if plan.greedy else None  # [B, g+1]
     mixed = state.greedy if plan.greedy and plan.sampled else None
-    fix = torch.zeros_like(lens, dtype=torch.bool)
+    fix = None
     if g:
         block = Block(drafts, draft_probs, target_probs, argmax, None, lens, mixed, state.keys, u)
         verdict = judge_mixed(plan.rules, state.rule_index, block, dense_fallback=False)
@@ -256,7 +259,7 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
         else:
             next_token = argmax[:, 0]
         accepted, new = torch.zeros_like(lens), next_token[:, None]
-        state.stat_counts[:, :2] += state.active[:, None].long()
+        state.stat_counts[:, :2] += state.active[:, None]  # a round, a token
     return commit(state, plan, lens, new, accepted, fix)
 
 
@@ -283,26 +286,23 @@ def commit(state: RoundState, plan: RoundPlan, lens, new, accepted, fix) -> torc
     """Append the first `accepted + 1` tokens of `new` `[B, g+1]` to every active row, cut after
     an end-of-speech token and at the row's limit; rows in `fix` `[B]` keep only their accepted
     tokens (their last one is drawn after the round)."""
-    width = new.shape[1]
-    j = torch.arange(width, device=lens.device)
-    valid = j <= accepted[:, None]
-    is_eos = (new == state.eos_out) & valid & ~(fix[:, None] & (j == accepted[:, None]))
-    first_eos = torch.where(is_eos.any(-1), is_eos.long().argmax(-1), width)
-    room = state.limit - lens
-    count = torch.minimum(torch.minimum(accepted + 1 - fix.long(), first_eos + 1), room)
-    count = count * state.active.long()
-    keep = j < count[:, None]
-    pos = lens[:, None] + j  # [B, g+1]
-    old = state.tokens.gather(1, pos)
-    state.tokens.scatter_(1, pos, torch.where(keep, state.out_to_token[new], old))
+    j = torch.arange(new.shape[1], device=lens.device)
+    emitted = accepted + 1 - fix.long() if fix is not None else accepted + 1  # [B]
+    # tokens up to the first end-of-speech among the emitted ones, at most the room left
+    ends = (new == state.eos_out) & (j < emitted[:, None])
+    count = torch.minimum((~ends).long().cumprod(-1).sum(-1) + 1, emitted)
+    count = torch.minimum(count, state.limit - lens) * state.active
+    keep = j < count[:, None]  # [B, g+1]
+    pos = lens[:, None] + j
+    state.tokens.scatter_(1, pos, torch.where(keep, state.out_to_token[new], state.tokens.gather(1, pos)))
     if plan.penalty:
         # Unkept slots repeat the first token when it is kept, so the scatter writes only True
         # where a token was committed (duplicate indices write the same value).
         kept = torch.where(keep, new, new[:, :1])
         state.seen.scatter_(1, kept, keep.any(-1, keepdim=True) | state.seen.gather(1, kept))
-    stopped = (first_eos < count) | (lens + count >= state.limit)
+    ended = (ends & keep).any(-1) | (lens + count >= state.limit)  # [B]
+    finished = ended & state.active
+    # the fallback's token is still due only where the row neither ended nor ran out of room
+    due = fix & state.active & ~ended & (count == accepted) if fix is not None else torch.zeros_like(ended)
     state.seq_len.copy_(lens + count)  # `lens` is this very tensor: written last
-    finished = stopped & state.active
-    # the fallback's token is still due only where the row neither stopped nor ran out of room
-    due = fix & state.active & ~stopped & (count == accepted)
     return torch.stack([count, finished.long(), due.long()], 1)

@@ -167,40 +167,16 @@ def warp_probs(logits: torch.Tensor, seen: torch.Tensor, warp: Warp | RowWarp) -
     return warp_penalised(penalised_logits(logits, seen, warp), warp)
 
 
-CDF_BLOCK = 256  # tokens per block of the two-level inverse CDF
-
-
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draws: `probs` `[..., V]` (need not sum to 1), `u` `[..., n]` float64 in [0,1).
 
     Returns `[..., n]` indices: the first index whose cumulative mass exceeds `u` times the
-    total; a zero-probability index is never returned. Two levels, so no float64 copy of the
-    vocabulary is made: float64 sums of blocks of `CDF_BLOCK` tokens, the block the draw falls
-    in, then the cumulative sum inside that block only.
+    total (accumulated in float64 by the cumulative sum itself: no float64 copy of the
+    probabilities); a zero-probability index is never returned.
     """
-    vocab = probs.shape[-1]
-    size = min(CDF_BLOCK, vocab)
-    full = vocab // size * size
-    sums = probs[..., :full].unflatten(-1, (-1, size)).sum(-1, dtype=torch.float64)  # [..., nb]
-    if full < vocab:
-        sums = torch.cat([sums, probs[..., full:].sum(-1, keepdim=True, dtype=torch.float64)], -1)
-    ends = sums.cumsum(-1)  # [..., nb]
-    blocks = torch.arange(sums.shape[-1], device=probs.device)
-    last = torch.where(sums > 0, blocks, 0).amax(-1, keepdim=True)  # the last block with mass
-    target = u * ends[..., -1:]  # [..., n]
-    block = torch.minimum(torch.searchsorted(ends, target, right=True), last)  # [..., n]
-    rest = target - torch.where(block > 0, ends.gather(-1, (block - 1).clamp(min=0)), 0.0)
-    offsets = torch.arange(size, device=probs.device)
-    ids = block[..., None] * size + offsets  # [..., n, size]
-    inside = ids < vocab
-    ids = ids.clamp(max=vocab - 1)
-    mass = probs.gather(-1, ids.flatten(-2)).view(ids.shape) * inside  # [..., n, size]
-    cdf = mass.double().cumsum(-1)
-    at = torch.searchsorted(cdf, rest[..., None], right=True).clamp(max=size - 1)  # [..., n, 1]
-    # rounding may land past the block's last token with mass: take the last one at or before
-    positive = torch.where(mass > 0, offsets, 0).cummax(-1).values
-    at = positive.gather(-1, at)
-    return ids.gather(-1, at)[..., 0]
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # [..., V]
+    idx = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)
+    return idx.clamp_(max=probs.shape[-1] - 1)
 
 
 def sample_one(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))  # views, made once
+        self.rows = torch.arange(batch, device=device)[:, None]  # [B, 1]: every row, for writes
 
     @property
     def batch(self) -> int:

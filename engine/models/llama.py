@@ -459,7 +459,7 @@ class LlamaLM(nn.Module):
         mask = (key_pos <= positions[..., None])[:, None]  # [b, 1, T, kv_len]
         cos, sin = self.rope(positions)
         grouped = self.attention == "grouped" or (self.attention == "auto" and tokens.is_cuda)
-        rows = (slots if slots is not None else torch.arange(tokens.shape[0], device=tokens.device))[:, None]
+        rows = cache.rows if slots is None else slots[:, None]  # [b, 1] cache rows written
         x = self.model.embed_tokens(tokens)  # [b, T, h]
         for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)

@@ -14,7 +14,10 @@ from importlib.metadata import PackageNotFoundError, version
 
 from engine.config import JobSpec
 
-COMPARED = ("device", "torch", "threads", "compile")  # what the driver can know before any work
+COMPARED = ("device", "torch", "threads", "compile", "numerics")  # what the driver can know before any work
+# The engine's own arithmetic of a row (its random draws: `engine.decoding.rng.VERSION`); outputs
+# written before the field existed are version 1.
+NUMERICS_VERSION = 2
 
 
 def worker_threads(spec: JobSpec) -> int:
@@ -51,17 +54,19 @@ def expected(spec: JobSpec) -> dict:
     """The environment the job's workers will decode in, as far as the driver can tell."""
     device = planned_device(spec)
     return {"device": device.split(":")[0], "dtype": spec.models.dtype, "torch": torch_version(),
-            "threads": worker_threads(spec), "compile": spec.models.compile}
+            "threads": worker_threads(spec), "compile": spec.models.compile, "numerics": NUMERICS_VERSION}
 
 
 def differences(before: dict, now: dict) -> list[str]:
     """`key before -> now` for every compared key that changed (keys `before` lacks are skipped:
     outputs written before this check existed)."""
-    def value(env: dict, key: str):  # compile None: written before the setting existed
-        return "none" if key == "compile" and env.get(key) is None else env.get(key)
+    def value(env: dict, key: str):  # written before the setting existed: compile none, numerics 1
+        if env.get(key) is None:
+            return {"compile": "none", "numerics": 1}.get(key)
+        return env[key]
 
-    return [f"{k} {before[k]!r} -> {now.get(k)!r}" for k in COMPARED
-            if k in before and value(before, k) != value(now, k)]
+    return [f"{k} {value(before, k)!r} -> {value(now, k)!r}" for k in COMPARED
+            if (k in before or k == "numerics") and value(before, k) != value(now, k)]
 
 
 def device_name(device: str) -> str:
@@ -82,4 +87,4 @@ def actual(device: str, dtype, compile: str = "none", threads: int | None = None
 
     return {"device": device.split(":")[0], "device_name": device_name(device),
             "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
-            "threads": threads or torch.get_num_threads(), "compile": compile}
+            "threads": threads or torch.get_num_threads(), "compile": compile, "numerics": NUMERICS_VERSION}

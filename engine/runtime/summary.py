@@ -62,7 +62,7 @@ def per_worker(records: list[dict]) -> dict:
         w["decoders"] = max(w["decoders"], r.get("decoders", 0))
         w.update(node=r.get("node"), gpu_ids=r.get("gpu_ids"), device=r.get("device"), host=r.get("host"),
                  torch_threads=r.get("torch_threads"), omp_wait_policy=r.get("omp_wait_policy"),
-                 malloc=r.get("malloc"))
+                 malloc=r.get("malloc"), rounds=r.get("round_stats"))
     for w in out.values():
         w["tokens_per_s"] = round(w["generated_tokens"] / w["decode_s"], 2) if w["decode_s"] else None
         # how full the batch was while decoding (continuous batching keeps it near 1)
@@ -226,7 +226,23 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         # decode-loop profiles this run wrote (`profile.rounds`), one per worker process
         "profiles": [r["profile"] for r in run_records if r.get("profile")],
         "quality": quality_counts(spec, all_records, run_records),
+        "rounds": round_figures(run_records),
     }
+
+
+def round_figures(records: list[dict]) -> dict | None:
+    """How this run's workers ran their rounds (each record carries its worker's running figures;
+    the last of each worker counts): the compile mode, rounds, graph launches, host and device
+    milliseconds per round, graphs compiled, their seconds and how many the on-disk cache served."""
+    last = {r["worker"]: r["round_stats"] for r in records if r.get("round_stats")}
+    if not last:
+        return None
+    total = {k: sum(w[k] for w in last.values())
+             for k in ("rounds", "graph_launches", "host_s", "device_s", "compiles", "compile_s", "cache_hits")}
+    rounds = max(total["rounds"], 1)
+    return {"modes": sorted({w["mode"] for w in last.values()}), **{k: round(v, 3) for k, v in total.items()},
+            "host_ms_per_round": round(1e3 * total["host_s"] / rounds, 3),
+            "device_ms_per_round": round(1e3 * total["device_s"] / rounds, 3) if total["device_s"] else None}
 
 
 def summary_table(s: dict) -> str:
@@ -268,6 +284,12 @@ def summary_table(s: dict) -> str:
         ("throughput", f"{s['throughput']['tokens_per_s']} tok/s, {s['throughput']['audio_s_per_s']} "
                        f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"),
     ]
+    if r := s.get("rounds"):
+        device = f", device {r['device_ms_per_round']} ms" if r["device_ms_per_round"] else ""
+        compiled = (f"; {counted(r['compiles'], 'graph')} compiled in {r['compile_s']} s "
+                    f"({r['cache_hits']} from the compile cache)" if r["compiles"] else "")
+        rows.append(("rounds", f"{'/'.join(r['modes'])}: {r['rounds']} rounds, host {r['host_ms_per_round']} ms"
+                               f"{device} per round, {r['graph_launches']} graph launches{compiled}"))
     if q := s.get("quality"):
         where = "dropped" if q["on_reject"] == "drop" else "in rejects/"
         rows.append(("quality", f"{q['passed']} passed, {q['rejected']} rejected ({where}), {q['regenerated']} "

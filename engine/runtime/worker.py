@@ -216,7 +216,9 @@ class ShardProcessor:
                 "torch_threads": self.stream.torch_threads, "numerics": self._numerics,
                 # not part of the numerics (same results), but of the speed on a CPU: README, Streaming
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                "malloc": malloc_described()}
+                "malloc": malloc_described(),
+                # how its rounds ran so far (eager or graphs; compiles, host and device time)
+                "round_stats": self.synth.runner.stats.to_dict()}
 
     def encode_clip(self, wave) -> list[int]:
         """A voice-prompt clip's codes: encoded on the IO thread, whose torch ops run on one CPU

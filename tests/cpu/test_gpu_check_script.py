@@ -23,7 +23,7 @@ def test_gpu_check_runs_its_steps_in_budget_and_unpacks_the_site_archive(tmp_pat
         tar.addfile(info, io.BytesIO(data))
     out, site = tmp_path / "out", tmp_path / "site"
     env = {**os.environ, "PY": sys.executable, "OUT": str(out), "SITE_TAR": str(archive),
-           "SITE_DIR": str(site), "BUDGET": "40"}  # too little for the benchmark: step 2 is skipped
+           "SITE_DIR": str(site), "BUDGET": "40"}  # too little for the benchmarks: steps 2 and 3 are skipped
     run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True,
                          text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -38,8 +38,8 @@ def test_gpu_check_runs_its_steps_in_budget_and_unpacks_the_site_archive(tmp_pat
     assert f"{gpu_tests} skipped" in tests and tests.rstrip().endswith("rc=0")  # every CUDA test, skipped
     stages = (out / "stages.log").read_text().splitlines()
     assert [line.split("] ", 1)[1].split(" (")[0].split(":")[0] for line in stages] == [
-        f"unpacking {archive}", "1. CUDA tests", "2. skipped", "done"]
-    assert not (out / "bench.log").exists()
+        f"unpacking {archive}", "1. CUDA tests", "2. skipped", "3. skipped", "done"]
+    assert not (out / "bench.log").exists() and not (out / "round.log").exists()
 
 
 def test_gpu_check_skips_the_tests_when_their_budget_is_zero(tmp_path):

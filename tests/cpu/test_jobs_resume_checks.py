@@ -78,3 +78,17 @@ def test_max_speech_ratio_off_leaves_the_plan_of_an_earlier_output_and_on_is_ano
     assert "max_speech_ratio" not in settings_fingerprint(off)["decoding"]  # as before the setting existed
     assert settings_fingerprint(on)["decoding"]["max_speech_ratio"] == 2.0
     assert make_plan(off, Storage()).fingerprint != make_plan(on, Storage()).fingerprint
+
+
+def test_outputs_from_before_the_draws_changed_are_another_numerics_environment():
+    """The random draws are part of a row's arithmetic: an output recorded without the numerics
+    version (version 1, before it existed) or with another one differs from today's."""
+    from engine.decoding import rng
+    from engine.runtime import numerics
+
+    assert numerics.NUMERICS_VERSION == rng.VERSION
+    now = {"device": "cpu", "torch": "2.13.0", "threads": 2, "compile": "none", "numerics": rng.VERSION}
+    old = {k: v for k, v in now.items() if k != "numerics"}
+    assert numerics.differences(old, now) == [f"numerics 1 -> {rng.VERSION}"]
+    assert numerics.differences(now, now) == []
+    assert numerics.differences({**now, "compile": None}, {**now, "compile": "none"}) == []

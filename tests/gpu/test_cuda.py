@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine import DecodingSettings, Synthesizer
+from engine import DecodingSettings, SynthesisItem, Synthesizer
 from engine.codec.xcodec2 import Xcodec2Codec
 from engine.groups.build import build_groups
 
@@ -13,7 +13,8 @@ TEXTS = ["Hi.", "The quick brown fox jumps over the lazy dog.", "Call Stella.", 
 
 
 def test_greedy_speculative_equals_greedy_target_on_cuda(kit_dir):
-    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="float32")
+    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="float32",
+                             compile="none")
     ar, _ = synth.synthesize(TEXTS, DecodingSettings(method="ar", temperature=0, max_new_tokens=24), batch_size=1)
     spec, summary = synth.synthesize(TEXTS, DecodingSettings(method="exact", temperature=0, max_new_tokens=24),
                                      batch_size=3)
@@ -52,7 +53,8 @@ def test_cuda_attention_is_grouped_with_no_per_shape_setup(kit_dir):
 
 
 def test_sampled_pcg_runs_in_bfloat16(kit_dir):
-    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="bfloat16")
+    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="bfloat16",
+                             compile="none")
     results, summary = synth.synthesize(TEXTS, DecodingSettings(method="pcg", max_new_tokens=32), batch_size=4)
     assert all(r.finish_reason in ("eos", "length") and r.codes for r in results)
     assert 0 < sum(summary.stats.accepted) <= summary.stats.drafted
@@ -91,15 +93,30 @@ def test_groups_builder_chooses_faiss_gpu_where_a_faiss_gpu_build_sees_the_gpu()
     assert np.array_equal(ref.indptr, gpu.indptr) and np.array_equal(ref.members, gpu.members)
 
 
-def test_cuda_graph_step_gives_the_eager_greedy_tokens(kit_dir):
-    settings = DecodingSettings(method="exact", temperature=0, max_new_tokens=24)
-    eager = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="float32")
-    graphs = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="float32",
-                              compile="cudagraphs")
-    assert graphs.target.model.compile_mode == "cudagraphs"
-    ref, _ = eager.synthesize(TEXTS, settings, batch_size=2)
-    out, _ = graphs.synthesize(TEXTS, settings, batch_size=2)
-    assert [r.codes for r in out] == [r.codes for r in ref] and all(r.codes for r in out)
+def test_a_cuda_graph_round_gives_the_eager_tokens_without_a_host_sync(kit_dir, kit_groups, tmp_path):
+    """Each round one CUDA graph replay (compile auto on CUDA), the eager round's tokens for
+    greedy and sampled rows of several rules (float64: the two paths agree bit for bit), and no
+    host sync inside a round (`set_sync_debug_mode("error")` around every replay)."""
+    from engine.draft.init import init_draft
+
+    # two layers and one: a round's code is the same as the kit's, its compile shorter
+    init_draft(kit_dir / "target", tmp_path / "target", layers=[0, 3])
+    init_draft(kit_dir / "target", tmp_path / "draft", layers=[0])
+    load = lambda mode: Synthesizer.load(tmp_path / "target", draft=tmp_path / "draft", device="cuda",  # noqa: E731
+                                         dtype="float64", batch_size=4, compile=mode)
+    eager, graphs = load("none"), load("auto")
+    assert graphs.runner.mode == "cudagraphs"
+    graphs.runner.sync_check = True
+    for synth in (eager, graphs):
+        synth.set_groups(kit_groups)
+    items = [SynthesisItem(text=t, id=str(i), temperature=0.0 if i % 2 else 0.8) for i, t in enumerate(TEXTS * 2)]
+    for method in ("pcg", "exact", "ar"):
+        settings = DecodingSettings(method=method, max_new_tokens=40, seed=9)
+        ref, _ = eager.synthesize(items, settings)
+        out, summary = graphs.synthesize(items, settings)
+        assert [r.codes for r in out] == [r.codes for r in ref] and all(r.codes for r in out), method
+    stats = graphs.runner.stats
+    assert stats.compiles == 3 and stats.graph_launches == stats.rounds > 0
 
 
 def test_a_cuda_graph_worker_records_its_graphs_on_its_decode_thread(kit_dir, tmp_path):
@@ -137,7 +154,8 @@ def test_a_decode_loop_profile_on_cuda_has_device_time_and_runtime_calls(kit_dir
     the round's sync) per round, besides the host's ops."""
     from engine.runtime.profiling import RoundProfiler
 
-    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="bfloat16")
+    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="bfloat16",
+                             compile="none")
     settings = DecodingSettings(method="pcg", max_new_tokens=32)
     session = synth.session(4)
     session.submit([(settings, synth.prepare(i, text, settings)[1]) for i, text in enumerate(TEXTS)])
