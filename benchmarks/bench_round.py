@@ -43,6 +43,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto", help="the models' dtype (auto: as jobs choose)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch's CPU threads")
     ap.add_argument("--out", default=None, help="result stem: writes STEM.json and STEM.md")
+    ap.add_argument("--note", default="", help="a sentence for the result's notes (what else ran, what was tried)")
     return ap.parse_args()
 
 
@@ -178,7 +179,8 @@ def main() -> None:
                      "full from a queue; host ms is the median round, tokens/s the tokens committed over "
                      "all timed rounds. Ops are counted on one round (engine.decoding.graphs.count_ops): "
                      "eager, every op through torch's dispatcher; compiled, the ops the graph calls "
-                     "(matrix products, attention), its own fused kernels not being dispatched ops.")}
+                     "(matrix products, attention), its own fused kernels not being dispatched ops."
+                     + (" " + args.note if args.note else ""))}
     if args.out:
         write_result_pair(Path(args.out), doc, table(doc))
     else:

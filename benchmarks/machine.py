@@ -8,7 +8,9 @@ from pathlib import Path
 
 from engine.bench.machine import describe
 
-__all__ = ["describe", "write_result", "write_result_pair"]
+__all__ = ["ROOT", "describe", "kit_headline", "write_result", "write_result_pair"]
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_result(doc: dict, out: str | None) -> None:
@@ -26,3 +28,13 @@ def write_result_pair(stem: Path, doc: dict, markdown: str) -> None:
     stem.with_suffix(".md").write_text(markdown)
     print(markdown)
     print(f"written: {stem}.json, {stem}.md")
+
+
+def kit_headline(title: str, doc: dict, extra: str = "") -> str:
+    """A result table's first line: `title`, then the machine, threads, torch, dtype (`extra`
+    after it), the date and the load average at the start and the end (`doc` as the kit's CPU
+    benchmarks write it)."""
+    m, load = doc["machine"], doc["load_average"]
+    return (f"{title}: {m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} threads, torch {m['torch']}, "
+            f"{doc['dtype']}{extra}, {m['date']}; load average (1 min) {load['start']} at the start, "
+            f"{load['end']} at the end.")

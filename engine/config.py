@@ -177,10 +177,11 @@ class ModelsSpec(BaseModel):
     compile: CompileMode = Field("auto", description=(
         "How decode rounds run: each round (draft steps, target verify, warp, judge, commit) as "
         "one torch.compile graph, inductor (CPU or CUDA) or cudagraphs (CUDA only: inductor plus "
-        "CUDA graph replay, one launch per round); none (eager, op by op; on CPU with prepacked "
-        "weights); or auto: cudagraphs on CUDA, and on a CPU the mode this project measured "
-        "faster there (docs: performance). Compiled code is cached on disk, so only the first "
-        "worker of a machine compiles; prefills stay eager."))
+        "CUDA graph replay, one launch per round); none (eager, op by op); or auto: cudagraphs on "
+        "CUDA, none on a CPU (compiled rounds measured no faster there for ar and only somewhat "
+        "faster for pcg, after a compile: docs, performance; set inductor for long CPU jobs with "
+        "speculation). Compiled code is cached on disk, so only the first worker of a "
+        "machine compiles; prefills stay eager."))
     draft_weights: DraftWeights = Field("native", description=(
         "How the draft stores its projections and head: native (in dtype) or int8 (CPU only, "
         "oneDNN: about half the bytes a draft step reads; acceptance may move a little, the "

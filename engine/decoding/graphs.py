@@ -142,8 +142,8 @@ class RoundRunner:
         of the same shapes share it, except under CUDA graphs, which replay into one decoder's
         own tensors."""
         st = decoder.state
-        shapes = (tuple(st.tokens.shape), tuple(st.tcache.k.shape),
-                  None if st.dcache is None else tuple(st.dcache.k.shape), st.seen is not None)
+        shapes = (tuple(st.tokens.shape), st.tcache.shape, None if st.dcache is None else st.dcache.shape,
+                  st.seen is not None)
         key = (id(decoder) if self.mode == "cudagraphs" else shapes, replace(plan, kv_len=0))
         graph = self.graphs.get(key)
         if graph is None:
@@ -160,6 +160,7 @@ class RoundRunner:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         plan = replace(plan, kv_len=0)  # read from `keys_read`'s length instead: one graph for every bucket
         compiled = torch.compile(lambda state, keys_read: decode_round(state, plan, keys_read), fullgraph=True,
+                                 dynamic=False,  # static but for the key count (`run` marks it dynamic)
                                  mode="reduce-overhead" if self.mode == "cudagraphs" else None)
         self.stats.compiles += 1
         self.stats.plans.append(describe(plan))

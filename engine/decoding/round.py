@@ -152,8 +152,7 @@ class RoundState:
         names = ("tokens", "seq_len", "limit", "active", "keys", "temperature", "top_k", "top_p", "penalty",
                  "greedy", "rule_index", "stat_reached", "stat_accepted", "stat_counts", "seen",
                  "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "out_to_token")
-        caches = [self.tcache.k, self.tcache.v, self.tcache.rows] + (
-            [self.dcache.k, self.dcache.v, self.dcache.rows] if self.dcache else [])
+        caches = self.tcache.tensors() + (self.dcache.tensors() if self.dcache else [])
         return [t for t in [getattr(self, n) for n in names] + caches if t is not None]
 
 

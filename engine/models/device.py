@@ -9,8 +9,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
-# `compile: auto` on a CPU: the mode benchmarks/bench_round.py measured faster there
-# (benchmarks/results/round_cpu_*.md; docs: performance)
+# `compile: auto` on a CPU: eager. Compiled rounds measured no faster there for `ar` and only somewhat
+# faster for `pcg`, after a compile per plan and worker (benchmarks/results/round_cpu_tiny.md);
+# `inductor` is the explicit choice for long CPU jobs with speculation.
 CPU_AUTO_COMPILE = "none"
 
 

@@ -15,8 +15,10 @@ class KVCache:
     """Keys and values for `num_layers` layers, `batch` slots and `max_len` positions.
 
     Attributes:
-        k: `[L, B, H_kv, S, D]` keys.
-        v: `[L, B, H_kv, S, D]` values.
+        k, v: per layer, `[B, H_kv, S, D]` keys and values. Each layer's are a tensor of their
+            own, not views of one: a compiled round then writes each in place (a write into a
+            view of a larger graph input makes the graph copy the whole input back).
+        rows: `[B, 1]` every row's index, for writes to all of them.
     """
 
     def __init__(
@@ -29,19 +31,27 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))  # views, made once
-        self.rows = torch.arange(batch, device=device)[:, None]  # [B, 1]: every row, for writes
+        shape = (batch, num_kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.rows = torch.arange(batch, device=device)[:, None]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """`(L, B, H_kv, S, D)`."""
+        return (len(self.k), *self.k[0].shape)
 
     @property
     def batch(self) -> int:
-        return self.k.shape[1]
+        return self.k[0].shape[0]
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[3]
+        return self.k[0].shape[2]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor it holds."""
+        return [*self.k, *self.v, self.rows]
 
     def write(
         self,
@@ -62,23 +72,14 @@ class KVCache:
         """
         # `slots` [b, 1] broadcasts against positions [b, T]; advanced indices split by a slice
         # put their dims first: the target is [b, T, H_kv, D].
-        k, v = self.layer(layer)
-        k[slots, :, positions] = k_new.transpose(1, 2)
-        v[slots, :, positions] = v_new.transpose(1, 2)
-
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values `[B, H_kv, S, D]` of one layer: views made once (an op less per access
-        on the eager path); a compiled round indexes the whole cache, one input to its graph
-        rather than one aliasing view per layer."""
-        if torch.compiler.is_compiling():
-            return self.k[layer], self.v[layer]
-        return self.k_layers[layer], self.v_layers[layer]
+        self.k[layer][slots, :, positions] = k_new.transpose(1, 2)
+        self.v[layer][slots, :, positions] = v_new.transpose(1, 2)
 
     def read(
         self, layer: int, slots: torch.Tensor | None, kv_len: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values `[b, H_kv, kv_len, D]` of `slots` (all rows when None)."""
-        k, v = self.layer(layer)
+        k, v = self.k[layer], self.v[layer]
         if slots is None:
             return k[:, :, :kv_len], v[:, :, :kv_len]
         return k[slots, :, :kv_len], v[slots, :, :kv_len]

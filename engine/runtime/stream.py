@@ -21,12 +21,14 @@ Threads, all in the worker's process:
               and then the commit record.
 Queues are bounded where memory is at stake: the IO queue by `io_queue` shards (the thread that
 settles shards blocks on it, `io_wait_s`), so at most `io_queue + 1` settled shards wait for
-their files; the verify queue by one batch of rows (the decode thread blocks on it,
-`verify_wait_s`). A shard counts as done only once its commit record is written, after its data
-file; a worker that dies loses exactly the shards it held and had not committed. Anything else
-that runs the models (the worker's warm-up) runs on these threads too (`on_decode_thread`,
-`on_io_thread`): part of a thread's CUDA state is its own (CUDA-graph trees, BLAS handles), so
-a warm-up on another thread would leave the decode loop to pay for its own inside the job.
+their files; the verify queue by `VERIFY_QUEUE_BATCHES` batches of decoded rows, which hold only
+their codes until the verify thread turns them into audio (the decode thread blocks on it,
+`verify_wait_s`): decoding runs ahead of a slower check instead of waiting for each batch. A
+shard counts as done only once its commit record is written, after its data file; a worker that
+dies loses exactly the shards it held and had not committed. Anything else that runs the models
+(the worker's warm-up) runs on these threads too (`on_decode_thread`, `on_io_thread`): part of a
+thread's CUDA state is its own (CUDA-graph trees, BLAS handles), so a warm-up on another thread
+would leave the decode loop to pay for its own inside the job.
 How the threads use the CPU: `runtime/threads.py`.
 """
 
@@ -52,6 +54,10 @@ from engine.runtime.threads import STOP, Call, KeptThread, own_threads, thread_c
 
 if TYPE_CHECKING:  # the quality gate's stage loads its verifiers' modules only where a job has one
     from engine.runtime.stages.verify import VerifyStage
+
+# Batches of decoded rows that may wait for the verify thread: decoding runs that far ahead of a
+# slower check (benchmarks/results/quality_gate_cpu_tiny.md) while memory stays bounded (codes only).
+VERIFY_QUEUE_BATCHES = 16
 
 
 @dataclass
@@ -125,8 +131,9 @@ class ShardStream:
         self.inbox: queue.Queue = queue.Queue()
         self.io: queue.Queue = queue.Queue(maxsize=max(1, io_queue))
         self.verify = stages.verify
-        # decoded attempts waiting for the verify thread: one batch of them, at most
-        self.verifying: queue.Queue = queue.Queue(maxsize=max(1, self.decode.session.batch))
+        # decoded attempts waiting for the verify thread (codes only), checked a batch at a time
+        self.check_batch = max(1, self.decode.session.batch)
+        self.verifying: queue.Queue = queue.Queue(maxsize=VERIFY_QUEUE_BATCHES * self.check_batch)
         self.verify_thread: threading.Thread | None = None
         self.verify_wait_s = 0.0
         self.decoding: list[ShardTask] = []  # shards with attempts in the decoder (decode thread only)
@@ -401,7 +408,7 @@ class ShardStream:
         ready.set()
         while True:
             items = [self.verifying.get()]
-            while len(items) < self.verifying.maxsize:  # what else waits: checked together
+            while len(items) < self.check_batch:  # what else waits: checked together
                 try:
                     items.append(self.verifying.get_nowait())
                 except queue.Empty:

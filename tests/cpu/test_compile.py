@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -193,3 +194,46 @@ def test_compile_settings_are_checked(small_kit):
     assert resolve_compile("auto", "cuda") == "cudagraphs" and resolve_compile("inductor", "cuda") == "inductor"
     groups = GroupIndex.__new__(GroupIndex)  # a plan names its rules; none is run here
     assert RoundPlan(3, (PCGRule(groups, 5),), True, False, False, False, 0, 64).trials == 5
+
+
+@pytest.mark.parametrize("max_trials", [1])
+def test_the_laws_hold_through_a_compiled_judge(max_trials):
+    """The Monte-Carlo checks of tests/cpu/test_verify_math.py through the compiled path: a judge
+    compiled with `fullgraph=True` and the fallback drawn after it, as a decoder's round does. One
+    thinning trial leaves many rows to the fallback; PCG's emitted group label follows the target's
+    coarse law and `exact`'s token the target's law."""
+    from scipy.stats import chisquare
+
+    from engine.decoding.sampling import sample_one
+    from engine.groups.build import build_groups
+
+    gen = torch.Generator().manual_seed(0)
+    v_speech, v = 12, 13
+    groups = GroupIndex(build_groups(torch.randn(v_speech, 3, generator=gen), 0.75), v)
+    draft = torch.softmax(1.5 * torch.randn(v, generator=gen, dtype=torch.float64), -1).float()
+    target = torch.softmax(1.5 * torch.randn(v, generator=gen, dtype=torch.float64), -1).float()
+    trials = 100_000
+    seeds, pos = torch.arange(trials), torch.zeros(trials, dtype=torch.long)
+    keys = rng.seed_key(seeds)
+    draft_probs, target_probs = draft.expand(trials, 1, v).contiguous(), target.expand(trials, 2, v).contiguous()
+    tokens = sample_one(draft_probs, rng.keyed_uniform(keys[:, None], pos[:, None], rng.DRAFT))
+    block = Block(tokens, draft_probs, target_probs, None, None, pos, keys=keys)
+
+    def law_fit(observed, law) -> float:
+        law = np.asarray(law, dtype=np.float64)
+        return chisquare(observed, law / law.sum() * observed.sum()).pvalue
+
+    pcg = PCGRule(groups, max_trials=max_trials)
+    verdict = torch.compile(lambda b: pcg.judge(b, dense_fallback=False), fullgraph=True)(block)
+    due = verdict.fallback & (verdict.num_accepted == 0)
+    assert int(due.sum()) > 1000  # the fallback is exercised
+    token, label = pcg.exact_residual(target_probs[:, 0], draft_probs[:, 0], keys, pos)
+    labels = torch.where(due, label, verdict.labels[:, 0])
+    coarse = groups.all_masses(target[None].double())[0].numpy()
+    assert law_fit(np.bincount(labels.numpy(), minlength=groups.num_groups), coarse) > 1e-3
+    emitted = torch.where(verdict.num_accepted > 0, tokens[:, 0], torch.where(due, token, verdict.next_token))
+    assert bool(groups.contains(labels, emitted).all())
+
+    exact = torch.compile(lambda b: ExactRule().judge(b, dense_fallback=False), fullgraph=True)(block)
+    emitted = torch.where(exact.num_accepted > 0, tokens[:, 0], exact.next_token)
+    assert law_fit(np.bincount(emitted.numpy(), minlength=v), target.double().numpy()) > 1e-3
