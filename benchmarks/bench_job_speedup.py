@@ -59,6 +59,7 @@ def job_spec(args, kit: Path, work: Path):
         "models": {"target": args.target, "draft": args.draft, "codec": str(kit / "codec"),
                    "draft_weights": args.draft_weights},
         "decoding": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": 0},
+        "text": {"split": "none"},  # max_new_tokens cuts rows short: no text is cut into chunks instead
         "sweep": {"workers": [1], "batch_sizes": args.batch_sizes, "methods": args.methods,
                   "gammas": [args.gamma], "thetas": [args.theta], "repetitions": args.reps},
         "input": {"manifests": [str(manifest(work / "rows.jsonl", args.rows))]},

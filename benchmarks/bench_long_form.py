@@ -4,18 +4,14 @@ Two jobs on the tiny kit, one run each, same worker, batch size and decoding set
   * long-form: a few texts of one to two minutes of speech each, `text.split: auto` with
     `split_output: joined` (each row is cut into chunks that fit its budget, the chunks decoded
     as rows of the batch, their audio joined back into one row);
-  * chunks as rows: the very chunks the long-form job decodes (planned here by the function
-    the worker's prepare stage calls, `engine.text.chunks.plan_text`, with the kit's prompter
-    and the model's context), each a manifest row with the seed the long-form job gives it
+  * chunks as rows: the very chunks the long-form job decodes (planned here by the planner the
+    worker's prepare stage runs, `engine.text.prepare.TextPlanner`, with the kit's prompter and
+    the model's context), each a manifest row with the seed the long-form job gives it
     (`chunk_seeds`), `text.split: none`.
-The two decode the same tokens; the long-form job adds the planning, the joins and one commit
-per long row. It should take at most 1.05x the time of the chunks as rows (steady window:
-first shard handed out to last committed; models loaded and warmed up before).
-
-Jobs split texts only once the worker's prepare and write stages call engine/text: before that
-a `text.split: auto` spec fails validation ("not yet supported in jobs"); this script then runs
-the chunks-as-rows job alone and says so in its result (a smoke run, not a measurement). Run it
-on a quiet machine:
+The two decode the same tokens (checked: the long-form job's codes are the chunk rows' codes
+in order); the long-form job adds the planning, the joins and fewer, longer rows per shard. It
+should take at most 1.05x the time of the chunks as rows (steady window: first shard handed out
+to last committed; models loaded and warmed up before). Run it on a quiet machine:
 
     .venv/bin/python benchmarks/bench_long_form.py [--out benchmarks/results/long_form_cpu_tiny]
 """
@@ -59,16 +55,18 @@ def long_texts(n: int, sentences_per_text: int) -> list[dict]:
 
 def chunk_rows(rows: list[dict], kit: Path, max_new_tokens: int) -> list[dict]:
     """The chunks the long-form job decodes, as rows of their own with the chunks' seeds."""
-    from engine.models.llasa import LLASA_CONTEXT, LlasaLayout, LlasaPrompter
+    from engine.config import LLASA_CONTEXT, TextSpec
+    from engine.models.llasa import LlasaLayout, LlasaPrompter
     from engine.models.loading import load_tokenizer
-    from engine.text.chunks import Budget, chunk_id, chunk_seeds, plan_text
+    from engine.text.chunks import chunk_id, chunk_seeds
+    from engine.text.prepare import TextPlanner
 
     tokenizer = load_tokenizer(kit / "target")
     prompter = LlasaPrompter(tokenizer, LlasaLayout.from_tokenizer(tokenizer))
-    budget = Budget(max_new_tokens, LLASA_CONTEXT, lambda text: len(prompter.build(text)))
+    planner = TextPlanner(TextSpec(split="auto"), prompter.build, LLASA_CONTEXT)
     out = []
     for row in rows:
-        plan = plan_text(row["text"], budget, "auto")
+        plan = planner(row["text"], max_new_tokens).plan
         for k, (chunk, seed) in enumerate(zip(plan.chunks, chunk_seeds(row["seed"], len(plan.chunks)))):
             out.append({"id": chunk_id(row["id"], k), "text": chunk.text, "seed": seed})
     return out
@@ -96,10 +94,24 @@ def run(spec) -> dict:
     summary = JobRunner(spec, address="local", progress=False, warmup=True).run()
     ray.shutdown()
     steady = summary["steady"]
-    return {"rows_ok": summary["rows_ok"], "generated_tokens": summary["generated_tokens"],
+    return {"rows_ok": summary["rows_ok"], "rows_split": summary["rows_split"], "chunks": summary["chunks"],
+            "generated_tokens": summary["generated_tokens"],
             "steady_s": steady["wall_s"], "steady_tokens_per_s": steady["tokens_per_s"],
             "slot_utilisation": summary["utilisation"]["slot_utilisation"],
             "wall_s": round(time.perf_counter() - start, 1)}
+
+
+def same_codes(long_out: Path, chunks_out: Path) -> bool:
+    """Whether every long row's codes are its chunk rows' codes in order."""
+    import pyarrow.parquet as pq
+
+    def rows(out: Path) -> list[dict]:
+        return [r for p in sorted((out / "data").glob("*.parquet")) for r in pq.read_table(p).to_pylist()]
+
+    chunks: dict[str, list[tuple[str, list[int]]]] = {}
+    for r in rows(chunks_out):
+        chunks.setdefault(r["id"].rsplit("#", 1)[0], []).append((r["id"], r["codes"]))
+    return all(r["codes"] == [c for _, codes in sorted(chunks[r["id"]]) for c in codes] for r in rows(long_out))
 
 
 def markdown(doc: dict) -> str:
@@ -107,16 +119,16 @@ def markdown(doc: dict) -> str:
              f"{doc['long_rows']} long rows -> {doc['chunks']} chunks; batch {doc['batch']}, max_new_tokens "
              f"{doc['max_new_tokens']}; load average (1 min) {doc['load_average']['start']} at the start, "
              f"{doc['load_average']['end']} at the end.", "",
-             "| job | rows ok | tokens | steady s | tokens/s | slot utilisation |", "|---|---|---|---|---|---|"]
+             "| job | rows ok | rows split -> chunks | tokens | steady s | tokens/s | slot utilisation |",
+             "|---|---|---|---|---|---|---|"]
     for name in ("chunks_as_rows", "long_form"):
-        r = doc["runs"].get(name)
-        if r is None or "error" in r:
-            lines.append(f"| {name} | {(r or {}).get('error', 'not run')} | | | | |")
-            continue
-        lines.append(f"| {name} | {r['rows_ok']} | {r['generated_tokens']} | {r['steady_s']} | "
-                     f"{r['steady_tokens_per_s']} | {r['slot_utilisation']} |")
-    if doc.get("ratio") is not None:
-        lines += ["", f"long-form / chunks as rows (steady time): **{doc['ratio']}** (target: at most 1.05)"]
+        r = doc["runs"][name]
+        lines.append(f"| {name} | {r['rows_ok']} | {r['rows_split']} -> {r['chunks']} | {r['generated_tokens']} | "
+                     f"{r['steady_s']} | {r['steady_tokens_per_s']} | {r['slot_utilisation']} |")
+    lines += ["", f"long-form / chunks as rows (steady time): **{doc['ratio']}** (target: at most 1.05).",
+              f"The long rows' codes are the chunk rows' codes in order: {doc['same_codes']} (float32: the two "
+              "jobs batch other rows beside a chunk, which can move a logit's last bits and so a sampled code; "
+              "tests/cpu/test_long_texts.py checks it bit for bit in float64)."]
     return "\n".join(lines) + "\n"
 
 
@@ -131,8 +143,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", default=str(RESULT), help="result files' path without suffix")
     args = ap.parse_args()
-    from pydantic import ValidationError
-
     from engine.kit import build_kit
 
     kit = Path(args.kit)
@@ -146,19 +156,12 @@ def main() -> None:
     (work / "chunks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chunks))
     runs: dict = {}
     runs["chunks_as_rows"] = run(spec_for(kit, work / "chunks.jsonl", work / "out-chunks", {"split": "none"}, args))
-    try:
-        long_spec = spec_for(kit, work / "long.jsonl", work / "out-long", {"split": "auto"}, args)
-    except ValidationError as exc:  # jobs do not split texts yet: see the module docstring
-        runs["long_form"] = {"error": str(exc.errors()[0]["msg"])}
-    else:
-        runs["long_form"] = run(long_spec)
-    ratio = None
-    if "error" not in runs["long_form"]:
-        ratio = round(runs["long_form"]["steady_s"] / runs["chunks_as_rows"]["steady_s"], 4)
+    runs["long_form"] = run(spec_for(kit, work / "long.jsonl", work / "out-long", {"split": "auto"}, args))
+    ratio = round(runs["long_form"]["steady_s"] / runs["chunks_as_rows"]["steady_s"], 4)
     load = {"start": load, "end": round(os.getloadavg()[0], 2)}
     doc = {"benchmark": "long_form", "machine": describe(), "load_average": load, "long_rows": len(rows),
            "chunks": len(chunks), "batch": args.batch, "max_new_tokens": args.max_new_tokens, "runs": runs,
-           "ratio": ratio}
+           "ratio": ratio, "same_codes": same_codes(work / "out-long", work / "out-chunks")}
     write_result_pair(Path(args.out), doc, markdown(doc))
 
 

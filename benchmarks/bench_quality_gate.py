@@ -50,6 +50,7 @@ def run(kit: Path, source: Path, out: Path, args, quality: dict | None) -> dict:
         "name": "quality-gate-bench",
         "models": {"target": str(kit / "target"), "draft": str(kit / "draft"), "codec": str(kit / "codec")},
         "decoding": {"method": "exact", "max_new_tokens": args.max_new_tokens, "seed": 1},
+        "text": {"split": "none"},  # max_new_tokens cuts rows short: no text is cut into chunks instead
         "input": {"manifests": [str(source)]}, "output": {"uri": str(out)},
         "resources": {"workers": 1, "batch_size": args.batch, "rows_per_shard": args.rows_per_shard,
                       "cpus_per_worker": args.threads},

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from engine.config import ADMISSIONS, Admission, DecodingSettings
+from engine.config import ADMISSIONS, Admission, DecodingSettings, TextSpec
 from engine.console import bar_disabled
 from engine.decoding.adaptive import GammaChoice, decide, measure_steps
 from engine.decoding.admission import expected_tokens, speech_budget
@@ -37,6 +37,7 @@ from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate
 
 if TYPE_CHECKING:  # the gate's verifiers load only for a call that brings one
     from engine.metrics.gate import QualityGate
+    from engine.text.items import SplitItems
 
 PILOT_GAMMA, PILOT_TOKENS = 4, 48  # `gamma: auto`'s pilot decode: draft length, tokens per row
 # `Synthesizer.warmup`'s texts: prompts of several lengths, so that admissions prefill several widths
@@ -301,9 +302,21 @@ class Synthesizer:
         call.ok = len(rows) // call.candidates
         return call
 
+    def split_items(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None,
+                    text: TextSpec | None) -> SplitItems | None:
+        """`items` with their texts prepared under `text` (normalised, long ones cut into chunks
+        that fit this model's context and their budget: `engine.text.items`); None without `text`."""
+        if text is None:
+            return None
+        from engine.text.items import SplitItems
+        from engine.text.prepare import TextPlanner
+
+        return SplitItems(items, settings or DecodingSettings(), TextPlanner(text, self.prompter.build,
+                                                                              self.max_context))
+
     def stream(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
                batch_size: int | None = None, admission: Admission = "longest_first",
-               quality: QualityGate | None = None) -> Iterator[SynthesisResult]:
+               quality: QualityGate | None = None, text: TextSpec | None = None) -> Iterator[SynthesisResult]:
         """Decode `items` with `settings`, yielding each result as its row finishes (items that
         could not be decoded first). Every item's result is yielded exactly once; `result.id`
         says which item it is (the item's id, else its index as a string).
@@ -319,15 +332,19 @@ class Synthesizer:
                 fails is decoded again (`attempts`) or chosen among candidates (`best_of`);
                 `result.quality` holds the verdict (`passed` False: the gate's best of its
                 failed attempts), and `result.seed` the kept attempt's seed.
+            text: prepare the texts first (`TextSpec`: normalisation, long texts cut into
+                chunks decoded beside the other items, their codes joined into the item's
+                result; see `engine.text.items`); an item is yielded once its last chunk
+                finishes. None: the texts as they are.
         """
-        call = self._start(items, settings, batch_size, admission, quality)
-        for _, result in call:
-            yield result
+        split = self.split_items(items, settings, text)
+        call = self._start(split.decoded if split else items, settings, batch_size, admission, quality)
+        yield from split.stream(call) if split else (result for _, result in call)
 
     def synthesize(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
                    progress: bool = False, batch_size: int | None = None,
-                   admission: Admission = "longest_first",
-                   quality: QualityGate | None = None) -> tuple[list[SynthesisResult], RunSummary]:
+                   admission: Admission = "longest_first", quality: QualityGate | None = None,
+                   text: TextSpec | None = None) -> tuple[list[SynthesisResult], RunSummary]:
         """Decode `items` with `settings`; results come back in input order.
 
         Args:
@@ -338,12 +355,15 @@ class Synthesizer:
             batch_size: override the synthesizer's batch size for this call.
             admission: which queued item takes a free slot (see `stream`); results come back
                 in input order either way, and are the same.
-            quality: a quality gate, as in `stream` (the summary counts its decisions).
+            quality: a quality gate, as in `stream` (the summary counts its decisions, per
+                chunk where texts are split).
+            text: prepare the texts first, as in `stream` (the progress bar counts chunks).
 
         Returns:
             (one result per item, the run's summary).
         """
-        call = self._start(items, settings, batch_size, admission, quality)
+        split = self.split_items(items, settings, text)
+        call = self._start(split.decoded if split else items, settings, batch_size, admission, quality)
         settings = call.settings
         start = time.perf_counter()
         bar = tqdm(total=call.ok, desc=f"decode [{settings.method}]", unit="utt",
@@ -355,12 +375,13 @@ class Synthesizer:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
-        results = call.results
+        results = split.join(call.results) if split else call.results
+        ok = sum(r.error is None for r in results) if split else call.ok
         stats = aggregate([r.stats for r in results if r.stats is not None])
         session = call.session
         choice = session.gamma_choices[0] if session.gamma_choices else None
         summary = RunSummary(method=settings.method, settings=settings.model_dump(), items=len(results),
-                             ok=call.ok, failed=len(results) - call.ok, wall_s=wall,
+                             ok=ok, failed=len(results) - ok, wall_s=wall,
                              stats=stats, gamma_choice=choice.to_dict() if choice else None,
                              decode_rounds=session.scheduler.rounds,
                              slot_rounds=session.scheduler.slot_rounds, batch_size=session.batch,

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.cli_options import add_compile_arg, add_draft_weights_arg, add_settings_arguments, settings_from_args
-from engine.config import ADMISSIONS, METHODS, DecodingSettings, QualitySpec, accepted_keys, decoding_default
+from engine.config import ADMISSIONS, METHODS, DecodingSettings, QualitySpec, TextSpec, accepted_keys, decoding_default
 from engine.console import counted
 from engine.errors import did_you_mean
 
@@ -208,6 +208,7 @@ def cmd_generate(args) -> int:
     # validated before anything loads
     all_settings = [settings_from_args(args, DecodingSettings, method=m) for m in methods]
     quality = settings_from_args(args, QualitySpec)
+    text = settings_from_args(args, TextSpec)
     items, clips = read_items(args)
     kind = output_kind(args.out, len(items))
     target = args.target or (Path(args.kit) / "target" if args.kit else None)
@@ -222,9 +223,11 @@ def cmd_generate(args) -> int:
         raise UsageError(("writing audio" if audio else "items naming voice-prompt clips" if clips
                           else "the quality gate (it listens to the audio)")
                          + " needs an X-codec2 checkpoint: give --codec DIR (or --kit DIR)")
-    if quality.enabled:  # a missing verifier fails before anything loads
+    from engine.runtime.preflight import check_normalizer_installed, check_verifiers
+
+    check_normalizer_installed(text)  # a missing normaliser or verifier fails before anything loads
+    if quality.enabled:
         from engine.io.storage import Storage
-        from engine.runtime.preflight import check_verifiers
 
         check_verifiers(quality, Storage())
     from engine.api import Synthesizer  # torch: only once the arguments are known to be good
@@ -247,7 +250,7 @@ def cmd_generate(args) -> int:
     runs = []
     for settings in all_settings:
         results, summary = synth.synthesize(items, settings, progress=not args.quiet, admission=args.admission,
-                                            quality=gate)
+                                            quality=gate, text=text)
         runs.append({"summary": summary.to_dict(),
                      "items": [{**r.to_dict(), "prompt_text": it.prompt_text, "prompt_codes": it.prompt_codes}
                                for r, it in zip(results, items)]})
@@ -317,6 +320,10 @@ def add_generate(sub) -> None:
                                           "prompt_codes | prompt_audio (a clip path), seed} with "
                                           "optional per-item temperature, top_p, top_k, "
                                           "repetition_penalty, max_new_tokens")
+    txt = p.add_argument_group("texts (a job's `text:` section; docs/guides/long-texts-and-formats.md): a "
+                               "text too long for --max-new-tokens and the model's context is cut into "
+                               "chunks decoded beside the others, their audio joined back into its clip")
+    add_settings_arguments(txt, TextSpec, include=["split", "normalize", "normalizer", "language"])
     dec = p.add_argument_group("decoding (DecodingSettings; --method all: every rule in turn)")
     add_settings_arguments(dec, DecodingSettings, extra_choices={"method": ["all"]})
     out = p.add_argument_group("output")

@@ -241,6 +241,7 @@ class OutputSpec(BaseModel):
         return self
 
 
+LLASA_CONTEXT = 2048  # tokens Llasa was trained with, prompt included (the context a text must fit)
 SplitMode = Literal["auto", "sentences", "none"]
 SPLIT_MODES: tuple[str, ...] = get_args(SplitMode)
 NormalizerName = Literal["rules", "nemo"]
@@ -254,12 +255,6 @@ NormalizeLanguage = Literal[("none", *sorted({lang for langs in NORMALIZE_LANGUA
 # the languages pysbd has sentence rules for (tests/cpu/test_text.py holds this to pysbd's own list)
 SENTENCE_LANGUAGES = ("am", "ar", "bg", "da", "de", "el", "en", "es", "fa", "fr", "hi", "hy", "it", "ja", "kk",
                       "mr", "my", "nl", "pl", "ru", "sk", "ur", "zh")
-# what jobs do not do yet (the worker's prepare and write stages call engine/text and
-# engine/io/formats once they are wired); a spec asking for another value fails validation
-JOB_SUPPORTS = {"split": ("none",), "split_output": ("joined",), "normalize": ("none",),
-                "format": ("hf-parquet",)}
-
-
 def check_normalizer(language: str, backend: str) -> None:
     """`language` is one the normaliser `backend` has.
 
@@ -280,12 +275,14 @@ class TextSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    split: SplitMode = Field("none", description=(
+    split: SplitMode = Field("auto", description=(
         "Long texts: auto (a text whose estimated speech, with headroom, does not fit the row's "
         "max_new_tokens and the model's context is cut at sentence boundaries into chunks that "
         "fit, a sentence still too long at clause boundaries; each chunk is decoded with the "
-        "row's voice prompt and a seed derived from the row's), sentences (every sentence its own "
-        "chunk), none (one decode per row; a text too long is cut at the limit)."))
+        "row's voice prompt and a seed derived from the row's; a text that fits is decoded as it "
+        "is), sentences (every sentence its own chunk), none (one decode per row; a text too long "
+        "is cut at the limit). With auto, max_new_tokens bounds each chunk, not the row: set none "
+        "where it is meant to cut rows short."))
     split_output: Literal["joined", "rows"] = Field("joined", description=(
         "A split row's output: joined (one row: the chunks' codes in order, their audio joined "
         "with edge silence trimmed and a short crossfade, per-chunk statistics kept) or rows (one "
@@ -609,17 +606,6 @@ class JobSpec(BaseModel):
             raise ValueError("kind: augment goes with an `augment` section (and only then)")
         if (self.kind == "sweep") != (self.sweep is not None):
             raise ValueError("kind: sweep goes with a `sweep` section (and only then)")
-        return self
-
-    @model_validator(mode="after")
-    def _supported_in_jobs(self) -> JobSpec:
-        asked = {"text.split": self.text.split, "text.split_output": self.text.split_output,
-                 "text.normalize": self.text.normalize, "output.format": self.output.format}
-        for name, value in asked.items():
-            if value not in JOB_SUPPORTS[name.split(".")[1]]:
-                hint = (f"; write hf-parquet and convert the finished output: pcg-synth convert OUTPUT --to {value}"
-                        if name == "output.format" else "")
-                raise ValueError(f"{name} {value} is not yet supported in jobs{hint}")
         return self
 
     @property

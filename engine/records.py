@@ -169,7 +169,9 @@ class QualityVerdict:
 @dataclass
 class SynthesisResult:
     """Codes (`0..65535`, end-of-speech stripped) and how they came about; `error` is set and
-    `finish_reason == "error"` when the item could not be decoded."""
+    `finish_reason == "error"` when the item could not be decoded. With texts prepared
+    (`engine.text.items`): `normalized_text`, the text normalised (what the model read), and
+    `chunks`, a long text's per-chunk records (its codes are theirs in order, `num_codes` each)."""
 
     id: str
     text: str
@@ -179,6 +181,8 @@ class SynthesisResult:
     error: str | None = None
     stats: RowStats | None = None
     quality: QualityVerdict | None = None  # the quality gate's decision (None: no gate)
+    normalized_text: str | None = None  # the text normalised (None: normalisation off)
+    chunks: list[dict] | None = None  # a split text's chunks (engine.text.join.chunk_records)
 
     @property
     def audio_seconds(self) -> float:
@@ -193,6 +197,9 @@ class SynthesisResult:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["stats"] = self.stats.to_dict() if self.stats else None
+        for name in ("normalized_text", "chunks"):  # only where texts were prepared
+            if out[name] is None:
+                del out[name]
         return out
 
 

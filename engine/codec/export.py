@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.codec.audio import AUDIO_FORMATS, audio_bytes
 from engine.codec.base import Codec, CodecError, as_code_array
+from engine.codec.join import join_audio, placed
 from engine.codec.prompts import PROMPT_AUDIO_MODES, VoicePrompt, codes_for_audio
 from engine.config import DecodingSettings
 from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer, quality_schema, with_quality
@@ -56,12 +57,52 @@ def decode_waves(codec: Codec, codes: Sequence[Sequence[int]], prompts: Sequence
     return out
 
 
+def result_waves(codec: Codec, results: Sequence[SynthesisResult], prompts: Sequence[VoicePrompt | None],
+                 prompt_audio: str = "strip") -> list[np.ndarray | CodecError]:
+    """Each result's audio as written (`decode_waves`); a long text's result (`result.chunks`)
+    as its chunks' codes decoded apart (the first with the voice prompt's audio as
+    `prompt_audio` says, the others with the prompt as context) and joined into one clip
+    (`codec.join.join_audio`), each chunk's record then saying where its audio lies in it."""
+    pieces = []  # (result index, codes, prompt, mode)
+    for i, (res, prompt) in enumerate(zip(results, prompts)):
+        start = 0
+        for k, chunk in enumerate(res.chunks or [{"num_codes": len(res.codes)}]):
+            mode = "context" if k > 0 and prompt_audio == "include" else prompt_audio
+            pieces.append((i, res.codes[start:start + chunk["num_codes"]], prompt, mode))
+            start += chunk["num_codes"]
+    waves: list = [None] * len(pieces)
+    for mode in sorted({p[3] for p in pieces}):
+        mine = [n for n, p in enumerate(pieces) if p[3] == mode]
+        decoded = decode_waves(codec, [pieces[n][1] for n in mine], [pieces[n][2] for n in mine], mode,
+                               [results[pieces[n][0]].id for n in mine])
+        for n, wave in zip(mine, decoded):
+            waves[n] = wave
+    by_result: list[list] = [[] for _ in results]
+    for (owner, *_), wave in zip(pieces, waves):
+        by_result[owner].append(wave)
+    out = []
+    for res, own in zip(results, by_result):
+        failed = next((w for w in own if isinstance(w, CodecError)), None)
+        if failed is not None or not res.chunks:
+            out.append(failed if failed is not None else own[0])
+            continue
+        joined = join_audio(own, codec.sample_rate)
+        for k, record in enumerate(res.chunks):
+            record.update(placed(joined, k, codec.sample_rate))
+        out.append(joined.wave)
+    return out
+
+
 def audio_row(result: SynthesisResult, prompt: VoicePrompt | None, prompt_audio: str, origin: dict | None,
               audio: np.ndarray | str | None, audio_format: str, sample_rate: int) -> AudioRow:
     """A dataset row of one result: `audio` is its waveform, the reason it has none, or None
-    (a decoding error, already in the result)."""
+    (a decoding error, already in the result). A long text's chunk records (`result.chunks`)
+    join its provenance."""
+    if result.chunks:
+        origin = {**(origin or {}), "chunks": result.chunks}
     row = AudioRow(result=result, prompt_id=prompt.id if prompt else None,
-                   prompt_audio=prompt_audio if prompt else None, provenance=origin)
+                   prompt_audio=prompt_audio if prompt else None, provenance=origin,
+                   normalized_text=result.normalized_text)
     if isinstance(audio, str):
         row.error = audio
     elif audio is not None:
@@ -82,8 +123,7 @@ def render_rows(codec: Codec, results: Sequence[SynthesisResult], prompts: Seque
     provenance = provenance if provenance is not None else [None] * len(results)
     audio: list = [None if res.error else no_codes(res.finish_reason) for res in results]
     todo = [i for i, res in enumerate(results) if not res.error and res.codes]
-    waves = decode_waves(codec, [results[i].codes for i in todo], [prompts[i] for i in todo], prompt_audio,
-                         [results[i].id for i in todo])
+    waves = result_waves(codec, [results[i] for i in todo], [prompts[i] for i in todo], prompt_audio)
     for i, wave in zip(todo, waves):
         audio[i] = str(wave) if isinstance(wave, CodecError) else wave
     return [audio_row(res, prompt, prompt_audio, origin, a, audio_format, codec.sample_rate)
@@ -161,8 +201,9 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     with_audio, samples, codec_s = 0, 0, 0.0
+    text = ("normalized_text",) if any(r.normalized_text is not None for r in results) else ()
     with contextlib.ExitStack() as stack:
-        schema = (quality_schema if quality else dataset_schema)(codec.sample_rate)
+        schema = (quality_schema if quality else dataset_schema)(codec.sample_rate, text)
         writer = stack.enter_context(parquet_writer(parquet_path, schema)) if parquet_path is not None else None
         for part in windows(len(results), window):
             start = time.perf_counter()
@@ -170,7 +211,7 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
             rows = render_rows(codec, results[part], prompts[part], prompt_audio, audio_format, origins)
             codec_s += time.perf_counter() - start
             if writer is not None:
-                table = build_table(rows, per_row[part], codec.sample_rate)
+                table = build_table(rows, per_row[part], codec.sample_rate, text)
                 writer.write_table(with_quality(table, results[part]) if quality else table)
             for row in rows:
                 if row.audio is None:

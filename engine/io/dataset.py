@@ -20,7 +20,7 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.config import DecodingSettings
+from engine.config import DecodingSettings, TextSpec
 from engine.io.files import publish, sync_file
 from engine.records import RowStats, SynthesisResult
 
@@ -53,8 +53,29 @@ def stats_type() -> pa.StructType:
     return pa.struct([(k, _arrow_type(v)) for k, v in example.items()])
 
 
-def dataset_schema(sampling_rate: int = SAMPLING_RATE) -> pa.Schema:
-    """Columns of a shard (nullable unless said; their meaning: docs/guides/audio.md)."""
+# Columns of prepared texts (`text:` in a job spec), after the dataset's own: written by a job
+# that normalises texts (normalized_text: what the model read) or writes a split row's chunks as
+# rows of their own (parent_id: the manifest row's id, segment: the chunk's index; null for rows
+# not split). They follow the job's settings, not its data, so every shard of a job has the same
+# columns (`datasets` reads a folder of shards only then); a job with neither has none of them.
+TEXT_FIELDS = (
+    pa.field("normalized_text", pa.string()),
+    pa.field("parent_id", pa.string()),
+    pa.field("segment", pa.int32()),
+)
+
+
+def text_columns(text: TextSpec) -> tuple[str, ...]:
+    """The `TEXT_FIELDS` a job with these text settings writes."""
+    names = ["normalized_text"] if text.normalize != "none" else []
+    if text.split != "none" and text.split_output == "rows":
+        names += ["parent_id", "segment"]
+    return tuple(names)
+
+
+def dataset_schema(sampling_rate: int = SAMPLING_RATE, text: Sequence[str] = ()) -> pa.Schema:
+    """Columns of a shard (nullable unless said; their meaning: docs/guides/audio.md), with the
+    `TEXT_FIELDS` named in `text`."""
     fields = [
         pa.field("id", pa.string(), nullable=False),
         pa.field("text", pa.string()),
@@ -74,6 +95,7 @@ def dataset_schema(sampling_rate: int = SAMPLING_RATE) -> pa.Schema:
         pa.field("finish_reason", pa.string()),
         pa.field("stats", stats_type()),
         pa.field("error", pa.string()),
+        *(f for f in TEXT_FIELDS if f.name in text),
     ]
     return pa.schema(fields, metadata=huggingface_metadata(sampling_rate))
 
@@ -90,6 +112,10 @@ class AudioRow:
         prompt_id: the voice prompt's id, if one was used.
         prompt_audio: how the prompt's codes entered the audio (strip | include | context).
         error: a codec-side error; a decoding error in `result.error` takes precedence.
+        provenance: where it came from (text id, prompt, seeds, model revisions; a split row's
+            chunks).
+        normalized_text, parent_id, segment: the `TEXT_FIELDS` (None: not normalised, not a
+            chunk written as a row).
     """
 
     result: SynthesisResult
@@ -100,17 +126,21 @@ class AudioRow:
     prompt_audio: str | None = None
     error: str | None = None
     provenance: dict | None = None
+    normalized_text: str | None = None
+    parent_id: str | None = None
+    segment: int | None = None
 
 
 def build_table(rows: Sequence[AudioRow], settings: DecodingSettings | Sequence[DecodingSettings],
-                sampling_rate: int = SAMPLING_RATE) -> pa.Table:
-    """A shard's rows as a table with `dataset_schema(sampling_rate)` (pure: no I/O).
+                sampling_rate: int = SAMPLING_RATE, text: Sequence[str] = ()) -> pa.Table:
+    """A shard's rows as a table with `dataset_schema(sampling_rate, text)` (pure: no I/O).
 
     `settings` is one `DecodingSettings` for all rows, or one per row (per-row overrides)."""
     per_row = [settings] * len(rows) if isinstance(settings, DecodingSettings) else list(settings)
     if len(per_row) != len(rows):
         raise ValueError(f"{len(per_row)} settings for {len(rows)} rows")
-    columns: dict[str, list] = {name: [] for name in dataset_schema(sampling_rate).names}
+    schema = dataset_schema(sampling_rate, text)
+    columns: dict[str, list] = {name: [] for name in schema.names}
     for row, row_settings in zip(rows, per_row):
         res = row.result
         has_audio = row.audio is not None
@@ -132,10 +162,11 @@ def build_table(rows: Sequence[AudioRow], settings: DecodingSettings | Sequence[
             "finish_reason": res.finish_reason,
             "stats": res.stats.to_dict() if res.stats is not None else None,
             "error": res.error or row.error,
+            **{name: getattr(row, name) for name in text},
         }
         for name, value in values.items():
             columns[name].append(value)
-    return pa.Table.from_pydict(columns, schema=dataset_schema(sampling_rate))
+    return pa.Table.from_pydict(columns, schema=schema)
 
 
 # The quality gate's columns (`quality:` in a job spec), after the dataset's own: the kept
@@ -152,9 +183,9 @@ QUALITY_FIELDS = (
 )
 
 
-def quality_schema(sampling_rate: int = SAMPLING_RATE) -> pa.Schema:
+def quality_schema(sampling_rate: int = SAMPLING_RATE, text: Sequence[str] = ()) -> pa.Schema:
     """`dataset_schema` with the quality gate's columns."""
-    base = dataset_schema(sampling_rate)
+    base = dataset_schema(sampling_rate, text)
     return pa.schema([*base, *QUALITY_FIELDS], metadata=base.metadata)
 
 

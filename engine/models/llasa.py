@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+# defined with the settings (engine/config.py), which modules without torch read too
+from engine.config import LLASA_CONTEXT as LLASA_CONTEXT
+
 NUM_SPEECH_TOKENS = 65536  # X-codec2: one FSQ codebook, levels [4] * 8
-LLASA_CONTEXT = 2048  # tokens Llasa was trained with, prompt included
 DEFAULT_DATE_STRING = "26 Jul 2024"  # what Llama-3.1-8B's template pins; keeps ids stable
 
 TEXT_START = "<|TEXT_UNDERSTANDING_START|>"

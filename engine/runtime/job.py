@@ -15,12 +15,20 @@ from tqdm.auto import tqdm
 from engine.config import JobSpec
 from engine.connect import init_ray
 from engine.console import bar_disabled, counted
+from engine.io.formats import finish_output
 from engine.io.lease import LeaseHeld, OutputLease
 from engine.io.storage import Storage, StorageError
 from engine.runtime.plan import Layout, make_plan
 from engine.runtime.pool import IdleWorkers, JobFailed, WorkerPool
 from engine.runtime.preflight import check_groups_file, check_resume, finished_summary, needs_groups, preflight
-from engine.runtime.summary import failure_line, lease_lost_line, progress_postfix, summarize, summary_table
+from engine.runtime.summary import (
+    failure_line,
+    lease_lost_line,
+    progress_postfix,
+    summarize,
+    summary_table,
+    then_rerun,
+)
 
 
 def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given=None):
@@ -189,6 +197,8 @@ class JobRunner:
                 print(summary_table(summary))
             raise JobFailed(lease_lost_line(summary, f"lost the lease on {spec.output.uri}: {lease.lost}",
                                             self.rerun))
+        if len(all_records) == len(plan.shards):
+            summary["output_files"] = self.finish_output([s.id for s in plan.shards], summary)
         unwritten = self.write_summary(summary)
         if self.progress:
             print(summary_table(summary))
@@ -197,6 +207,22 @@ class JobRunner:
         if line is not None:
             raise JobFailed(line)
         return summary
+
+    def finish_output(self, shard_ids: list[str], summary: dict) -> list[str]:
+        """Write the files that span every shard (NeMo's one manifest), once every shard is
+        committed and before summary.json; returns their URIs.
+
+        Raises:
+            JobFailed: they could not be written (every shard stays committed: a rerun writes them).
+        """
+        try:
+            return finish_output(self.storage, self.spec.output, shard_ids)
+        except StorageError as exc:
+            if self.progress:
+                print(summary_table(summary))
+            raise JobFailed(f"{exc}; every shard is committed, the output's manifest is not; "
+                            f"{getattr(exc, 'remedy', None) or 'fix that'}, then "
+                            f"{then_rerun(self.rerun, ' to write it')}") from None
 
     def write_summary(self, summary: dict) -> StorageError | None:
         """Write summary.json; where it cannot be written (a full disk), print it (JSON) instead

@@ -3,8 +3,9 @@
 Shards never span manifest files and are numbered in manifest order, so the same inputs and
 `rows_per_shard` always give the same plan. Duplicate ids are found here, across the whole job:
 every occurrence after the first is marked, and the worker turns it into an error record.
-The plan's fingerprint covers the manifests' contents, the decoding settings, the models and
-the output format: a rerun into the same output resumes only when nothing of that changed.
+The plan's fingerprint covers the manifests' contents, the decoding settings, the models, the
+text preparation and the output format: a rerun into the same output resumes only when nothing
+of that changed.
 """
 
 from __future__ import annotations
@@ -110,6 +111,13 @@ def settings_fingerprint(spec: JobSpec) -> dict:
            "rows_per_shard": spec.resources.rows_per_shard, "batch_size": spec.resources.batch_size}
     if spec.quality.enabled:  # the gate decides which rows are written where (off: as before it existed)
         out["quality"] = spec.quality.model_dump()
+    # how texts are prepared and shards written: only what differs from the defaults, so an output
+    # written before these settings existed keeps its fingerprint
+    text = spec.text.model_dump(exclude_defaults=True)
+    if text:
+        out["text"] = text
+    written = spec.output.model_dump(include={"format", "tarred"}, exclude_defaults=True)
+    out["output"].update(written)
     return out
 
 

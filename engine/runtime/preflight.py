@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config import DecodingSettings, InputSpec, JobSpec, QualitySpec
+from engine.config import LLASA_CONTEXT, DecodingSettings, InputSpec, JobSpec, QualitySpec, TextSpec
 from engine.console import counted
 from engine.decoding.admission import CHARS_PER_SECOND, CODES_PER_SECOND, expected_tokens
 from engine.io.manifest import ManifestRow, RowError, validate
@@ -26,6 +26,7 @@ from engine.io.storage import Storage, StorageError, join, parse, relative_to
 from engine.runtime import numerics
 from engine.runtime.plan import Layout, Plan, make_plan, plan_of
 from engine.runtime.sweep_grid import points, run_uri, schedule
+from engine.text.prepare import TextPlanner
 
 EXAMPLES = 5  # error rows shown by a dry run
 
@@ -72,10 +73,38 @@ def check_verifiers(quality: QualitySpec, storage: Storage) -> None:
                                  f"pip install 'pcg-synth[quality]' (or pip install {module})")
 
 
+def check_normalizer_installed(text: TextSpec) -> None:
+    """The normaliser `text` asks for is installed (NeMo's, for `text.normalizer: nemo`).
+
+    Raises:
+        ValueError: `text.normalizer: why`.
+    """
+    import importlib.util
+
+    nemo = text.normalize != "none" and text.normalizer == "nemo"
+    if nemo and importlib.util.find_spec("nemo_text_processing") is None:
+        raise ValueError("text.normalizer: nemo needs NeMo's text normalisation: pip install nemo_text_processing "
+                         "(Linux x86-64; docs/guides/long-texts-and-formats.md), or use text.normalizer rules")
+
+
+def check_text_and_format(spec: JobSpec) -> None:
+    """What `text.normalizer` and `output.format` need is installed (NeMo's normaliser, lhotse).
+
+    Raises:
+        ValueError: `text.normalizer: why` (or `output.format`).
+    """
+    import importlib.util
+
+    check_normalizer_installed(spec.text)
+    if spec.output.format == "lhotse-shar" and importlib.util.find_spec("lhotse") is None:
+        raise ValueError("output.format: lhotse-shar needs lhotse: pip install 'pcg-synth[lhotse]'")
+
+
 def preflight(spec: JobSpec, storage: Storage, create: bool = True) -> None:
     """Fail before any work on what can be checked cheaply: models present (a sweep's: every
     model pair's too, so a pair's missing draft stops the sweep before its first point, not
-    hours later at that pair's), output writable (by writing and deleting a probe file there;
+    hours later at that pair's), the quality gate's verifiers, the text normaliser and the
+    output format's library installed, output writable (by writing and deleting a probe file there;
     `create=False`, a dry run: a local output that does not exist yet is checked through its
     nearest existing folder, so none is made).
 
@@ -91,6 +120,7 @@ def preflight(spec: JobSpec, storage: Storage, create: bool = True) -> None:
     if spec.models.groups and not storage.exists(spec.models.groups):
         raise ValueError(f"models.groups: no groups file at {spec.models.groups}")
     check_verifiers(spec.quality, storage)
+    check_text_and_format(spec)
     root = Layout(spec.output.uri).root.rstrip("/")
     if not create and parse(root).scheme == "file" and not Path(parse(root).path).exists():
         folder = next(p for p in Path(parse(root).path).absolute().parents if p.exists())
@@ -201,15 +231,20 @@ def finished_summary(storage: Storage, layout: Layout, plan: Plan) -> dict | Non
 class RowCheck:
     """Every manifest row validated as a worker validates it (the plan's `inspect` hook), with
     what a worker finds besides: a duplicate id, per-row settings that are invalid together with
-    the job's, a voice-prompt clip that is not there."""
+    the job's, a voice-prompt clip that is not there; and each row's text normalised and planned
+    as a worker plans it (`planner`; prompts estimated without the tokenizer, a voice prompt
+    given as a clip counted without its codes)."""
 
     storage: Storage
     decoding: DecodingSettings
+    planner: TextPlanner | None = None
     rows: int = 0
     errors: int = 0
     examples: list[dict] = field(default_factory=list)
     tokens: int = 0  # estimated speech codes of the rows to decode
-    long: int = 0  # rows to decode whose text takes longer to say than their max_new_tokens allows
+    long: int = 0  # rows to decode whose text (or a chunk's) takes longer to say than their max_new_tokens allows
+    split: int = 0  # rows whose text would be cut into chunks
+    chunks: int = 0  # the chunks of those rows
     _clips: dict = field(default_factory=dict)  # clip URI -> exists
 
     def error(self, source: str, ident: str | None, why: str) -> None:
@@ -242,10 +277,20 @@ class RowCheck:
             elif (why := self.why_not(uri, row, duplicates.get(n))) is not None:
                 self.error(f"{uri}:{n + 1}", row.id, why)
             else:
-                limit = row.max_new_tokens or self.decoding.max_new_tokens
-                needed = expected_tokens(row.text, None)
-                self.tokens += min(needed, limit)
-                self.long += needed > limit
+                self.plan(row)
+
+    def plan(self, row: ManifestRow) -> None:
+        """Count what decoding the row would take: its text's (or its chunks') speech."""
+        limit = row.max_new_tokens or self.decoding.max_new_tokens
+        texts = [row.text]
+        if self.planner is not None and row.text.strip():
+            prepared = self.planner(row.text, limit, row.prompt_text, row.prompt_codes)
+            texts = [chunk.text for chunk in prepared.plan.chunks]
+            if prepared.split:
+                self.split, self.chunks = self.split + 1, self.chunks + len(texts)
+        needed = [expected_tokens(text, None) for text in texts]
+        self.tokens += sum(min(n, limit) for n in needed)
+        self.long += any(n > limit for n in needed)
 
 
 def gate_cost(spec: JobSpec, tokens: int) -> dict | None:
@@ -273,7 +318,7 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
     preflight(spec, storage, create=False)
     if spec.models.groups and needs_groups(spec):
         check_groups_file(spec, storage)
-    check = RowCheck(storage, spec.decoding)
+    check = RowCheck(storage, spec.decoding, TextPlanner(spec.text, None, LLASA_CONTEXT))
     report: dict = {"job": spec.name, "kind": spec.kind, "output": spec.output.uri}
     if spec.kind == "augment":
         from engine.runtime.augment import expanded
@@ -292,6 +337,8 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
         "shards": len(plan.shards), "rows_per_shard": resources.rows_per_shard,
         "workers": resources.workers, "batch_size": resources.batch_size,
         "estimated_tokens": check.tokens, "rows_too_long": check.long,
+        "text": {"split": spec.text.split, "rows_split": check.split, "chunks": check.chunks,
+                 "normalize": spec.text.normalize, "output_format": spec.output.format},
         "estimated_audio_hours": round(check.tokens / CODES_PER_SECOND / 3600, 4),
         "quality": gate_cost(spec, check.tokens), "fingerprint": plan.fingerprint})
     if spec.kind == "sweep":
@@ -342,11 +389,16 @@ def dry_run_text(report: dict) -> str:
               + (f", {counted(report['workers'], 'worker')} at batch {report['batch_size']}" if not sweep else ""),
               f"  speech     about {report['estimated_tokens']} codes, {duration(report['estimated_audio_hours'])} "
               "of audio (estimated from the texts' length, capped by max_new_tokens)"]
+    text = report["text"]
+    if text["rows_split"]:
+        lines.append(f"  split      {counted(text['rows_split'], 'row')} would be split into "
+                     f"{counted(text['chunks'], 'chunk')} (text.split {text['split']}; estimated: prompts "
+                     "counted without the tokenizer, a voice-prompt clip without its codes)")
     if report["rows_too_long"]:
         lines.append(f"  length     {counted(report['rows_too_long'], 'row')} to decode take longer to say than "
                      f"max_new_tokens allows (at {CHARS_PER_SECOND:g} characters a second, {CODES_PER_SECOND} codes a "
                      "second): their audio would likely be cut at the limit; raise decoding.max_new_tokens "
-                     "(or the row's own) or split the texts")
+                     "(or the row's own)" + (" or split the texts (text.split)" if text["split"] == "none" else ""))
     if q := report.get("quality"):
         low, high = q["decodes_per_row"]
         times = f"{low} time{'s' * (low != 1)}" if low == high else f"{low} to {high} times"

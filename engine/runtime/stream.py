@@ -17,7 +17,7 @@ Threads, all in the worker's process:
               a time; a row that failed and has attempts left goes back to the decode thread,
               which queues it ahead of new rows; a passed or rejected row is settled;
     IO        the write stage on each shard whose rows have all settled, in that order: the codec
-              for rows not yet decoded to audio, audio encoding, the Parquet file(s), the upload
+              for rows not yet decoded to audio, audio encoding, the shard's files, the upload
               and then the commit record.
 Queues are bounded where memory is at stake: the IO queue by `io_queue` shards (the thread that
 settles shards blocks on it, `io_wait_s`), so at most `io_queue + 1` settled shards wait for
@@ -315,8 +315,9 @@ class ShardStream:
             self.hand_off(task)
 
     def start(self, task: ShardTask) -> None:
-        """A shard's rows into the decoder (rows it refuses settle as error rows)."""
-        attempts = [row.attempt(n) for row in task.rows if row.to_decode for n in range(1, self.stages.candidates + 1)]
+        """A shard's rows (a split row's parts) into the decoder (those it refuses settle as
+        error rows)."""
+        attempts = [unit.attempt(n) for unit in task.units() for n in range(1, self.stages.candidates + 1)]
         try:
             refused = self.decode.submit(attempts)
         except Exception as exc:

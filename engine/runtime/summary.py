@@ -196,6 +196,11 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         # rows whose speech reached the token limit (max_new_tokens or the context): audio cut there
         "rows_cut": sum(r.get("cut", 0) for r in all_records),
         "rows_committed": sum(r["rows"] for r in all_records),
+        # long texts cut into chunks (text.split), and the rows written where chunks are rows
+        "rows_split": sum(r.get("split_rows", 0) for r in all_records),
+        "chunks": sum(r.get("chunks", 0) for r in all_records),
+        "chunk_rows": (sum(r.get("written_rows", 0) for r in all_records)  # split_output: rows
+                       if any("written_rows" in r for r in all_records) else None),
         "audio_seconds": round(audio, 3),
         "audio_hours": round(audio / 3600, 5),
         "generated_tokens": tokens,
@@ -264,6 +269,9 @@ def summary_table(s: dict) -> str:
         rows_line += (f"; {counted(s['rows_cut'], 'row')} reached the token limit before the end of speech "
                       f"(audio cut there; decoding.max_new_tokens is {s['decoding']['max_new_tokens']}"
                       + (f", decoding.max_speech_ratio {ratio}" if ratio else "") + ")")
+    if s.get("rows_split"):
+        rows_line += (f"; {counted(s['rows_split'], 'long text')} split into {counted(s['chunks'], 'chunk')}"
+                      + (f" ({s['chunk_rows']} rows written)" if s.get("chunk_rows") is not None else ""))
     empty = s["utilisation"].get("empty_slots")
     rows = [
         ("job", f"{s['job']} -> {s['output']}"),

@@ -4,9 +4,10 @@ A shard's rows flow through the worker's stages (`runtime/stages/`, one module e
 
     read -> prepare -> decode -> codec -> verify -> write
 
-and become one Parquet file (every manifest row exactly once: audio rows and error rows; rows
-the quality gate rejected go to `rejects/`) and then a commit record, written last, so a shard
-counts as done only when its files are complete. The worker may hold several shards at once:
+and become the shard's files in the output's format (every manifest row exactly once: audio
+rows and error rows, a long text's chunks joined back into its row or written as rows of their
+own; rows the quality gate rejected go to `rejects/`) and then a commit record, written last, so
+a shard counts as done only when its files are complete. The worker may hold several shards at once:
 their rows share one continuously batched decode loop, and each shard is written by a
 background thread as soon as its rows are done, while decoding goes on (the pipeline's threads
 and queues: `runtime/stream.py`). `ShardProcessor` builds the stages and the pipeline.
@@ -38,6 +39,7 @@ from engine.runtime.stages.row import ShardTask
 from engine.runtime.stages.write import WriteStage
 from engine.runtime.stream import ShardStream, Stages
 from engine.runtime.threads import KeptThread, on_short_thread
+from engine.text.prepare import TextPlanner
 
 
 @dataclass
@@ -105,7 +107,7 @@ def check_reusable(models: WorkerModels, spec: JobSpec) -> None:
 
 class ShardProcessor:
     """A worker's models and groups, its stages, and the pipeline that runs them: shards in,
-    Parquet files and commit records out.
+    their files and commit records out.
 
     Args:
         spec: the job.
@@ -141,10 +143,15 @@ class ShardProcessor:
 
             gate = models.gate(quality, self.storage, self.device)
             verify = VerifyStage(gate, spec.output.prompt_audio, self.codec.hop_length)
+        text = spec.text
+        planner = TextPlanner(text, self.synth.prompter.build, self.synth.max_context)
+        joined_include = (text.split != "none" and text.split_output == "joined"
+                          and spec.output.prompt_audio == "include")
         self.stages = Stages(
             read=ReadStage(self.storage),
             prepare=PrepareStage(spec.decoding, self.storage, self.revisions, self.encode_clip,
-                                 keep_clips=quality.speaker_model is not None),
+                                 keep_clips=quality.speaker_model is not None, planner=planner,
+                                 joined_include=joined_include),
             decode=DecodeStage(self.synth, session),
             codec=codec,
             verify=verify,
@@ -240,7 +247,7 @@ class ShardProcessor:
         return self.stream.submit(ShardTask(shard, attempt, rows, received))
 
     def process(self, shard: Shard, attempt: int = 1) -> dict:
-        """Synthesize one shard, write its Parquet file, then its commit record."""
+        """Synthesize one shard, write its files, then its commit record."""
         return self.submit(shard, attempt).result()
 
     def close(self) -> None:

@@ -51,15 +51,15 @@ class Budget:
     headroom: float = HEADROOM
 
     def room(self, text: str) -> int:
-        """Speech codes a decode of `text` can produce at most."""
+        """Speech codes a decode of `text` (outer whitespace stripped, as a chunk is) can produce at most."""
         if self.context is None:
             return self.max_new_tokens
-        used = self.prompt_tokens(text) if self.prompt_tokens is not None else 0
+        used = self.prompt_tokens(text.strip()) if self.prompt_tokens is not None else 0
         return min(self.max_new_tokens, self.context - used)
 
     def fits(self, text: str) -> bool:
-        """`text`'s speech, with headroom, fits one decode."""
-        return speech_budget(text, self.headroom) <= self.room(text)
+        """`text`'s speech (outer whitespace stripped, as a chunk is), with headroom, fits one decode."""
+        return speech_budget(text.strip(), self.headroom) <= self.room(text)
 
     def cuttable(self) -> bool:
         """Whether cutting can make a piece fit: a one-letter text fits (a budget below the
@@ -157,22 +157,26 @@ def plan_text(text: str, budget: Budget, mode: SplitMode = "auto", language: str
     if not text.strip():
         raise ValueError("text is empty")
     fits = budget.fits(text.strip())
-    whole = (0, len(text))
     if not budget.cuttable():  # no piece would fit: auto keeps the text whole, sentences only cut sentences
         mode = "none" if mode == "auto" else mode
         budget = Budget(max_new_tokens=sys.maxsize)
     if mode == "none" or (mode == "auto" and fits):
-        return TextPlan((_chunk(text, whole, "end"),), fits)
+        return whole_plan(text, fits)
     pieces: list[tuple[Span, Boundary]] = []
     for sentence in sentence_spans(text, language):
         pieces.extend(_pieces_of(text, sentence, budget))
     if not pieces:  # nothing pysbd calls a sentence (symbols only): the text as it is
-        return TextPlan((_chunk(text, whole, "end"),), fits)
+        return whole_plan(text, fits)
     if mode == "auto":
         pieces = _pack(text, pieces, budget)
     chunks = [_chunk(text, span, kind) for span, kind in pieces]
     chunks[-1] = replace(chunks[-1], boundary="end")
     return TextPlan(tuple(chunks), fits)
+
+
+def whole_plan(text: str, fits: bool) -> TextPlan:
+    """`text` decoded as it is, in one chunk (`fits`: whether it fits one decode)."""
+    return TextPlan((_chunk(text, (0, len(text)), "end"),), fits)
 
 
 def chunk_seeds(row_seed: int, count: int) -> list[int]:

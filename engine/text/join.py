@@ -1,103 +1,14 @@
-"""A split row put back together: its chunks' codes in order, their audio as one clip.
-
-Each chunk is decoded on its own, so each chunk's audio starts and ends with whatever silence
-the model put there. Joining trims every chunk's edge silence down to `keep_s` (so two chunks
-meet with a pause of about `2 * keep_s`, a sentence pause, instead of the sum of two chunks'
-silences) and overlaps neighbours by a short linear crossfade (no click where they meet).
-Silence is found per 10 ms frame: a frame is silent when its RMS is `silence_db` below the
-chunk's loudest frame. The codes of the row are the chunks' codes concatenated; its audio is
-not the codec's decode of those codes but the chunks' decodes joined (the codec never saw
-the joins).
+"""A split row put back together: its chunks' codes in order (the row's codes), their
+statistics summed, their quality verdicts combined, and a record per chunk. Their audio is
+joined by `engine.codec.join`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-import numpy as np
-
-from engine.records import SynthesisResult, aggregate
-
-CROSSFADE_S = 0.02
-KEEP_S = 0.1
-SILENCE_DB = -40.0
-FRAME_S = 0.01
-
-
-@dataclass
-class JoinedAudio:
-    """One clip made of a row's chunks.
-
-    Attributes:
-        wave: the joined samples (float32).
-        offsets: where each chunk's kept audio starts in `wave` (samples).
-        kept: samples of each chunk kept after trimming.
-        trimmed: (head, tail) samples trimmed off each chunk.
-        crossfade: samples each pair of neighbours overlaps by.
-    """
-
-    wave: np.ndarray
-    offsets: list[int]
-    kept: list[int]
-    trimmed: list[tuple[int, int]]
-    crossfade: int
-
-
-def speech_extent(wave: np.ndarray, sample_rate: int, silence_db: float = SILENCE_DB) -> tuple[int, int]:
-    """(first, end) sample of `wave`'s non-silent frames; (0, 0) when it is all silence."""
-    frame = max(1, round(FRAME_S * sample_rate))
-    n = len(wave) // frame
-    if n == 0:
-        return (0, len(wave)) if np.any(wave) else (0, 0)
-    rms = np.sqrt(np.mean(np.square(wave[: n * frame].astype(np.float64)).reshape(n, frame), axis=1))
-    peak = rms.max()
-    if peak == 0:
-        return 0, 0
-    loud = np.flatnonzero(rms >= peak * 10 ** (silence_db / 20))
-    return int(loud[0]) * frame, min(len(wave), (int(loud[-1]) + 1) * frame)
-
-
-def trim_edges(wave: np.ndarray, sample_rate: int, keep_s: float = KEEP_S,
-               silence_db: float = SILENCE_DB) -> tuple[np.ndarray, int, int]:
-    """`wave` with its leading and trailing silence cut down to `keep_s`; returns the kept
-    samples and how many were trimmed at the head and at the tail."""
-    first, end = speech_extent(wave, sample_rate, silence_db)
-    keep = round(keep_s * sample_rate)
-    if end == 0:  # all silence: keep a pause's worth
-        return wave[: 2 * keep], 0, max(0, len(wave) - 2 * keep)
-    head, stop = max(0, first - keep), min(len(wave), end + keep)
-    return wave[head:stop], head, len(wave) - stop
-
-
-def join_audio(waves: Sequence[np.ndarray], sample_rate: int, crossfade_s: float = CROSSFADE_S,
-               keep_s: float = KEEP_S, silence_db: float = SILENCE_DB) -> JoinedAudio:
-    """The chunks' audio as one clip: edge silence trimmed to `keep_s`, neighbours crossfaded
-    over `crossfade_s` (shortened where a piece is shorter), so the clip lasts the sum of the
-    kept pieces minus one crossfade per join.
-
-    Raises:
-        ValueError: no chunk to join.
-    """
-    if not waves:
-        raise ValueError("no chunk audio to join")
-    pieces, trimmed = [], []
-    for wave in waves:
-        kept, head, tail = trim_edges(np.asarray(wave, dtype=np.float32), sample_rate, keep_s, silence_db)
-        pieces.append(kept)
-        trimmed.append((head, tail))
-    fade = round(crossfade_s * sample_rate)
-    if len(pieces) > 1:
-        fade = min(fade, *(len(p) for p in pieces))
-    out = pieces[0].copy()
-    offsets = [0]
-    ramp = np.linspace(0.0, 1.0, fade, endpoint=False, dtype=np.float32) if fade else None
-    for piece in pieces[1:]:
-        offsets.append(len(out) - fade)
-        if fade:
-            out[-fade:] = out[-fade:] * (1.0 - ramp) + piece[:fade] * ramp
-        out = np.concatenate([out, piece[fade:]])
-    return JoinedAudio(out, offsets, [len(p) for p in pieces], trimmed, fade)
+from engine.codec.join import JoinedAudio, placed
+from engine.records import QualityVerdict, SynthesisResult, aggregate
 
 
 def join_codes(codes: Sequence[Sequence[int]]) -> list[int]:
@@ -105,25 +16,41 @@ def join_codes(codes: Sequence[Sequence[int]]) -> list[int]:
     return [int(c) for part in codes for c in part]
 
 
+def joined_verdict(verdicts: Sequence[QualityVerdict]) -> QualityVerdict:
+    """A split row's quality verdict from its chunks' (each checked, and decoded again, on its
+    own): it passed when every chunk passed; its attempts are every chunk's, in chunk order; the
+    attempt it names (whose scores fill the row's quality columns) is the worst chunk's kept
+    one: the first chunk that failed, else the one with the highest CER."""
+    attempts = [a for v in verdicts for a in v.attempts]
+    offsets = [sum(len(v.attempts) for v in verdicts[:i]) for i in range(len(verdicts))]
+    failed = [i for i, v in enumerate(verdicts) if not v.passed]
+    worst = failed[0] if failed else max(range(len(verdicts)), key=lambda i: verdicts[i].kept.cer or 0.0)
+    return QualityVerdict(attempts, offsets[worst] + verdicts[worst].chosen, not failed)
+
+
 def join_results(row_id: str, text: str, row_seed: int, results: Sequence[SynthesisResult]) -> SynthesisResult:
-    """A split row's result from its chunks' (in order): codes joined, statistics summed. Its
-    finish reason is `error` when a chunk failed (the first chunk error is the row's), `length`
-    when a chunk was cut at its limit, else the last chunk's."""
+    """A split row's result from its chunks' (in order): codes joined, statistics summed, the
+    quality verdicts combined (`joined_verdict`, where every chunk has one). Its finish reason
+    is `error` when a chunk failed (the first chunk error is the row's), `length` when a chunk
+    was cut at its limit, else the last chunk's."""
     failed = next((r for r in results if r.error), None)
     if failed is not None:
         return SynthesisResult(id=row_id, text=text, seed=row_seed,
                                error=f"chunk {failed.id}: {failed.error}")
     reason = "length" if any(r.cut for r in results) else results[-1].finish_reason
     stats = [r.stats for r in results if r.stats is not None]
+    verdicts = [r.quality for r in results]
     return SynthesisResult(id=row_id, text=text, seed=row_seed, codes=join_codes([r.codes for r in results]),
-                           finish_reason=reason, stats=aggregate(stats) if stats else None)
+                           finish_reason=reason, stats=aggregate(stats) if stats else None,
+                           quality=joined_verdict(verdicts) if all(verdicts) else None)
 
 
 def chunk_records(chunks: Sequence, results: Sequence[SynthesisResult], joined: JoinedAudio | None = None,
                   sample_rate: int | None = None) -> list[dict]:
     """Per chunk of a split row, what the row keeps of it (its `chunks` field): text, where it
     lies in the row's text, the boundary it ends at, seed, codes, finish reason, decoding
-    statistics, and where its audio lies in the joined clip (seconds, when `joined` is given).
+    statistics, the quality gate's verdict (passed, attempts, CER; with the gate on), and where
+    its audio lies in the joined clip (seconds, when `joined` is given).
 
     Args:
         chunks: the plan's `TextChunk`s.
@@ -136,9 +63,10 @@ def chunk_records(chunks: Sequence, results: Sequence[SynthesisResult], joined: 
         record = {"index": i, **chunk.to_dict(), "seed": res.seed, "num_codes": len(res.codes),
                   "finish_reason": res.finish_reason, "error": res.error,
                   "stats": res.stats.to_dict() if res.stats is not None else None}
+        if res.quality is not None:
+            record["quality"] = {"passed": res.quality.passed, "attempts": len(res.quality.attempts),
+                                 "cer": res.quality.kept.cer}
         if joined is not None and sample_rate:
-            record.update({"audio_start": round(joined.offsets[i] / sample_rate, 6),
-                           "audio_seconds": round(joined.kept[i] / sample_rate, 6),
-                           "trimmed_seconds": [round(t / sample_rate, 6) for t in joined.trimmed[i]]})
+            record.update(placed(joined, i, sample_rate))
         out.append(record)
     return out

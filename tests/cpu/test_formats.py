@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -29,7 +28,7 @@ from engine.io.storage import Storage
 from engine.runtime.convert import convert
 from engine.runtime.job import JobRunner
 
-from jobhelpers import job_spec, texts, write_manifest
+from jobhelpers import NemoManifest, job_spec, texts, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 RATE = 16_000
@@ -55,60 +54,6 @@ def parquet_rows(out: Path) -> list[dict]:
 
 def samples(data: bytes) -> np.ndarray:
     return sf.read(io.BytesIO(data), dtype="int16")[0]
-
-
-class NemoManifest:
-    """Reads a NeMo manifest as NeMo's speech datasets do, from the fields NeMo documents
-    (https://docs.nvidia.com/nemo-framework/user-guide/latest/nemotoolkit/asr/datasets.html,
-    "Manifest Format" and "Tarred Datasets"; relative paths: the audio datasets page,
-    https://docs.nvidia.com/nemo-framework/user-guide/latest/nemotoolkit/audio/datasets.html):
-    one JSON object a line with `audio_filepath` (absolute, or relative to the manifest's folder),
-    `duration` (seconds) and `text`; a tarred dataset's lines name a member of the tar their
-    `shard_id` picks, the tars and per-shard manifests given as brace patterns
-    (`audio__OP_0..N_CL_.tar`, as scripts/speech_recognition/convert_to_tarred_audio_dataset.py
-    writes them). NeMo itself is too heavy to install for these tests."""
-
-    REQUIRED = ("audio_filepath", "duration", "text")
-
-    @staticmethod
-    def expand(pattern: str) -> list[str]:
-        """`x__OP_0..2_CL_.tar` -> x_0.tar, x_1.tar, x_2.tar (NeMo's brace expansion)."""
-        found = re.search(r"_OP_(\d+)\.\.(\d+)_CL_", pattern)
-        if not found:
-            return [pattern]
-        first, last = int(found[1]), int(found[2])
-        return [pattern[:found.start()] + str(n) + pattern[found.end():] for n in range(first, last + 1)]
-
-    @classmethod
-    def lines(cls, path: Path) -> list[dict]:
-        entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        for entry in entries:
-            missing = [k for k in cls.REQUIRED if k not in entry]
-            assert not missing, f"{path}: a line without {missing}"
-        return entries
-
-    @classmethod
-    def read(cls, manifest: Path) -> list[tuple[dict, bytes]]:
-        """(line, audio bytes) of a plain manifest."""
-        out = []
-        for entry in cls.lines(manifest):
-            audio = Path(entry["audio_filepath"])
-            out.append((entry, (audio if audio.is_absolute() else manifest.parent / audio).read_bytes()))
-        return out
-
-    @classmethod
-    def read_tarred(cls, manifests: str, tars: str) -> list[tuple[dict, bytes]]:
-        """(line, audio bytes) of a tarred dataset given as NeMo's brace patterns."""
-        members = {}
-        for n, tar_path in enumerate(cls.expand(tars)):
-            with tarfile.open(tar_path) as tar:
-                for m in tar.getmembers():
-                    members[(n, m.name)] = tar.extractfile(m).read()
-        out = []
-        for path in cls.expand(manifests):
-            for entry in cls.lines(Path(path)):
-                out.append((entry, members[(entry["shard_id"], entry["audio_filepath"])]))
-        return out
 
 
 def check_against_parquet(out: Path, got: list[tuple[str, str, float, bytes]]) -> None:

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from engine.codec.join import join_audio
 from engine.config import NORMALIZE_LANGUAGES, SENTENCE_LANGUAGES, JobSpec, TextSpec
 from engine.decoding.admission import CHARS_PER_SECOND, expected_tokens
 from engine.models.llasa import LLASA_CONTEXT
 from engine.records import RowStats, SynthesisItem, SynthesisResult, item_seed
 from engine.text.chunks import Budget, chunk_items, chunk_seeds, plan_text
-from engine.text.join import chunk_records, join_audio, join_codes, join_results
+from engine.text.join import chunk_records, join_codes, join_results
 from engine.text.normalize import TextNormalizer, text_normalizer
 from engine.text.sentences import sentence_spans
 
@@ -235,24 +236,21 @@ def test_config_language_lists_match_the_libraries():
         TextSpec(language="xx")
 
 
-@pytest.mark.parametrize("section, value, message", [
-    ("text", {"split": "auto"}, "text.split auto is not yet supported in jobs"),
-    ("text", {"normalize": "en"}, "text.normalize en is not yet supported in jobs"),
-    ("text", {"split_output": "rows"}, "text.split_output rows is not yet supported in jobs"),
-    ("output", {"uri": "out", "format": "nemo"}, "pcg-synth convert OUTPUT --to nemo"),
-    ("output", {"uri": "out", "format": "lhotse-shar"}, "output.format lhotse-shar is not yet supported"),
-    ("output", {"uri": "out", "tarred": True}, "output.tarred applies to output.format nemo"),
-])
-def test_job_settings_not_yet_wired_fail_validation_with_a_clear_message(section, value, message):
+def test_jobs_take_the_text_and_format_settings_and_split_auto_is_the_default():
     raw = {"models": {"target": "t", "codec": "c"}, "decoding": {"method": "ar"},
-           "input": {"manifests": ["m.jsonl"]}, "output": {"uri": "out"}, section: value}
-    with pytest.raises(ValidationError, match=message):
-        JobSpec.model_validate(raw)
-    assert JobSpec.model_validate({**raw, section: {"uri": "out"} if section == "output" else {}}).text.split == "none"
+           "input": {"manifests": ["m.jsonl"]}, "output": {"uri": "out"}}
+    assert JobSpec.model_validate(raw).text == TextSpec(split="auto", split_output="joined", normalize="none")
+    spec = JobSpec.model_validate({**raw, "text": {"split": "sentences", "split_output": "rows", "normalize": "en"},
+                                   "output": {"uri": "out", "format": "nemo", "tarred": True}})
+    assert (spec.text.split, spec.text.split_output, spec.output.format, spec.output.tarred) == (
+        "sentences", "rows", "nemo", True)
+    with pytest.raises(ValidationError, match="output.tarred applies to output.format nemo"):
+        JobSpec.model_validate({**raw, "output": {"uri": "out", "format": "lhotse-shar", "tarred": True}})
 
 
 def test_text_and_format_modules_import_without_torch():
-    modules = "engine.text.chunks, engine.text.join, engine.text.normalize, engine.io.formats"
+    modules = ("engine.text.chunks, engine.text.join, engine.codec.join, engine.text.items, engine.text.normalize, "
+               "engine.text.prepare, engine.io.formats")
     code = f"import sys, {modules}; assert 'torch' not in sys.modules, sorted(sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -31,7 +31,8 @@ from engine.io.storage import Storage
 __all__ = ["OUTPUT_FORMATS", "ShardFiles", "finish_output", "write_shard"]
 
 
-def write_shard(storage: Storage, output: OutputSpec, shard_id: str, tables: Sequence[pa.Table]) -> ShardFiles:
+def write_shard(storage: Storage, output: OutputSpec, shard_id: str, tables: Sequence[pa.Table],
+                schema: pa.Schema | None = None) -> ShardFiles:
     """Write one shard's rows in `output.format` under `output.uri` (not its commit record).
 
     Args:
@@ -39,6 +40,8 @@ def write_shard(storage: Storage, output: OutputSpec, shard_id: str, tables: Seq
         output: the output's settings (uri, format, tarred).
         shard_id: the shard's id, `shard-<N>`.
         tables: the shard's rows in order, with the dataset's columns.
+        schema: the job's columns (hf-parquet: the schema of a shard without rows; default: the
+            first table's).
 
     Returns:
         The files written and the shard's counts, for its commit record.
@@ -50,7 +53,7 @@ def write_shard(storage: Storage, output: OutputSpec, shard_id: str, tables: Seq
         return write_nemo_shard(storage, output.uri, shard_id, tables, tarred=output.tarred)
     if output.format == "lhotse-shar":
         return write_shar_shard(storage, output.uri, shard_id, tables)
-    return write_parquet_shard(storage, output.uri, shard_id, tables)
+    return write_parquet_shard(storage, output.uri, shard_id, tables, schema)
 
 
 def finish_output(storage: Storage, output: OutputSpec, shard_ids: Sequence[str]) -> list[str]:

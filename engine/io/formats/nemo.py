@@ -2,8 +2,9 @@
 
 A manifest line describes one clip: `audio_filepath` (relative paths are taken from the
 manifest's folder), `duration` in seconds and `text`, the fields NeMo's speech datasets read;
-pcg-synth adds `normalized_text` where texts are normalised (NeMo's TTS recipes read it) and the
-row's id, seed, method, voice prompt, finish reason and code count. The codes themselves stay in
+pcg-synth adds `normalized_text` where texts are normalised (NeMo's TTS recipes read it), the
+row's id, seed, method, voice prompt, finish reason and code count, and for a split row its
+chunks (joined: the per-chunk records; written as rows: `parent_id` and `segment`). The codes themselves stay in
 the Parquet output and in lhotse-shar (a manifest is read whole into memory: codes would grow it
 by tens of kilobytes a line).
 

@@ -2,7 +2,8 @@
 
 The rows are `pyarrow.Table`s with the output dataset's columns (`engine.io.dataset.dataset_schema`:
 one table per codec window, or a Parquet shard's row groups), optionally with the columns of
-normalised and split texts (`OPTIONAL_COLUMNS`). A row has audio when its `audio.bytes` is set
+normalised texts and of chunks written as rows (`OPTIONAL_COLUMNS`); a split row's per-chunk
+records are in its provenance (`chunks`). A row has audio when its `audio.bytes` is set
 and it has no `error`; every other row is an error record. Formats other than hf-parquet keep a
 shard's error records as JSON lines in `errors/<shard>.jsonl` (every column but the audio),
 written on every attempt (empty when the shard has none), so a retried shard never leaves a
@@ -22,9 +23,11 @@ import soundfile as sf
 
 from engine.io.storage import Storage, join, parse
 
-# columns written when texts are normalised or split (absent otherwise)
-OPTIONAL_COLUMNS = ("normalized_text", "parent_id", "segment", "chunks")
-# what a manifest line or a cut keeps of a row besides its audio, text and duration
+# columns a job writes when it normalises texts or writes chunks as rows (absent otherwise:
+# engine.io.dataset.TEXT_FIELDS)
+OPTIONAL_COLUMNS = ("normalized_text", "parent_id", "segment")
+# what a manifest line or a cut keeps of a row besides its audio, text and duration (and a split
+# row's `chunks`, from its provenance)
 KEPT = ("id", "seed", "method", "prompt_id", "text_id", "finish_reason", "num_codes", *OPTIONAL_COLUMNS)
 
 
@@ -73,8 +76,11 @@ def audio_seconds(data: bytes) -> float:
 
 
 def kept_fields(row: dict) -> dict:
-    """The row's fields a manifest line or a cut keeps (`KEPT`; absent and null ones left out)."""
-    return {k: row[k] for k in KEPT if row.get(k) is not None}
+    """The row's fields a manifest line or a cut keeps (`KEPT`, and a split row's `chunks`
+    records from its provenance; absent and null ones left out)."""
+    kept = {k: row[k] for k in KEPT if row.get(k) is not None}
+    chunks = json.loads(row["provenance"]).get("chunks") if row.get("provenance") else None
+    return {**kept, "chunks": chunks} if chunks else kept
 
 
 def shard_number(shard_id: str) -> int:

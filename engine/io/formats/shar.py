@@ -5,7 +5,8 @@
     shar/cuts.<N>.jsonl.gz      one MonoCut per clip, written after the tar: its supervision holds
                                 the text; `custom` holds the codes, the decoding statistics, the
                                 settings, the seed, the provenance and (when texts are normalised
-                                or split) normalized_text and the chunks
+                                or split) normalized_text, parent_id and segment, or a joined
+                                row's chunks
 `CutSet.from_shar(in_dir="<out>/shar")` reads it (a local folder; on object storage give the
 files: `CutSet.from_shar(fields={"cuts": [...], "recording": [...]})`). N is the shard's number,
 so shards written by different workers, in any order, form one Shar dataset. A shard without a
@@ -15,6 +16,7 @@ clip writes no Shar files (both fields then skip its number alike). Error rows g
 
 from __future__ import annotations
 
+import gzip
 import json
 import tempfile
 from collections.abc import Sequence
@@ -34,9 +36,12 @@ def _cut(row: dict):
     from lhotse import MonoCut, Recording, SupervisionSegment
 
     recording = Recording.from_bytes(row["audio"]["bytes"], recording_id=row["id"])
+    provenance = json.loads(row["provenance"]) if row.get("provenance") else None
+    if provenance is not None:
+        provenance.pop("chunks", None)  # kept_fields has them, as custom["chunks"]
     custom = {**kept_fields(row), "codes": list(row["codes"] or []), "stats": row.get("stats"),
               "settings": json.loads(row["settings"]) if row.get("settings") else None,
-              "provenance": json.loads(row["provenance"]) if row.get("provenance") else None}
+              "provenance": provenance}
     supervision = SupervisionSegment(id=row["id"], recording_id=row["id"], start=0.0,
                                      duration=recording.duration, channel=0, text=row["text"])
     return MonoCut(id=row["id"], start=0.0, duration=recording.duration, channel=0, recording=recording,
@@ -72,5 +77,8 @@ def write_shar_shard(storage: Storage, root: str, shard_id: str, tables: Sequenc
                 written.audio_seconds += audio_seconds(row["audio"]["bytes"])
         made = {p.name.split(".")[0]: p for p in Path(folder).iterdir()}
         for field in ("recording", "cuts"):  # the cuts last: they make the shard readable
-            put(storage, join(root, SHAR_DIR, made[field].name), made[field].read_bytes(), written)
+            data = made[field].read_bytes()
+            if field == "cuts":  # gzip stamps the time it wrote: without it, the same rows give the same bytes
+                data = gzip.compress(gzip.decompress(data), mtime=0)
+            put(storage, join(root, SHAR_DIR, made[field].name), data, written)
     return written

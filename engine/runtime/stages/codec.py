@@ -51,14 +51,17 @@ class CodecStage:
             if not a.codes:
                 a.error = no_codes(a.finish_reason)
         todo = [a for a in todo if a.error is None]
+        modes = {a.row.prompt_audio or self.prompt_audio for a in todo}
         with self.stream():
-            waves = decode_waves(self.codec, [a.codes for a in todo], [a.row.prompt for a in todo],
-                                 self.prompt_audio, [a.row.id for a in todo])
-        for a, wave in zip(todo, waves):
-            if isinstance(wave, Exception):
-                a.error = str(wave)
-            else:
-                a.wave = wave
+            for mode in sorted(modes):  # a joined row's later parts take their prompt as context
+                mine = [a for a in todo if (a.row.prompt_audio or self.prompt_audio) == mode]
+                waves = decode_waves(self.codec, [a.codes for a in mine], [a.row.prompt for a in mine],
+                                     mode, [a.row.id for a in mine])
+                for a, wave in zip(mine, waves):
+                    if isinstance(wave, Exception):
+                        a.error = str(wave)
+                    else:
+                        a.wave = wave
         share = (time.perf_counter() - start) / max(len(todo), 1)
         for a in todo:
             if a.row.task is not None:

@@ -44,7 +44,7 @@ class DecodeStage:
             row = attempt.row
             prompt = row.prompt
             try:
-                request = self.synth.request(row.text, row.settings, attempt.seed, attempt,
+                request = self.synth.request(row.spoken, row.settings, attempt.seed, attempt,
                                              prompt.text if prompt else None,
                                              list(prompt.codes) if prompt else None)
             except ValueError as exc:

@@ -1,10 +1,14 @@
 """Prepare: manifest rows -> row records ready to decode (the second stage a row passes).
 
 A row gets its decoding settings (the job's with the row's own applied), its seed, its voice
-prompt (a clip is read through storage and encoded once, cached by content) and its provenance.
-A row that cannot be decoded (a malformed manifest row, a duplicate id, invalid settings, a
-voice-prompt clip that cannot be read) becomes a row whose result carries the error: it is
-written as an error record and never reaches the decoder.
+prompt (a clip is read through storage and encoded once, cached by content) and its provenance;
+then its text is normalised and planned (`engine.text.prepare.TextPlanner`: `text.normalize`,
+`text.split`). A text cut into chunks gets one part per chunk (`Row.parts`): the chunk's text,
+the row's settings and voice prompt, a seed derived from the row's (`chunk_seeds`) and the id
+`<row id>#<index>`; the parts are decoded as rows of the batch, beside other rows. A row that
+cannot be decoded (a malformed manifest row, a duplicate id, invalid settings, a voice-prompt
+clip that cannot be read, a text the normaliser fails on) becomes a row whose result carries
+the error: it is written as an error record and never reaches the decoder.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from engine.io.manifest import ManifestRow, RowError
 from engine.io.storage import Storage, StorageError, relative_to
 from engine.records import SynthesisResult, item_seed
 from engine.runtime.stages.row import Row
+from engine.text.chunks import TextPlan, chunk_id, chunk_seeds
+from engine.text.prepare import TextPlanner
 
 
 class PrepareStage:
@@ -31,12 +37,17 @@ class PrepareStage:
         revisions: the models' revisions (every row's provenance).
         encode_clip: a 16 kHz clip -> its codec codes (the worker encodes on its IO thread).
         keep_clips: keep each clip's audio with its row (the quality gate's speaker check).
+        planner: normalises and plans texts (None: texts are decoded as they are).
+        joined_include: a split row's parts are joined and its audio includes the voice prompt's
+            (`output.prompt_audio: include`): only the first part's audio starts with it.
     """
 
     def __init__(self, decoding: DecodingSettings, storage: Storage, revisions: dict,
-                 encode_clip: Callable[[np.ndarray], list[int]], keep_clips: bool = False) -> None:
+                 encode_clip: Callable[[np.ndarray], list[int]], keep_clips: bool = False,
+                 planner: TextPlanner | None = None, joined_include: bool = False) -> None:
         self.decoding, self.storage, self.revisions = decoding, storage, revisions
         self.encode_clip, self.keep_clips = encode_clip, keep_clips
+        self.planner, self.joined_include = planner, joined_include
 
     def origin(self, row: ManifestRow | RowError) -> dict:
         """Provenance of a row: where it came from and which models made it."""
@@ -62,6 +73,32 @@ class PrepareStage:
         prompt = load_voice_prompt(row.prompt_text or "", codes=self.encode_clip(wave), id=row.prompt_id)
         return prompt, wave
 
+    def plan(self, row: Row) -> None:
+        """Normalise and plan the row's text; a text cut into chunks gets its parts.
+
+        Raises:
+            ValueError: the normaliser failed on the text.
+        """
+        if self.planner is None:
+            return
+        prompt = row.prompt
+        prepared = self.planner(row.text, row.settings.max_new_tokens, prompt.text if prompt else None,
+                                list(prompt.codes) if prompt else None)
+        row.normalized, row.plan = prepared.normalized, prepared.plan
+        if prepared.split:
+            row.parts = self.parts(row, prepared.plan)
+
+    def parts(self, row: Row, plan: TextPlan) -> list[Row]:
+        """A row's chunks as rows of their own (`Row.parts`)."""
+        out = []
+        for i, (chunk, seed) in enumerate(zip(plan.chunks, chunk_seeds(row.seed, len(plan.chunks)))):
+            where = {"index": i, "start": chunk.start, "end": chunk.end, "boundary": chunk.boundary}
+            out.append(Row(row.index, SynthesisResult(id=chunk_id(row.id, i), text=chunk.text, seed=seed),
+                           row.settings, {**row.origin, "chunk": where}, prompt=row.prompt,
+                           prompt_wave=row.prompt_wave, seed=seed, parent=row, segment=i,
+                           prompt_audio="context" if self.joined_include and i > 0 else None))
+        return out
+
     def error_row(self, index: int, ident: str, text: str, why: str, origin: dict) -> Row:
         seed = item_seed(self.decoding.seed, ident)
         return Row(index, SynthesisResult(id=ident, text=text, seed=seed, error=why), self.decoding, origin,
@@ -82,6 +119,12 @@ class PrepareStage:
                 out.append(self.error_row(index, row.id, row.text, str(exc), origin))
                 continue
             seed = row.seed if row.seed is not None else item_seed(self.decoding.seed, row.id)
-            out.append(Row(index, SynthesisResult(id=row.id, text=row.text, seed=seed), settings, origin,
-                           prompt=prompt, prompt_wave=clip if self.keep_clips else None, seed=seed))
+            prepared = Row(index, SynthesisResult(id=row.id, text=row.text, seed=seed), settings, origin,
+                           prompt=prompt, prompt_wave=clip if self.keep_clips else None, seed=seed)
+            try:
+                self.plan(prepared)
+            except ValueError as exc:
+                out.append(self.error_row(index, row.id, row.text, f"text: {exc}", origin))
+                continue
+            out.append(prepared)
         return out

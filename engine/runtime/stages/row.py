@@ -4,12 +4,20 @@ The prepare stage makes a `Row` once; every later stage fills in its own part of
 stage copies a row into a container of its own:
 
     read     ManifestRow | RowError             what the manifest says (io/manifest.py)
-    prepare  Row: result (id, text, seed), settings, voice prompt, provenance; a bad manifest
-             row is a Row whose result carries the error
-    decode   Attempt: codes, finish reason, statistics (one Attempt per decode of the row)
+    prepare  Row: result (id, text, seed), settings, voice prompt, provenance, its text
+             normalised and planned; a long text's chunks as rows of their own (`parts`); a bad
+             manifest row is a Row whose result carries the error
+    decode   Attempt: codes, finish reason, statistics (one Attempt per decode of the row, or
+             of each of its parts)
     codec    Attempt.wave: its audio as it will be written
-    verify   Attempt.scores; the row keeps an attempt, is rejected, or is decoded again
-    write    Row.kept (or the rejected row) into its shard's Parquet file(s)
+    verify   Attempt.scores; the row (or part) keeps an attempt, is rejected, or is decoded again
+    write    Row.kept (or the rejected row) into its shard's files; a split row's parts joined
+             into one row, or written as rows of their own
+
+What is decoded is a row's `units()`: the row itself, or its parts when its text was split. A
+part is a `Row` whose `parent` is the manifest row; it shares the parent's settings and voice
+prompt, has its own text (the chunk's), seed (`engine.text.chunks.chunk_seeds`) and attempts,
+and settles on its own; the shard is written once every unit of every row has settled.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import numpy as np
 
 from engine.config import DecodingSettings
 from engine.records import AttemptScores, RowStats, SynthesisResult, attempt_seed
+from engine.text.chunks import TextPlan
 
 
 @dataclass(eq=False)
@@ -68,6 +77,14 @@ class Row:
         attempts: its decodes, in the order they were made.
         kept: the attempt whose audio is written (None: an error row).
         settled: nothing more happens to it before it is written (kept, rejected or failed).
+        normalized: its text normalised (`text.normalize`; None: not normalised).
+        plan: how its text is decoded (None: as it is).
+        parts: its chunks' rows, when its text was split (else empty).
+        parent: the manifest row a part belongs to (None: a manifest row).
+        segment: a part's index among its parent's.
+        prompt_audio: how a voice prompt's audio enters this row's audio, where not as the
+            job's `output.prompt_audio` (a joined row's later parts: as context, since only the
+            joined clip's start includes it).
     """
 
     index: int
@@ -81,6 +98,12 @@ class Row:
     attempts: list[Attempt] = field(default_factory=list)
     kept: Attempt | None = None
     settled: bool = False
+    normalized: str | None = None
+    plan: TextPlan | None = None
+    parts: list[Row] = field(default_factory=list)
+    parent: Row | None = None
+    segment: int | None = None
+    prompt_audio: str | None = None
 
     @property
     def id(self) -> str:
@@ -91,9 +114,19 @@ class Row:
         return self.result.text
 
     @property
+    def spoken(self) -> str:
+        """What the model reads (and the quality gate's ASR is compared with): the normalised
+        text, else the text (a part's: its chunk of the parent's)."""
+        return self.normalized if self.normalized is not None else self.text
+
+    @property
     def to_decode(self) -> bool:
         """Not already an error row (a bad manifest row, settings or voice prompt)."""
         return self.result.error is None
+
+    def units(self) -> list[Row]:
+        """What is decoded for it: its parts, else itself."""
+        return self.parts or [self]
 
     def attempt(self, number: int) -> Attempt:
         """A new attempt of this row (recorded in `attempts`)."""
@@ -122,12 +155,14 @@ class Row:
 
     @property
     def rejected(self) -> bool:
-        """The quality gate kept none of its attempts."""
+        """The quality gate kept none of its attempts (of a split row: of a part's)."""
+        if self.parts:
+            return any(p.rejected for p in self.parts)
         return self.result.quality is not None and not self.result.quality.passed
 
     def work(self) -> list[RowStats]:
-        """Statistics of every attempt decoded (what decoding the row cost)."""
-        return [a.stats for a in self.attempts if a.stats is not None]
+        """Statistics of every attempt decoded (what decoding the row, or its parts, cost)."""
+        return [a.stats for unit in self.units() for a in unit.attempts if a.stats is not None]
 
 
 @dataclass(eq=False)
@@ -139,7 +174,8 @@ class ShardTask:
         attempt: which try of the shard this is (the pool retries failed shards).
         rows: one Row per manifest row, in manifest order.
         received: `time.perf_counter()` when the worker got it.
-        remaining: rows not yet settled (decoded, and checked when the gate is on).
+        remaining: units (rows, or parts of split rows) not yet settled (decoded, and checked
+            when the gate is on).
         in_decoder: its attempts queued or decoding.
         decoded: when its last row settled.
         future: resolves to the commit record (or the error that failed the shard).
@@ -160,6 +196,12 @@ class ShardTask:
     def __post_init__(self) -> None:
         for row in self.rows:
             row.task = self
+            for part in row.parts:
+                part.task = self
+
+    def units(self) -> list[Row]:
+        """What its rows are decoded as, in order: each row to decode, or its parts."""
+        return [unit for row in self.rows if row.to_decode for unit in row.units()]
 
     @property
     def resolved(self) -> bool:

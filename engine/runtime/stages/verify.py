@@ -2,7 +2,9 @@
 quality gate, `quality:` in the job spec; the checks themselves are `metrics/gate.py`).
 
 Runs on the worker's verify thread, beside the decode loop, on a few finished attempts at a
-time (the ASR transcribes them together). A row is decided once every attempt it has decoded is
+time (the ASR transcribes them together). The ASR's transcript is compared with what the model
+read: the normalised text where texts are normalised, a chunk's text for a part of a split row
+(each part is checked, and decoded again, on its own). A row is decided once every attempt it has decoded is
 scored: kept (it passed), rejected (it never passed: the best of its attempts goes to the
 rejects), or given its next attempt, which the decode thread queues ahead of new rows. An
 attempt the codec could not turn into audio fails its checks; an exception while checking one
@@ -40,7 +42,7 @@ class VerifyStage:
     def speech(self, attempt: Attempt) -> np.ndarray:
         """The attempt's audio without a voice prompt's (the part its text is checked against)."""
         prompt = attempt.row.prompt
-        if self.prompt_audio == "include" and prompt is not None:
+        if (attempt.row.prompt_audio or self.prompt_audio) == "include" and prompt is not None:
             return attempt.wave[len(prompt.codes) * self.hop_length:]
         return attempt.wave
 
@@ -55,7 +57,7 @@ class VerifyStage:
                 hyp = hyps.get(id(a))
                 if isinstance(hyp, Exception):
                     raise hyp
-                a.scores = self.gate.score(row.text, self.speech(a) if a.wave is not None else None,
+                a.scores = self.gate.score(row.spoken, self.speech(a) if a.wave is not None else None,
                                            a.finish_reason, a.number, a.seed, row.prompt, row.prompt_wave,
                                            hypothesis=hyp, no_audio=a.error)
             except VerifierLost:  # no row's fault: the shards being checked are redone

@@ -1,11 +1,15 @@
-"""Write: a shard's rows -> its Parquet file, then its commit record (the last stage).
+"""Write: a shard's rows -> its files in `output.format`, then its commit record (the last stage).
 
-Every manifest row is written exactly once: rows with audio and error rows to
-`data/<shard>.parquet` in manifest order (rows the quality gate rejected to
-`rejects/<shard>.parquet`, in the same schema with the reason, or nowhere when the job drops
-them). The commit record is written last, so a shard counts as done only when its files are
-complete; a worker that dies in between leaves an uncommitted shard that is redone (its files
-overwritten with the same rows).
+Every manifest row is written exactly once: rows with audio and error rows go to the shard's
+files in manifest order (`engine.io.formats.write_shard`: `data/<shard>.parquet`, NeMo's
+manifest and audio, or Lhotse Shar; nemo and lhotse-shar keep error rows in
+`errors/<shard>.jsonl`), rows the quality gate rejected to `rejects/<shard>.parquet` (every
+format; in the dataset's schema, with the reason) or nowhere when the job drops them. A row
+whose text was split is written as one row, its parts joined (`split.join_row`), or with
+`text.split_output: rows` as one row per part, with the parent's id and the part's segment.
+The commit record is written last, so a shard counts as done only when its files are complete; a
+worker that dies in between leaves an uncommitted shard that is redone (its files overwritten
+with the same rows).
 """
 
 from __future__ import annotations
@@ -16,23 +20,35 @@ import os
 import time
 from collections.abc import Callable
 
+import pyarrow as pa
+
 from engine.codec.export import audio_row, windows
 from engine.config import JobSpec
-from engine.io.dataset import AudioRow, build_table, dataset_schema, parquet_writer, quality_schema, with_quality
+from engine.io.dataset import (
+    AudioRow,
+    build_table,
+    dataset_schema,
+    parquet_writer,
+    quality_schema,
+    text_columns,
+    with_quality,
+)
+from engine.io.formats import write_shard
 from engine.io.storage import Storage, join
 from engine.records import aggregate
 from engine.runtime.plan import Layout
 from engine.runtime.stages.codec import CodecStage
 from engine.runtime.stages.row import Row, ShardTask
+from engine.runtime.stages.split import join_row, split_counts
 
-WINDOW = 256  # rows encoded and written per row group: a shard's audio is never all in memory
+WINDOW = 256  # rows encoded and built into a table at a time: a shard's waveforms are never all in memory
 
 
 class WriteStage:
     """A shard's rows into its files and its commit record.
 
     Args:
-        spec: the job (output format, prompt audio, batch size).
+        spec: the job (output format, prompt audio, text settings, batch size).
         storage: where the files go.
         codec: decodes rows that reach this stage without audio (no quality gate).
         sample_rate: the codec's.
@@ -45,60 +61,85 @@ class WriteStage:
         self.sample_rate, self.worker_info = sample_rate, worker_info
         self.layout = Layout(spec.output.uri)
         self.quality = spec.quality.enabled
+        self.text = text_columns(spec.text)
+        self.as_rows = spec.text.split_output == "rows"
+        self.schema = (quality_schema if self.quality else dataset_schema)(sample_rate, self.text)
 
     def rejects(self, shard) -> str:
         """Where a shard's rejected rows go: `rejects/<shard>.parquet`."""
         return join(self.layout.root, "rejects", f"{shard.id}.parquet")
 
-    def audio_row(self, row: Row) -> AudioRow:
-        """A row as the dataset stores it (its kept attempt's audio encoded)."""
-        kept, audio = row.kept, None
-        if kept is not None and row.result.error is None:
-            audio = kept.wave if kept.wave is not None else kept.error
-        return audio_row(row.result, row.prompt, self.spec.output.prompt_audio, row.origin, audio,
-                         self.spec.output.audio_format, self.sample_rate)
+    def outputs(self, row: Row) -> list[Row]:
+        """The rows written for a manifest row: itself, or its parts (`split_output: rows`)."""
+        return row.parts if row.parts and self.as_rows else [row]
 
-    def table_bytes(self, rows: list[Row]) -> tuple[bytes, int, int]:
-        """(Parquet file bytes of `rows`, rows with audio, their samples), a window at a time:
-        rows still without audio are decoded here, and every window's audio is freed once
-        written."""
-        buffer, with_audio, samples = io.BytesIO(), 0, 0
-        schema = (quality_schema if self.quality else dataset_schema)(self.sample_rate)
-        with parquet_writer(buffer, schema) as writer:
-            for part in windows(len(rows), WINDOW):
-                window = rows[part]
-                self.codec([row.kept for row in window if row.kept is not None and row.result.error is None])
-                start = time.perf_counter()
-                audio = [self.audio_row(row) for row in window]
-                if window and window[0].task is not None:
-                    window[0].task.codec_s += time.perf_counter() - start  # encoding, with the codec's time
-                table = build_table(audio, [row.settings for row in window], self.sample_rate)
-                writer.write_table(with_quality(table, [row.result for row in window]) if self.quality else table)
-                for row, written in zip(window, audio):
-                    if row.kept is not None:
-                        row.kept.wave = None
-                    if written.audio is not None:
-                        with_audio, samples = with_audio + 1, samples + written.num_samples
-        return buffer.getvalue(), with_audio, samples
+    def audio_row(self, row: Row) -> AudioRow:
+        """A row as the dataset stores it (its kept attempt's audio encoded; a split row's parts
+        joined)."""
+        if row.parts:
+            audio = join_row(row, self.sample_rate)
+        else:
+            kept, audio = row.kept, None
+            if kept is not None and row.result.error is None:
+                audio = kept.wave if kept.wave is not None else kept.error
+        made = audio_row(row.result, row.prompt, self.spec.output.prompt_audio, row.origin, audio,
+                         self.spec.output.audio_format, self.sample_rate)
+        parent = row.parent
+        normalized = row.normalized if parent is None else (row.text if parent.normalized is not None else None)
+        made.normalized_text, made.segment = normalized, row.segment
+        made.parent_id = parent.id if parent is not None else None
+        return made
+
+    def tables(self, rows: list[Row]) -> tuple[list[pa.Table], set[int]]:
+        """The tables of `rows` (written rows: manifest rows or parts), a window at a time, and
+        the rows (by `id()`) written with audio. Rows still without audio are decoded here, and
+        every window's waveforms are freed once encoded."""
+        tables, voiced = [], set()
+        for part in windows(len(rows), WINDOW):
+            window = rows[part]
+            units = [u for row in window for u in row.units()]
+            self.codec([u.kept for u in units if u.kept is not None and u.result.error is None])
+            start = time.perf_counter()
+            audio = [self.audio_row(row) for row in window]
+            if window and window[0].task is not None:
+                window[0].task.codec_s += time.perf_counter() - start  # encoding, with the codec's time
+            table = build_table(audio, [row.settings for row in window], self.sample_rate, self.text)
+            tables.append(with_quality(table, [row.result for row in window]) if self.quality else table)
+            for unit in units:
+                if unit.kept is not None:
+                    unit.kept.wave = None
+            voiced.update(id(row) for row, made in zip(window, audio) if made.audio is not None)
+        return tables, voiced
+
+    def table_bytes(self, rows: list[Row]) -> bytes:
+        """`rows` as the bytes of one Parquet file (the rejects', or a warm-up's)."""
+        buffer = io.BytesIO()
+        with parquet_writer(buffer, self.schema) as writer:
+            for table in self.tables(rows)[0]:
+                writer.write_table(table)
+        return buffer.getvalue()
 
     def __call__(self, task: ShardTask, figures: Callable[[], dict]) -> dict:
-        """Write the shard's file, then its commit record (returned). `figures()` gives what the
-        pipeline measured since the last record (taken when called, after the file is written)."""
+        """Write the shard's files, then its commit record (returned). `figures()` gives what the
+        pipeline measured since the last record (taken when called, after the files are written)."""
         shard = task.shard
-        rows = [row for row in task.rows if not row.rejected]
-        rejected = [row for row in task.rows if row.rejected]
-        data, ok, samples = self.table_bytes(rows)
-        self.storage.write_bytes(self.layout.data(shard), data)
+        written = [out for row in task.rows for out in self.outputs(row)]
+        kept = [out for out in written if not out.rejected]
+        rejected = [out for out in written if out.rejected]
+        tables, voiced = self.tables(kept)
+        files = write_shard(self.storage, self.spec.output, shard.id, tables, self.schema)
         if rejected and self.spec.quality.on_reject == "rejects":
-            self.storage.write_bytes(self.rejects(shard), self.table_bytes(rejected)[0])
+            self.storage.write_bytes(self.rejects(shard), self.table_bytes(rejected))
+        ok = sum(all(id(out) in voiced for out in self.outputs(row)) for row in task.rows)
+        rows_rejected = sum(row.rejected for row in task.rows)
         stats = aggregate([s for row in task.rows for s in row.work()])  # every attempt decoded
         measured = figures()
         profile = measured.pop("profile", None)
         record = {
             "shard": shard.id, "manifest": shard.manifest, "rows": shard.rows, "ok": ok,
-            "failed": shard.rows - ok - len(rejected), "rejected": len(rejected),
-            "cut": sum(row.result.cut for row in rows),  # rows written whose audio stops at the token limit
-            "audio_seconds": round(samples / self.sample_rate, 3), "generated_tokens": stats.generated_tokens,
+            "failed": shard.rows - ok - rows_rejected, "rejected": rows_rejected,
+            "cut": sum(out.result.cut for out in kept),  # rows written whose audio stops at the token limit
+            "audio_seconds": round(files.audio_seconds, 3), "generated_tokens": stats.generated_tokens,
             "rounds": stats.rounds, "emitted": stats.emitted, "reached": stats.reached,
             "accepted": stats.accepted, "thinning_trials": stats.thinning_trials,
             "codec_s": round(task.codec_s, 3),
@@ -106,7 +147,10 @@ class WriteStage:
             "batch_size": self.spec.resources.batch_size,
             **{k: round(v, 4) if isinstance(v, float) else v for k, v in measured.items()},
             **(self.verdicts(task) if self.quality else {}),
-            "data": self.layout.data(shard), **self.worker_info(),
+            **split_counts(task.rows, len(kept) if self.as_rows else None),
+            "data": self.layout.data(shard) if self.spec.output.format == "hf-parquet" else None,
+            "format": self.spec.output.format, "files": files.files, "errors": files.errors,
+            **self.worker_info(),
             "storage_retries": self.storage.retries,  # this worker's, so far (transient failures ridden out)
         }
         if profile is not None:  # finished with this shard's rounds: written once, named in this record
@@ -115,16 +159,18 @@ class WriteStage:
         return record
 
     def verdicts(self, task: ShardTask) -> dict:
-        """The quality gate's figures of a shard: rows it kept and rejected, rows decoded more
-        than once, attempts decoded, seconds spent checking."""
-        judged = [row.result.quality for row in task.rows if row.result.quality is not None]
+        """The quality gate's figures of a shard, over what was decoded (rows, or the parts of
+        split rows: each is checked on its own): checked, kept, rejected, decoded more than once,
+        attempts decoded, seconds spent checking."""
+        units = task.units()
+        judged = [u.result.quality for u in units if u.result.quality is not None]
         dropped = self.spec.quality.on_reject == "drop"
         return {"quality": {"checked": len(judged), "passed": sum(v.passed for v in judged),
                             "rejected": sum(not v.passed for v in judged),
                             "dropped": sum(not v.passed for v in judged) if dropped else 0,
                             "regenerated": sum(len(v.attempts) > 1 for v in judged) if self.spec.quality.best_of == 1
                             else 0,
-                            "decodes": sum(len(row.attempts) for row in task.rows),
+                            "decodes": sum(len(u.attempts) for u in units),
                             "verify_s": round(task.verify_s, 4)},
                 "rejects": self.rejects(task.shard) if any(not v.passed for v in judged) and not dropped else None}
 
