@@ -74,11 +74,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 and scale in the input dtype, as transformers does (bit for bit:
-        # tests/cpu/test_llama_parity.py); decoding in one fused op where the input is float32 or
-        # float64. Training (gradients on) keeps transformers' ops, whose backward it reproduces.
-        if torch.is_grad_enabled():
-            x32 = wide(x)
-            return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        # tests/cpu/test_llama_parity.py); in one fused op where the input is float32 or float64.
         if x.dtype in (torch.float32, torch.float64):
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)

@@ -80,15 +80,16 @@ def test_max_speech_ratio_off_leaves_the_plan_of_an_earlier_output_and_on_is_ano
     assert make_plan(off, Storage()).fingerprint != make_plan(on, Storage()).fingerprint
 
 
-def test_outputs_from_before_the_draws_changed_are_another_numerics_environment():
-    """The random draws are part of a row's arithmetic: an output recorded without the numerics
-    version (version 1, before it existed) or with another one differs from today's."""
+def test_the_version_of_the_draws_is_part_of_the_numerics_environment():
+    """The random draws are part of a row's arithmetic: an output recorded under another version
+    of them differs from today's; one recorded before the field existed has version 1."""
     from engine.decoding import rng
     from engine.runtime import numerics
 
     assert numerics.NUMERICS_VERSION == rng.VERSION
     now = {"device": "cpu", "torch": "2.13.0", "threads": 2, "compile": "none", "numerics": rng.VERSION}
     old = {k: v for k, v in now.items() if k != "numerics"}
-    assert numerics.differences(old, now) == [f"numerics 1 -> {rng.VERSION}"]
-    assert numerics.differences(now, now) == []
+    assert numerics.differences(old, now) == ([] if rng.VERSION == 1 else [f"numerics 1 -> {rng.VERSION}"])
+    assert numerics.differences({**now, "numerics": rng.VERSION + 1}, now) == [
+        f"numerics {rng.VERSION + 1} -> {rng.VERSION}"]
     assert numerics.differences({**now, "compile": None}, {**now, "compile": "none"}) == []
