@@ -154,6 +154,19 @@ def table(doc: dict) -> str:
     return "\n".join(lines) + "\n\n" + doc["notes"] + "\n"
 
 
+def how_line(argv: list[str]) -> str:
+    """The command that made the result, its --note left out (the note is in the notes)."""
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--note":
+            skip = True
+        elif not word.startswith("--note="):
+            words.append(word)
+    return "python " + " ".join(words)
+
+
 def main() -> None:
     args = parse()
     import torch
@@ -171,7 +184,7 @@ def main() -> None:
                     readings.append({"models": name, "dtype": desc["dtype"], **row})
                     print(readings[-1], flush=True)
         del synths
-    doc = {"benchmark": "a decode round, eager against compiled", "how": "python " + " ".join(sys.argv),
+    doc = {"benchmark": "a decode round, eager against compiled", "how": how_line(sys.argv),
            "machine": describe(args.device), "threads": args.threads,
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
            "readings": readings,
