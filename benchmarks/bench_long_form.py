@@ -98,6 +98,7 @@ def run(spec) -> dict:
             "generated_tokens": summary["generated_tokens"],
             "steady_s": steady["wall_s"], "steady_tokens_per_s": steady["tokens_per_s"],
             "slot_utilisation": summary["utilisation"]["slot_utilisation"],
+            "dtype": summary["numerics"][0]["dtype"] if summary.get("numerics") else None,
             "wall_s": round(time.perf_counter() - start, 1)}
 
 
@@ -125,8 +126,12 @@ def markdown(doc: dict) -> str:
         r = doc["runs"][name]
         lines.append(f"| {name} | {r['rows_ok']} | {r['rows_split']} -> {r['chunks']} | {r['generated_tokens']} | "
                      f"{r['steady_s']} | {r['steady_tokens_per_s']} | {r['slot_utilisation']} |")
+    empty = doc["chunks"] - doc["runs"]["chunks_as_rows"]["rows_ok"]
     lines += ["", f"long-form / chunks as rows (steady time): **{doc['ratio']}** (target: at most 1.05).",
-              f"The long rows' codes are the chunk rows' codes in order: {doc['same_codes']} (float32: the two "
+              f"Rows ok are the rows without an error record: {empty} of the chunks ended before any speech "
+              "(the kit's random end of speech), an error record as a row of their own, and, in the long-form "
+              "job, the error record of their long row (without a quality gate to decode them again).",
+              f"The long rows' codes are the chunk rows' codes in order: {doc['same_codes']} ({doc.get('dtype', 'float32')}: the two "
               "jobs batch other rows beside a chunk, which can move a logit's last bits and so a sampled code; "
               "tests/cpu/test_long_texts.py checks it bit for bit in float64)."]
     return "\n".join(lines) + "\n"
@@ -161,7 +166,7 @@ def main() -> None:
     load = {"start": load, "end": round(os.getloadavg()[0], 2)}
     doc = {"benchmark": "long_form", "machine": describe(), "load_average": load, "long_rows": len(rows),
            "chunks": len(chunks), "batch": args.batch, "max_new_tokens": args.max_new_tokens, "runs": runs,
-           "ratio": ratio, "same_codes": same_codes(work / "out-long", work / "out-chunks")}
+           "ratio": ratio, "dtype": runs["long_form"]["dtype"], "same_codes": same_codes(work / "out-long", work / "out-chunks")}
     write_result_pair(Path(args.out), doc, markdown(doc))
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import ROOT, describe, kit_headline, write_result_pair  # noqa: E402
+from machine import ROOT, describe, how_line, kit_headline, write_result_pair  # noqa: E402
 
 GATE = {"asr": "pocketsphinx", "speaker": "resemblyzer"}  # scores recorded, nothing rejected
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
@@ -119,7 +119,7 @@ def main() -> None:
         return round(on[key] / off[key], 3) if on[key] and off[key] else None
 
     doc = {"benchmark": "quality_gate", "machine": describe("cpu"), "threads": args.threads, "dtype": "auto",
-           "how": " ".join(["benchmarks/bench_quality_gate.py", *sys.argv[1:]]),
+           "how": how_line(["benchmarks/bench_quality_gate.py", *sys.argv[1:]]),
            "seconds": round(time.perf_counter() - t0, 1),
            "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
            "rows": args.rows, "batch": args.batch, "max_new_tokens": args.max_new_tokens, "gate": GATE,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import ROOT, describe, write_result_pair  # noqa: E402
+from machine import ROOT, describe, how_line, write_result_pair  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -152,19 +152,6 @@ def table(doc: dict) -> str:
                      f"| {r['host_ms_per_round']:.1f} | {dev} | {r['tokens_per_s']:.0f} "
                      f"| {r['vs_first_mode']:.2f}x | {comp} |")
     return "\n".join(lines) + "\n\n" + doc["notes"] + "\n"
-
-
-def how_line(argv: list[str]) -> str:
-    """The command that made the result, its --note left out (the note is in the notes)."""
-    words, skip = [], False
-    for word in argv:
-        if skip:
-            skip = False
-        elif word == "--note":
-            skip = True
-        elif not word.startswith("--note="):
-            words.append(word)
-    return "python " + " ".join(words)
 
 
 def main() -> None:

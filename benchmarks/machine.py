@@ -38,3 +38,16 @@ def kit_headline(title: str, doc: dict, extra: str = "") -> str:
     return (f"{title}: {m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} threads, torch {m['torch']}, "
             f"{doc['dtype']}{extra}, {m['date']}; load average (1 min) {load['start']} at the start, "
             f"{load['end']} at the end.")
+
+
+def how_line(argv: list[str]) -> str:
+    """The command that made a result, its --note/--notes left out (they are in the notes)."""
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in ("--note", "--notes"):
+            skip = True
+        elif not word.startswith(("--note=", "--notes=")):
+            words.append(word)
+    return ("" if words[0].startswith("python") else "python ") + " ".join(words)
