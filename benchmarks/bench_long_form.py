@@ -131,7 +131,8 @@ def markdown(doc: dict) -> str:
               f"Rows ok are the rows without an error record: {empty} of the chunks ended before any speech "
               "(the kit's random end of speech), an error record as a row of their own, and, in the long-form "
               "job, the error record of their long row (without a quality gate to decode them again).",
-              f"The long rows' codes are the chunk rows' codes in order: {doc['same_codes']} ({doc.get('dtype', 'float32')}: the two "
+              f"The long rows' codes are the chunk rows' codes in order: {doc['same_codes']} "
+              f"({doc.get('dtype', 'float32')}: the two "
               "jobs batch other rows beside a chunk, which can move a logit's last bits and so a sampled code; "
               "tests/cpu/test_long_texts.py checks it bit for bit in float64)."]
     return "\n".join(lines) + "\n"
@@ -166,7 +167,8 @@ def main() -> None:
     load = {"start": load, "end": round(os.getloadavg()[0], 2)}
     doc = {"benchmark": "long_form", "machine": describe(), "load_average": load, "long_rows": len(rows),
            "chunks": len(chunks), "batch": args.batch, "max_new_tokens": args.max_new_tokens, "runs": runs,
-           "ratio": ratio, "dtype": runs["long_form"]["dtype"], "same_codes": same_codes(work / "out-long", work / "out-chunks")}
+           "ratio": ratio, "dtype": runs["long_form"]["dtype"],
+           "same_codes": same_codes(work / "out-long", work / "out-chunks")}
     write_result_pair(Path(args.out), doc, markdown(doc))
 
 
