@@ -69,11 +69,11 @@ class HFASR:
         self.model_type = json.loads((path / "config.json").read_text()).get("model_type", "?")
         self.name = f"{path.name} ({self.model_type})"
         self.batch_size = batch_size
-        self.pipe = pipeline("automatic-speech-recognition", model=str(path), device=device)
-        self.kwargs = {}
-        if self.model_type == "whisper":  # English transcription, not language detection
-            self.kwargs = {"generate_kwargs": {"language": "en", "task": "transcribe"},
-                           "chunk_length_s": 30}
+        whisper = self.model_type == "whisper"
+        # Whisper: 30 s windows (a row may be longer), transcribed as English, not translated
+        self.pipe = pipeline("automatic-speech-recognition", model=str(path), device=device,
+                             **({"chunk_length_s": 30, "ignore_warning": True} if whisper else {}))
+        self.kwargs = {"generate_kwargs": {"language": "en", "task": "transcribe"}} if whisper else {}
 
     def transcribe(self, waves: Sequence[np.ndarray]) -> list[str]:
         inputs = [{"raw": np.asarray(w, dtype=np.float32), "sampling_rate": SAMPLE_RATE} for w in waves]

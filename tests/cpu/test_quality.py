@@ -11,7 +11,7 @@ from engine.metrics.deps import MissingBackend
 from engine.metrics.signals import synthetic_voice
 from engine.metrics.text import corpus_rates, edit_counts, normalize
 
-from asrhelpers import save_char_processor
+from asrhelpers import save_char_processor, save_tiny_whisper
 
 
 def test_normalize_keeps_words_and_contractions_only():
@@ -73,6 +73,29 @@ def test_local_hf_ctc_checkpoint_transcribes_with_its_vocabulary(tmp_path):
     assert len(hyps) == 2
     assert any(hyps)  # a random model emits something, drawn from its vocabulary only
     assert all(set(h.replace("<unk>", "")) <= set("abcdefghijklmnopqrstuvwxyz' ") for h in hyps)
+
+
+def test_local_whisper_checkpoint_transcribes_long_clips_in_english(tmp_path, monkeypatch):
+    """A Whisper checkpoint (random weights, made here) through the same recogniser: asked for
+    English transcription (its generation settings know only English, so another language or a
+    missing task table would raise), a clip over Whisper's 30 s window cut into windows (counted
+    at the model's generate) rather than truncated."""
+    from engine.metrics.asr import HFASR, load_asr
+
+    asr = load_asr(str(save_tiny_whisper(tmp_path / "whisper")))
+    assert isinstance(asr, HFASR) and asr.model_type == "whisper"
+    assert asr.kwargs["generate_kwargs"] == {"language": "en", "task": "transcribe"}
+    windows, generate = [], asr.pipe.model.generate
+
+    def counted(*args, **kwargs):
+        features = kwargs.get("input_features", args[0] if args else None)
+        windows.append(features.shape[0])
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(asr.pipe.model, "generate", counted)
+    hyps = asr.transcribe([synthetic_voice(2, 1.0), synthetic_voice(3, 41.0)])
+    assert len(hyps) == 2 and all(isinstance(h, str) and h for h in hyps)
+    assert sum(windows) >= 3  # one window for the short clip, two or more for the 41 s one
 
 
 def test_asr_and_speaker_specs_that_are_not_directories_are_refused(tmp_path):

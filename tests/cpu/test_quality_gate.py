@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,8 @@ from engine.runtime.preflight import dry_run, dry_run_text
 from engine.runtime.stages.row import Row, ShardTask
 from engine.runtime.worker import ShardProcessor
 
-from asrhelpers import save_char_processor
+from asrhelpers import save_char_processor, save_tiny_whisper, save_tiny_xvector
+from hubhelpers import add_to_hub_cache
 from jobhelpers import audio_ok, job_spec, texts, write_manifest
 
 DECODING = {"method": "exact", "max_new_tokens": 16, "seed": 1}
@@ -368,3 +370,36 @@ def test_the_api_and_generate_take_the_same_gate(kit_dir, kit_synth, tmp_path, c
     assert "1 text rejected" in capsys.readouterr().err and not out.exists()
     [row] = pq.read_table(tmp_path / "gen.rejects.parquet").to_pylist()
     assert row["attempts"] == 2 and row["cer"] > 0.01 and row["reject_reason"]
+
+
+def test_verifiers_by_hub_id_from_an_offline_cache(kit_dir, tmp_path):
+    """The gate's ASR (a Whisper checkpoint) and speaker encoder (an x-vector one) given as Hub
+    ids, resolved by the real huggingface_hub from an offline cache (HF_HUB_OFFLINE=1), score
+    every text in `generate`; an id the cache lacks is refused before any decoding, in one line."""
+    hub = tmp_path / "hub"
+    add_to_hub_cache(hub, "test-org/tiny-whisper", save_tiny_whisper(tmp_path / "whisper"))
+    add_to_hub_cache(hub, "test-org/tiny-xvector", save_tiny_xvector(tmp_path / "xvector"))
+    prompt = {"prompt_text": "A voice.", "prompt_codes": [int(c) for c in np.arange(40) * 977 % 65536]}
+    items = tmp_path / "texts.jsonl"
+    items.write_text("".join(json.dumps({"id": f"t{i}", "text": text, **prompt}) + "\n"
+                             for i, text in enumerate(["Hello there.", "Good morning to you."])))
+    env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+
+    def generate(asr: str, out: Path) -> subprocess.CompletedProcess:
+        args = ["generate", "--kit", str(kit_dir), "--texts-file", str(items), "--method", "exact",
+                "--max-new-tokens", "16", "--device", "cpu", "--asr", asr, "--speaker", "test-org/tiny-xvector",
+                "--out", str(out), "--quiet"]
+        return subprocess.run([sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    done = generate("test-org/tiny-whisper", tmp_path / "gen.parquet")
+    assert done.returncode == 0, done.stderr
+    rows = pq.read_table(tmp_path / "gen.parquet").to_pylist()
+    assert [r["id"] for r in rows] == ["t0", "t1"]
+    for r in rows:
+        assert isinstance(r["hypothesis"], str) and r["cer"] is not None and r["wer"] is not None
+        assert -1 <= r["speaker_similarity"] <= 1
+    refused = generate("test-org/not-cached", tmp_path / "none.parquet")
+    assert refused.returncode != 0 and not (tmp_path / "none.parquet").exists()
+    said = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(said) == 1 and "test-org/not-cached" in said[0] and "Traceback" not in refused.stderr

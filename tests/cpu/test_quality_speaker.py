@@ -8,6 +8,8 @@ import pytest
 from engine.metrics.signals import synthetic_voice
 from engine.metrics.speaker import cosine, load_speaker
 
+from asrhelpers import save_tiny_xvector
+
 # Produced by resemblyzer 0.1.4 itself (librosa 0.11, webrtcvad 2.0.10, setuptools < 81):
 # proj @ VoiceEncoder().embed_utterance(preprocess_wav(clip)) with
 # proj = np.random.default_rng(0).standard_normal((4, 256)), for these clips. The "gap" clip has
@@ -60,14 +62,7 @@ def test_noise_without_voice_still_embeds(resemblyzer):
 
 
 def test_local_xvector_checkpoint_embeds(tmp_path):
-    from transformers import Wav2Vec2FeatureExtractor, WavLMConfig, WavLMForXVector
-
-    config = WavLMConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                         conv_dim=(32, 32), conv_stride=(5, 4), conv_kernel=(10, 4),
-                         num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
-                         tdnn_dim=(32, 32), tdnn_kernel=(3, 1), tdnn_dilation=(1, 1), xvector_output_dim=16)
-    WavLMForXVector(config).save_pretrained(str(tmp_path))
-    Wav2Vec2FeatureExtractor(sampling_rate=16000).save_pretrained(str(tmp_path))
+    save_tiny_xvector(tmp_path)
     speaker = load_speaker(str(tmp_path))
     clip = synthetic_voice(31, 1.0)
     e = speaker.embed(clip)
