@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 import tempfile
+import threading
 from dataclasses import fields
 from pathlib import Path
 
@@ -520,8 +522,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.errors import raise_terminated
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if main_thread else None
+    try:
+        return run_command(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def run_command(argv: list[str] | None) -> int:
+    """`main` without the SIGTERM handler: parse, run, and turn the errors users meet into one
+    line and an exit code."""
     from engine import console
-    from engine.errors import ClusterUnreachable, GroupBuildError, JobFailed, ModelLoadError
+    from engine.errors import ClusterUnreachable, GroupBuildError, JobFailed, ModelLoadError, Terminated
     from engine.io.lease import LEASE_EXIT_CODE, LeaseHeld
     from engine.io.storage import StorageError
 
@@ -540,9 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     except (JobFailed, GroupBuildError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted: committed shards are kept; rerun the same command to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        stopped = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"{stopped}: committed shards are kept; rerun the same command to resume", file=sys.stderr)
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     return 2
 
 

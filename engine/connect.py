@@ -20,11 +20,12 @@ traceback (`ray://`).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 
 import ray
 
-from engine.errors import ClusterUnreachable
+from engine.errors import ClusterUnreachable, raise_terminated
 
 PROBE_TIMEOUT_S = 10.0
 
@@ -52,10 +53,14 @@ def init_ray(address: str | None = None, **kwargs) -> bool:
             raise ClusterUnreachable(unreachable(address, target, why))
     if address == "local":
         kwargs.setdefault("include_dashboard", local_dashboard())
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(address=address, **kwargs)
     except ConnectionError as exc:  # e.g. Ray's client timing out on a ray:// address
         raise ClusterUnreachable(unreachable(address, target, str(exc).splitlines()[0])) from None
+    finally:
+        if sigterm is raise_terminated:  # the CLI's: Ray's init replaces it with an abort
+            signal.signal(signal.SIGTERM, sigterm)
     return True
 
 

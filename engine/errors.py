@@ -24,6 +24,17 @@ class JobFailed(RuntimeError):
     """The job cannot go on (e.g. workers fail to start); committed shards are kept (`engine.runtime.pool`)."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler stopping the driver, `kill`), raised where the main thread is by
+    `raise_terminated`, so that the command stops as on Ctrl-C: a job's lease released, its
+    committed shards kept."""
+
+
+def raise_terminated(signum, frame) -> None:
+    """The CLI's SIGTERM handler (`signal.signal`)."""
+    raise Terminated()
+
+
 def did_you_mean(word: str, names: Iterable[str]) -> str:
     """" (did you mean 'temperature'?)" when `word` looks like a mistyped one of `names` (difflib's
     similarity >= 0.8 ignoring case: a letter or two wrong, missing or swapped), else ""."""

@@ -3,10 +3,11 @@ on the tiny kit. Two drivers started together on one output: one runs the job, t
 refuses in one line naming the holder, and a third started with `--wait` waits, then finds the
 job finished and prints its summary; files and folders the job made follow the umask. A driver
 killed holding the lease: the rerun takes the lease over and resumes to the codes of an
-uninterrupted run (float64). The output's filesystem full mid-job (a real 8 MiB tmpfs, mounted
-by the test: it needs root, and is skipped without): one line naming the file and the cause,
-the summary of what was committed, no traceback; after space is freed the rerun completes with
-every row once. A job refused before any work leaves no output folder."""
+uninterrupted run (float64); one stopped by SIGTERM releases it. The output's filesystem full
+mid-job (a real 8 MiB tmpfs, mounted by the test: it needs root, and is skipped without): one
+line naming the file and the cause, the summary of what was committed, no traceback; after space
+is freed the rerun completes with every row once. A job refused before any work leaves no
+output folder."""
 
 from __future__ import annotations
 
@@ -167,6 +168,24 @@ def test_a_killed_drivers_lease_is_taken_over_and_the_job_resumes_identically(ra
     rows = read_output(spec)
     assert collections.Counter(r["id"] for r in rows) == collections.Counter(t["id"] for t in texts(ROWS))
     assert comparable(rows) == comparable(read_output(reference))
+    assert not (output / "_lease").exists()
+
+
+def test_a_terminated_driver_stops_in_one_line_and_releases_its_lease(kit_dir, manifest, tmp_path, launch):
+    """SIGTERM (a scheduler stopping the driver, `kill`): it stops as on Ctrl-C, exit 143, one
+    line, no traceback, its committed shards kept and its lease released, so a rerun from any
+    machine starts at once (test_jobs.py resumes an interrupted job)."""
+    path, spec = spec_file(kit_dir, tmp_path, manifest, tmp_path / "out")
+    output = tmp_path / "out"
+    proc = launch(path)
+    wait_for(lambda: len(commits(output)) >= 2, proc)
+    proc.send_signal(signal.SIGTERM)  # the driver alone, as a scheduler's stop does
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("terminated")] == [
+        "terminated (SIGTERM): committed shards are kept; rerun the same command to resume"]
+    assert 2 <= len(commits(output)) < SHARDS, "the signal must land mid-job"
     assert not (output / "_lease").exists()
 
 
