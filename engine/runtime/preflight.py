@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import LLASA_CONTEXT, DecodingSettings, InputSpec, JobSpec, QualitySpec, TextSpec
 from engine.console import counted
 from engine.decoding.admission import CHARS_PER_SECOND, CODES_PER_SECOND, expected_tokens
+from engine.io.lease import OutputLease, process_gone
 from engine.io.manifest import ManifestRow, RowError, validate
 from engine.io.storage import Storage, StorageError, join, parse, relative_to
 from engine.runtime import numerics
@@ -307,6 +309,15 @@ def gate_cost(spec: JobSpec, tokens: int) -> dict | None:
             "audio_hours_checked_max": round(tokens * high / CODES_PER_SECOND / 3600, 4), "on_reject": q.on_reject}
 
 
+def lease_holder(spec: JobSpec, storage: Storage, root: str) -> str | None:
+    """Who holds the output's lease now, as a second driver would be told (None: nobody, or a
+    holder that a run would take over: stale, or a process of this machine that is gone)."""
+    holder = OutputLease(storage, root, spec.output.lease_stale_s).latest()
+    if holder is None or holder.stale or process_gone(holder.record):
+        return None
+    return holder.describe(time.time())
+
+
 def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
     """What `pcg-synth run` would do with `spec`, found without models, Ray or writing.
 
@@ -362,6 +373,10 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
             f"a resume: {len(done)} of {counted(len(plan.shards), 'shard')} committed, those are kept")
         if changes:
             report["output_state"] += f"; numerics changes allowed: {'; '.join(changes)}"
+    report["output_in_use"] = lease_holder(spec, storage, layout.root)
+    if report["output_in_use"]:
+        report["output_state"] += (f"; in use now by {report['output_in_use']}: a run would refuse "
+                                   "(or wait, with --wait)")
     return report
 
 

@@ -4,6 +4,7 @@ compared with what real jobs record in `test_jobs.py` (bad rows, augment, anothe
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -114,3 +115,24 @@ def test_a_dry_run_of_a_sweep_counts_its_runs_and_those_done(kit_dir, tmp_path, 
         run_sweep(JobSpec.load(str(tmp_path / "pairs.yaml")), address="local", progress=False)
     assert str(refused.value) == refusal
     assert not (tmp_path / "pairs-out").exists()
+
+
+def test_a_dry_run_says_when_another_driver_holds_the_output(kit_dir, tmp_path, capsys):
+    """The output's lease held by a driver (this test, as a running job would hold it): the dry
+    run names it, as a second `run` would be told; released, the dry run says nothing of it."""
+    from engine.io.lease import OutputLease
+    from engine.io.storage import Storage
+
+    write_manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hello there."}])
+    out = tmp_path / "out"
+    spec = job_spec(kit_dir, [str(tmp_path / "m.jsonl")], str(out))
+    with OutputLease(Storage(), str(out), job="the-other-job"):
+        assert main(["run", spec_file(tmp_path, spec), "--dry-run", "--quiet"]) == 0
+        held = json.loads(capsys.readouterr().out)
+        assert main(["run", spec_file(tmp_path, spec), "--dry-run"]) == 0
+        printed = capsys.readouterr().out
+    assert held["output_in_use"].startswith("job 'the-other-job' on host ") and f"(pid {os.getpid()}," in held[
+        "output_in_use"]
+    assert "in use now by job 'the-other-job'" in printed and "a run would refuse (or wait, with --wait)" in printed
+    assert main(["run", spec_file(tmp_path, spec), "--dry-run", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["output_in_use"] is None
