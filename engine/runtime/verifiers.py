@@ -6,16 +6,12 @@ which would stall the decode loop between its torch ops for as long. So a worker
 verifiers (the ASR and the speaker encoder) in a child process: the verify thread sends it
 audio through a pipe and waits there with the GIL released, and everything else of the gate
 (edit distances, bounds, decisions) stays in the worker. The child uses one CPU thread for its
-torch ops, runs at a lower CPU priority than the worker (`NICENESS`: where the checks and the
-decode loop share cores, the decode loop, which feeds the accelerator, goes first; the bounded
-queue before the checks holds the rows they have not reached), and ends when its worker does
-(its pipe closes).
+torch ops and ends when its worker does (its pipe closes).
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import pickle
 import threading
 from collections.abc import Sequence
@@ -25,15 +21,9 @@ import numpy as np
 from engine.config import QualitySpec, StorageOptions
 from engine.metrics.gate import VerifierLost
 
-NICENESS = 10  # added to the worker's: CFS then gives a busy decode thread ~9 parts in 10 of a shared core
-
 
 def serve(conn, quality_json: str, device: str, storage_json: str) -> None:
     """The child: load the verifiers, then answer `(method, args)` calls until the pipe closes."""
-    try:  # first: the threads that imports start inherit it
-        os.nice(NICENESS)
-    except OSError:  # not allowed here: the checks run at the worker's priority
-        pass
     import torch
 
     from engine.io.storage import Storage

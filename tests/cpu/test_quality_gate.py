@@ -403,21 +403,3 @@ def test_verifiers_by_hub_id_from_an_offline_cache(kit_dir, tmp_path):
     assert refused.returncode != 0 and not (tmp_path / "none.parquet").exists()
     said = [line for line in refused.stderr.splitlines() if line.strip()]
     assert len(said) == 1 and "test-org/not-cached" in said[0] and "Traceback" not in refused.stderr
-
-
-def test_the_verifiers_answer_from_a_child_below_the_workers_priority():
-    """The checks run in a process of their own, at a lower CPU priority than the worker's (where
-    they share cores, the decode loop goes first), and answer from there."""
-    from engine.config import StorageOptions
-    from engine.metrics.signals import synthetic_voice
-    from engine.runtime.verifiers import NICENESS, VerifierProcess
-
-    verifiers = VerifierProcess(QualitySpec(max_cer=0.5), "cpu", StorageOptions())
-    try:
-        assert verifiers.process.pid != os.getpid()
-        mine = os.getpriority(os.PRIO_PROCESS, 0)
-        assert os.getpriority(os.PRIO_PROCESS, verifiers.process.pid) == min(19, mine + NICENESS)
-        [hypothesis] = verifiers.call("transcribe", [synthetic_voice(1, 1.0)])
-        assert isinstance(hypothesis, str)
-    finally:
-        verifiers.close()
