@@ -36,6 +36,7 @@ from engine.io.storage import Storage, StorageError, join
 
 FOLDER = "_lease"
 WAIT_NOTE_S = 60.0  # while waiting (--wait), a line this often says it still waits
+BEING_WRITTEN_S = 2.0  # how long a fresh lease file may stay empty before it is called unreadable
 LEASE_EXIT_CODE = 75  # EX_TEMPFAIL: try again later (the output is in use)
 
 
@@ -194,6 +195,17 @@ class OutputLease:
                 return holder
         return None
 
+    def latest_readable(self) -> Holder | None:
+        """`latest`, read again for up to `BEING_WRITTEN_S` while its file is empty or unreadable
+        and fresh: a driver that has just created it is still writing it (and syncing it to disk),
+        and the driver refused should be told who holds the output."""
+        holder = self.latest()
+        deadline = time.monotonic() + BEING_WRITTEN_S
+        while holder is not None and not holder.record.get("pid") and not holder.stale and time.monotonic() < deadline:
+            time.sleep(0.05)
+            holder = self.latest()
+        return holder
+
     # ---- taking it --------------------------------------------------------------------------
 
     def acquire(self) -> None:
@@ -204,7 +216,7 @@ class OutputLease:
         """
         waited_since = noted = None
         while True:
-            holder = self.latest()
+            holder = self.latest_readable()
             gone = holder is not None and not holder.stale and process_gone(holder.record)
             if holder is None or holder.stale or gone:
                 if self.create(holder.gen + 1 if holder else 1):

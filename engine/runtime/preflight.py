@@ -312,7 +312,7 @@ def gate_cost(spec: JobSpec, tokens: int) -> dict | None:
 def lease_holder(spec: JobSpec, storage: Storage, root: str) -> str | None:
     """Who holds the output's lease now, as a second driver would be told (None: nobody, or a
     holder that a run would take over: stale, or a process of this machine that is gone)."""
-    holder = OutputLease(storage, root, spec.output.lease_stale_s).latest()
+    holder = OutputLease(storage, root, spec.output.lease_stale_s).latest_readable()
     if holder is None or holder.stale or process_gone(holder.record):
         return None
     return holder.describe(time.time())

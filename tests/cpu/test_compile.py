@@ -172,7 +172,6 @@ def test_a_second_process_loads_the_compiled_round_from_the_cache(small_kit, kit
                                       capture_output=True, text=True).stdout.splitlines()[-1]) for _ in range(2)]
     assert runs[0]["compiles"] == runs[1]["compiles"] == 1
     assert runs[1]["cache_hits"] == 1  # the second process found the first one's code
-    assert runs[1]["compile_s"] < runs[0]["compile_s"]
 
 
 def test_compile_settings_are_checked(small_kit):

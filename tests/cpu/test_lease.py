@@ -2,7 +2,8 @@
 the same instant end with exactly one holder, on a new output and when taking over a stale
 lease; a frozen holder (SIGSTOP: alive, not renewing) is refused while its lease is fresh, taken
 over once it is stale, and learns it lost the lease when it runs again; a holder of this machine
-that was killed is taken over at once; on S3 (moto on 127.0.0.1) the lease is a conditional
+that was killed is taken over at once; one arriving while the holder writes its lease file is
+told who holds it; on S3 (moto on 127.0.0.1) the lease is a conditional
 create (`If-None-Match: *`)."""
 
 from __future__ import annotations
@@ -147,6 +148,27 @@ def test_a_killed_holder_on_this_machine_is_taken_over_at_once(tmp_path):
     with OutputLease(Storage(), str(out), 600.0, job="rerun", notify=notes.append) as lease:
         assert lease.gen == 2 and [p.name for p in (out / "_lease").iterdir()] == ["0000000002.json"]
     assert len(notes) == 1 and notes[0].endswith(": its process is gone") and f"(pid {holder.pid}, " in notes[0]
+
+
+def test_a_driver_refused_while_the_holder_writes_its_lease_file_is_told_who_holds_it(tmp_path):
+    """The instant after a driver creates its lease file, the file is empty (being written and
+    synced): a driver arriving then reads it again until it can say who holds the output."""
+    import threading
+
+    with OutputLease(Storage(), str(tmp_path / "elsewhere"), 60.0, job="the-holder") as real:
+        body = real.body  # a live holder's record: this process
+    lease_file = tmp_path / "out" / "_lease" / "0000000001.json"
+    lease_file.parent.mkdir(parents=True)
+    lease_file.write_bytes(b"")
+    writer = threading.Timer(0.4, lease_file.write_bytes, args=(body,))
+    writer.start()
+    try:
+        with pytest.raises(LeaseHeld) as refused:
+            OutputLease(Storage(), str(tmp_path / "out"), 60.0, job="late").acquire()
+    finally:
+        writer.join()
+    assert "is in use by another driver: job 'the-holder' on host " in str(refused.value)
+    assert f"(pid {os.getpid()}, " in str(refused.value)
 
 
 def test_the_lease_on_s3_is_a_conditional_create(s3_endpoint, s3_bucket):
