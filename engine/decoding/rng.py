@@ -54,24 +54,22 @@ def keyed_uniform(
     """`uniform` from a row's `seed_key` (the same numbers). A Python int `lane` stays on the
     host: no tensor is made for it (on CUDA that would be a copy to the device, and a wait for
     it, per draw)."""
-    lane_word = stream_word(purpose, lane) if isinstance(lane, int) else (purpose * 0x10001 + lane.long()) & MASK32
-    h = mix32(key ^ (position.long() & MASK32))
-    h = mix32(h ^ lane_word)
-    hi, lo = mix32(torch.stack([h ^ 0x68E31DA4, h ^ 0x1B56C4E9]))  # both words in one pass
-    return ((hi >> 5) * 67108864 + (lo >> 6)).double() / 9007199254740992.0
+    return draw(key, position, stream_word(purpose, lane if isinstance(lane, int) else lane.long()))
 
 
-def stream_word(purpose: int, lane: int = 0) -> int:
+def stream_word(purpose: int, lane: torch.Tensor | int = 0) -> torch.Tensor | int:
     """The hash word of (purpose, lane): `draw(key, pos, words)` with a tensor of such words
     draws several purposes and lanes in one evaluation, the same numbers as one call each (a
     decoder draws a whole round's uniforms at once: one evaluation per round)."""
     return (purpose * 0x10001 + lane) & MASK32
 
 
-def draw(key: torch.Tensor, position: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
-    """`keyed_uniform` for streams given by their `stream_word`s (a tensor broadcasting with
-    `position`)."""
-    return keyed_uniform(key, position, 0, words)
+def draw(key: torch.Tensor, position: torch.Tensor, words: torch.Tensor | int) -> torch.Tensor:
+    """`keyed_uniform` for streams given by their `stream_word`s (broadcasting with `position`)."""
+    h = mix32(key ^ (position.long() & MASK32))
+    h = mix32(h ^ words)
+    hi, lo = mix32(torch.stack([h ^ 0x68E31DA4, h ^ 0x1B56C4E9]))  # both words in one pass
+    return ((hi >> 5) * 67108864 + (lo >> 6)).double() / 9007199254740992.0
 
 
 def uniform(
