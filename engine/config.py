@@ -565,6 +565,12 @@ class SweepSpec(BaseModel):
         return self
 
 
+# Batches of decoded rows that may wait for the quality gate's checks: decoding runs that far ahead
+# of a slower check while memory stays bounded (codes only), and a worker holds as many more shards
+# (`JobSpec.shards_held`). benchmarks/results/quality_gate_cpu_tiny.md
+VERIFY_QUEUE_BATCHES = 16
+
+
 class JobSpec(BaseModel):
     """A synthesis job: models, decoding, manifests in, an Arrow audio dataset out."""
 
@@ -607,6 +613,18 @@ class JobSpec(BaseModel):
         if (self.kind == "sweep") != (self.sweep is not None):
             raise ValueError("kind: sweep goes with a `sweep` section (and only then)")
         return self
+
+    @property
+    def shards_held(self) -> int:
+        """Shards a worker holds at once: `resources.window`, and with the quality gate on as many
+        more as the decoded rows of `VERIFY_QUEUE_BATCHES` batches fill. A shard whose rows are
+        decoded waits for their checks (and regenerations) before it is written; held shards that
+        wait so would otherwise keep the next shards from the batch (`resources.shard_window: 1`
+        stays one shard at a time)."""
+        res = self.resources
+        if res.window == 1 or not self.quality.enabled:
+            return res.window
+        return res.window + -(-VERIFY_QUEUE_BATCHES * res.batch_size // res.rows_per_shard)
 
     @property
     def worker_key(self) -> str:

@@ -51,7 +51,7 @@ def worker_options(spec: JobSpec) -> dict:
     held shards plus `info` calls."""
     res = spec.resources
     return {"num_cpus": res.cpus_per_worker, "num_gpus": res.gpus_per_worker,
-            "max_concurrency": res.window + 2}
+            "max_concurrency": spec.shards_held + 2}
 
 
 def cluster_capacity(spec: JobSpec) -> int:

@@ -1,6 +1,6 @@
 """Scheduling shards over worker actors, with retries when workers or nodes die.
 
-Each worker holds up to `resources.window` shards at once (it decodes their rows in one batch
+Each worker holds up to `JobSpec.shards_held` shards at once (it decodes their rows in one batch
 and commits each when its last row is done, in any order), and no more than its fair share of
 the shards left; a shard goes to whichever worker has room. A worker enters service only after
 it answered `info()` (its models are loaded), so a replacement that the cluster cannot place
@@ -134,7 +134,7 @@ class WorkerPool:
         self.warmup = warmup
         self.spec_json = spec.model_dump_json()
         self.free: deque[int] = deque()  # one entry per shard a worker can take now
-        self.window = spec.resources.window
+        self.window = spec.shards_held
         self.actors: dict[int, object] = {}
         self.starting: dict[object, tuple[int, float]] = {}  # info ref -> (slot, started at)
         self.inflight: dict[object, tuple[int, Shard]] = {}

@@ -23,7 +23,8 @@ Queues are bounded where memory is at stake: the IO queue by `io_queue` shards (
 settles shards blocks on it, `io_wait_s`), so at most `io_queue + 1` settled shards wait for
 their files; the verify queue by `VERIFY_QUEUE_BATCHES` batches of decoded rows, which hold only
 their codes until the verify thread turns them into audio (the decode thread blocks on it,
-`verify_wait_s`): decoding runs ahead of a slower check instead of waiting for each batch. A
+`verify_wait_s`): decoding runs ahead of a slower check instead of waiting for each batch, and
+the worker holds enough more shards to fill that queue (`JobSpec.shards_held`). A
 shard counts as done only once its commit record is written, after its data file; a worker that
 dies loses exactly the shards it held and had not committed. Anything else that runs the models
 (the worker's warm-up) runs on these threads too (`on_decode_thread`, `on_io_thread`): part of a
@@ -43,6 +44,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine.config import VERIFY_QUEUE_BATCHES
 from engine.runtime.profiling import RoundProfiler
 from engine.runtime.stages.codec import CodecStage
 from engine.runtime.stages.decode import DecodeStage
@@ -55,9 +57,6 @@ from engine.runtime.threads import STOP, Call, KeptThread, own_threads, thread_c
 if TYPE_CHECKING:  # the quality gate's stage loads its verifiers' modules only where a job has one
     from engine.runtime.stages.verify import VerifyStage
 
-# Batches of decoded rows that may wait for the verify thread: decoding runs that far ahead of a
-# slower check (benchmarks/results/quality_gate_cpu_tiny.md) while memory stays bounded (codes only).
-VERIFY_QUEUE_BATCHES = 16
 
 
 @dataclass

@@ -223,7 +223,7 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "workers": per_worker(run_records),
         "placements": dict(report.placements) if report else {},
         "utilisation": {**utilisation(run_records, synth_s, min(spec.resources.workers, len(run_records)),
-                                      spec.resources.window), "admission": spec.resources.admission},
+                                      spec.shards_held), "admission": spec.resources.admission},
         "gamma_auto": gamma_decisions(run_records),
         "numerics": numerics_environments(all_records),
         "storage_retries": storage_retries(run_records),
