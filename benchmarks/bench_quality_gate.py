@@ -6,10 +6,13 @@ transcripts -> cer/wer, Resemblyzer speaker similarity to each row's voice promp
 no row is decoded again and both runs decode the same rows). It reports the decode loop's tokens/s
 (generated tokens over the seconds in decode rounds: with the gate on, verification runs on its
 own thread beside the loop and must not slow it), the job's steady tokens/s, the seconds the
-verify thread spent per row, and how long the decode loop waited for it. The verifiers run in a
-process of their own and the codec on the worker's verify thread: both need a core beside the
-decode loop's (the default `--threads` leaves one); on the tiny kit, checking a row takes longer
-than decoding it, so the decode loop also waits for the checks (backpressure, `verify_wait_s`).
+verify thread spent per row, how long the decode loop waited for it, and the share of its slots
+left empty while it waited for shards (the worker holds extra shards while rows are checked,
+`JobSpec.shards_held`). The verifiers run in a process of their own and the codec on the
+worker's verify thread: both need a core beside the decode loop's (the default `--threads`
+leaves one). On the tiny kit checking a row takes longer than decoding it, so the job ends
+waiting for the checks; the decode loop itself waits only once 16 batches of rows are queued
+for them (backpressure, `verify_wait_s`).
 
     .venv/bin/python benchmarks/bench_quality_gate.py [--rows 48] [--batch 8] [--max-new-tokens 48]
 """
@@ -63,6 +66,8 @@ def run(kit: Path, source: Path, out: Path, args, quality: dict | None) -> dict:
             "rows": summary["rows"], "generated_tokens": summary["generated_tokens"],
             "decode_s": worker["decode_s"], "decode_tokens_per_s": worker["tokens_per_s"],
             "steady_tokens_per_s": summary["steady"]["tokens_per_s"], "slot_utilisation": worker["slot_utilisation"],
+            "slots_waiting_for_shards": (summary["utilisation"].get("empty_slots") or {}).get("waiting_for_shards"),
+            "shards_held": summary["utilisation"]["shard_window"],
             "decode_cpu_share": worker["decode_cpu_share"], "verify_s": q.get("verify_s"),
             "verify_s_per_row": q.get("verify_s_per_row"), "verify_wait_s": q.get("verify_wait_s"),
             "passed": q.get("passed"), "rejected": q.get("rejected")}
@@ -77,11 +82,12 @@ def markdown(doc: dict) -> str:
     lines = [kit_headline("Quality gate on and off, one kit job each", doc), "",
              f"`{doc['how']}`: {doc['rows']} rows, batch {doc['batch']}, max_new_tokens {doc['max_new_tokens']}, "
              f"gate {json.dumps(GATE)} (scores recorded, nothing rejected).", "",
-             "| gate | decode tokens/s | steady tokens/s | slots filled | verify s / row | decode waited for verify s |"
-             " job wall s |", "|---|---|---|---|---|---|---|"]
+             "| gate | decode tokens/s | steady tokens/s | slots filled | slots waiting for shards | shards held "
+             "| verify s / row | decode waited for verify s | job wall s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in (off, on):
         lines.append(f"| {r['gate']} | {r['decode_tokens_per_s']} | {r['steady_tokens_per_s']} | "
-                     f"{r['slot_utilisation']} | {dash(r['verify_s_per_row'])} | {dash(r['verify_wait_s'])} | "
+                     f"{r['slot_utilisation']} | {dash(r['slots_waiting_for_shards'])} | {r['shards_held']} | "
+                     f"{dash(r['verify_s_per_row'])} | {dash(r['verify_wait_s'])} | "
                      f"{r['wall_s']} |")
     lines += ["", f"Decode tokens/s with the gate over without: {doc['decode_ratio_on_over_off']}; "
                   f"steady tokens/s: {doc['steady_ratio_on_over_off']}.", "", f"Notes: {doc['notes']}"]

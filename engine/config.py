@@ -332,7 +332,8 @@ class ResourcesSpec(BaseModel):
         "Shards a worker holds at once: their rows share its batch, so rows of the next shard "
         "take the slots rows of the current one leave. Raised to hold at least two batches of "
         "rows (ceil(2 * batch_size / rows_per_shard) + 1 shards), so the batch never drains "
-        "between shards. 1: one shard at a time (a shard's rows are then always batched "
+        "between shards; with the quality gate on, also by the shards whose rows wait for checks "
+        "(16 batches of rows). 1: one shard at a time (a shard's rows are then always batched "
         "together, the same way in every run)."))
     admission: Admission = Field("longest_first", description=(
         "Which queued row takes a free batch slot: longest_first (shards in order, each shard's "
