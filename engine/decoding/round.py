@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.decoding import rng
-from engine.decoding.sampling import RowWarp, penalised_logits, sample_one, warp_penalised
+from engine.decoding.sampling import RowWarp, penalised_logits, sample_from, warp_penalised
 from engine.decoding.verify import Block, PCGRule, Rule, judge_mixed
 from engine.models.kv_cache import KVCache
-from engine.models.llama import LlamaLM
+from engine.models.llama import LlamaLM, StepTables
 
 OUT_COUNT, OUT_FINISHED, OUT_FIX = 0, 1, 2  # columns of a round's result `[B, 3]`
 
@@ -119,6 +119,8 @@ class RoundState:
         fallback_target, fallback_draft: `[B, V]` the distributions at each row's rejected
             position (rounds with PCG rows), for the exact fallback after the round.
         draw_offsets, draw_words: `[K]` the round's uniforms (`draw_columns` of its plan).
+        same_rope: draft and target rotate positions alike (`LlamaLM.same_rope`): a round's
+            rope tables serve both.
     """
 
     target: LlamaLM
@@ -146,6 +148,7 @@ class RoundState:
     fallback_draft: torch.Tensor | None = None
     draw_offsets: torch.Tensor | None = None
     draw_words: torch.Tensor | None = None
+    same_rope: bool = False
 
     def tensors(self) -> list[torch.Tensor]:
         """Every state tensor a round reads or writes (CUDA graphs replay into their addresses)."""
@@ -163,42 +166,45 @@ def draws(state: RoundState, plan: RoundPlan, lens: torch.Tensor) -> dict[int, t
     if plan.gamma == 0:  # `ar`: one draw per row
         return {rng.BONUS: rng.keyed_uniform(state.keys, lens, rng.BONUS)[:, None, None]}
     u = rng.draw(state.keys[:, None], lens[:, None] + state.draw_offsets, state.draw_words)  # [B, K]
-    out, at = {}, 0
-    for purpose, slots, lanes in plan.draw_purposes():
-        out[purpose] = u[:, at: at + slots * lanes].view(-1, slots, lanes)
-        at += slots * lanes
-    return out
+    purposes = plan.draw_purposes()
+    parts = u.split([slots * lanes for _, slots, lanes in purposes], dim=1)
+    return {purpose: part.view(-1, slots, lanes) for (purpose, slots, lanes), part in zip(purposes, parts)}
 
 
 def choose(logits: torch.Tensor, seen: torch.Tensor | None, warp: RowWarp, u: torch.Tensor | None):
     """One token per row from `logits` `[B, V]`: the argmax for greedy rows, an inverse-CDF draw
-    from the warped probabilities for the others. Returns (tokens `[B]`, probs `[B, V]` or None
+    from the warped probabilities for the others (`u` `[B, 1]`). Returns (tokens `[B]`, probs `[B, V]` or None
     when no row samples)."""
-    penalised = penalised_logits(logits, seen, warp)  # [B, V] float32
+    penalised = penalised_logits(logits, seen, warp)  # [B, V]
     if warp.all_greedy:
         return penalised.argmax(-1), None
     probs = warp_penalised(penalised, warp)
-    x = sample_one(probs, u)
+    x = sample_from(probs, u)[:, 0]
     if warp.any_greedy:
         x = torch.where(warp.greedy, penalised.argmax(-1), x)
     return x, probs
 
 
-def propose(state: RoundState, plan: RoundPlan, warp: RowWarp, lens: torch.Tensor, u: dict, kv_len):
+def propose(state: RoundState, plan: RoundPlan, warp: RowWarp, span: torch.Tensor, tables: StepTables,
+            u: dict, kv_len):
     """Draft `gamma` tokens per row. The draft is fed the last two committed tokens first
-    (covering a fully accepted block whose last draft token it never saw).
+    (covering a fully accepted block whose last draft token it never saw). `span` `[B, g+2]`:
+    the positions the round feeds (from the row's last but one); `tables`: the draft's
+    `step_tables` of them.
 
     Returns:
         tokens `[B, g]`, probs `[B, g, V]` (None when no row samples), and the penalty histories
         `[B, g+1, V]` the target must reuse (None without a penalty).
     """
     g = plan.gamma
-    pos = torch.stack([lens - 2, lens - 1], dim=-1)  # [B, 2]
-    logits = state.draft._step(state.tokens.gather(1, pos), pos, state.dcache, kv_len, None, "last")[:, 0]
+    pos = span[:, :2]  # [B, 2]
+    logits = state.draft._step(state.tokens.gather(1, pos), pos, state.dcache, kv_len, None, "last", widen=False,
+                               tables=tables.columns(0, 2))[:, 0]
     seen = state.seen if plan.penalty else None
     histories, tokens, probs = [seen], [], []
+    drafted = u[rng.DRAFT] if plan.sampled else None  # [B, g, 1]
     for i in range(g):
-        x, pi = choose(logits, seen, warp, u[rng.DRAFT][:, i, 0] if plan.sampled else None)
+        x, pi = choose(logits, seen, warp, drafted[:, i] if plan.sampled else None)
         tokens.append(x)
         if pi is not None:
             probs.append(pi)
@@ -207,7 +213,8 @@ def propose(state: RoundState, plan: RoundPlan, warp: RowWarp, lens: torch.Tenso
             histories.append(seen)
         if i < g - 1:
             feed = state.out_to_token[x][:, None]  # [B, 1]
-            logits = state.draft._step(feed, (lens + i)[:, None], state.dcache, kv_len, None, "last")[:, 0]
+            logits = state.draft._step(feed, span[:, i + 2:i + 3], state.dcache, kv_len, None, "last", widen=False,
+                                       tables=tables.columns(i + 2, i + 3))[:, 0]
     stacked = torch.stack(probs, 1) if probs else None
     history = torch.stack(histories, 1) if plan.penalty else None
     return torch.stack(tokens, 1), stacked, history
@@ -224,16 +231,20 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
     warp = plan.warp(state)
     lens = state.seq_len  # [B]
     u = draws(state, plan, lens)
-    before = (lens - 1)[:, None]  # [B, 1] the last committed position
-    last = state.tokens.gather(1, before)  # [B, 1]
     if g:
-        drafts, draft_probs, history = propose(state, plan, warp, lens, u, kv_len)
-        feed = torch.cat([last, state.out_to_token[drafts]], 1)  # [B, g+1]
+        # every position the round feeds, from the last committed but one: mask and rope tables once
+        span = (lens - 2)[:, None] + torch.arange(g + 2, device=lens.device)  # [B, g+2]
+        tables = state.draft.step_tables(span, kv_len)
+        drafts, draft_probs, history = propose(state, plan, warp, span, tables, u, kv_len)
+        pos = span[:, 1:]  # [B, g+1] the target's: the last committed one onwards
+        target_tables = tables.columns(1, g + 2) if state.same_rope else None
+        feed = torch.cat([state.tokens.gather(1, pos[:, :1]), state.out_to_token[drafts]], 1)  # [B, g+1]
     else:
-        drafts, draft_probs, feed = None, None, last
+        pos = (lens - 1)[:, None]  # [B, 1] the last committed position
+        drafts, draft_probs, feed, target_tables = None, None, state.tokens.gather(1, pos), None
         history = state.seen[:, None] if plan.penalty else None
-    pos = before + torch.arange(g + 1, device=lens.device)  # [B, g+1]
-    logits = state.target._step(feed, pos, state.tcache, kv_len, None, "all")  # [B, g+1, V]
+    logits = state.target._step(feed, pos, state.tcache, kv_len, None, "all", widen=False,
+                                tables=target_tables)  # [B, g+1, V]
     penalised = penalised_logits(logits, history, warp)
     target_probs = warp_penalised(penalised, warp) if plan.sampled else None
     argmax = penalised.argmax(-1) if plan.greedy else None  # [B, g+1]
@@ -252,7 +263,7 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
         record(state, verdict, g)
     else:
         if plan.sampled:
-            next_token = sample_one(target_probs[:, 0], u[rng.BONUS][:, 0, 0])
+            next_token = sample_from(target_probs[:, 0], u[rng.BONUS][:, 0])[:, 0]
             if mixed is not None:
                 next_token = torch.where(mixed, argmax[:, 0], next_token)
         else:
@@ -271,11 +282,11 @@ def keep_fallback_inputs(state: RoundState, target_probs, draft_probs, slot: tor
 
 def record(state: RoundState, verdict, gamma: int) -> None:
     """Per-row statistics of the round's verdict (active rows only)."""
-    active = state.active[:, None].long()
+    active = state.active[:, None]
     j = torch.arange(gamma, device=active.device)
     n = verdict.num_accepted[:, None]
-    state.stat_reached += (j <= n).long() * active
-    state.stat_accepted += (j < n).long() * active
+    state.stat_reached += (j <= n) & active
+    state.stat_accepted += (j < n) & active
     counts = torch.stack([torch.ones_like(verdict.num_accepted), verdict.num_accepted + 1,
                           verdict.trials, verdict.fallback.long()], 1)
     state.stat_counts += counts * active
@@ -286,10 +297,10 @@ def commit(state: RoundState, plan: RoundPlan, lens, new, accepted, fix) -> torc
     an end-of-speech token and at the row's limit; rows in `fix` `[B]` keep only their accepted
     tokens (their last one is drawn after the round)."""
     j = torch.arange(new.shape[1], device=lens.device)
-    emitted = accepted + 1 - fix.long() if fix is not None else accepted + 1  # [B]
+    emitted = accepted + ~fix if fix is not None else accepted + 1  # [B]
     # tokens up to the first end-of-speech among the emitted ones, at most the room left
     ends = (new == state.eos_out) & (j < emitted[:, None])
-    count = torch.minimum((~ends).long().cumprod(-1).sum(-1) + 1, emitted)
+    count = torch.minimum(torch.where(ends, j, new.shape[1]).amin(-1) + 1, emitted)
     count = torch.minimum(count, state.limit - lens) * state.active
     keep = j < count[:, None]  # [B, g+1]
     pos = lens[:, None] + j
@@ -299,9 +310,10 @@ def commit(state: RoundState, plan: RoundPlan, lens, new, accepted, fix) -> torc
         # where a token was committed (duplicate indices write the same value).
         kept = torch.where(keep, new, new[:, :1])
         state.seen.scatter_(1, kept, keep.any(-1, keepdim=True) | state.seen.gather(1, kept))
-    ended = (ends & keep).any(-1) | (lens + count >= state.limit)  # [B]
+    grown = lens + count
+    ended = (ends & keep).any(-1) | (grown >= state.limit)  # [B]
     finished = ended & state.active
     # the fallback's token is still due only where the row neither ended nor ran out of room
     due = fix & state.active & ~ended & (count == accepted) if fix is not None else torch.zeros_like(ended)
-    state.seq_len.copy_(lens + count)  # `lens` is this very tensor: written last
+    state.seq_len.copy_(grown)  # `lens` is this very tensor: written last
     return torch.stack([count, finished.long(), due.long()], 1)

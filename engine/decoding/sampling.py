@@ -102,21 +102,23 @@ def apply_repetition_penalty(
 
 
 def penalised_logits(logits: torch.Tensor, seen: torch.Tensor, warp: Warp | RowWarp) -> torch.Tensor:
-    """float32 logits after the repetition penalty (the greedy path stops here)."""
+    """float32 logits after the repetition penalty (the greedy path stops here). Per-row
+    settings without a penalty leave the logits as they are: `warp_penalised` widens them in its
+    first op (the temperature's division, in float32), and an argmax is the same in either dtype."""
     if isinstance(warp, Warp):
         return apply_repetition_penalty(wide(logits), seen, warp.repetition_penalty)
     if not warp.any_penalty:
-        return wide(logits)
+        return logits
     return apply_repetition_penalty(wide(logits), seen, warp.penalty)
 
 
 def warp_penalised(x: torch.Tensor, warp: Warp | RowWarp) -> torch.Tensor:
-    """Penalised float32 logits `[b, ..., V]` -> probabilities: temperature, top-k, top-p.
+    """Penalised logits `[b, ..., V]` -> float32 probabilities: temperature, top-k, top-p.
     Rows that are greedy get temperature-1 probabilities (never used for a decision)."""
     if isinstance(warp, Warp):
-        return _warp_uniform(x, warp)
+        return _warp_uniform(wide(x), warp)
     shape = warp.view(x)
-    x = divide_rows(x, warp.temperature.view(shape))
+    x = divide_rows(x, warp.temperature.view(shape))  # float32 (or float64) from here on
     if warp.max_top_k > 0:
         # each row's k-th largest value, from one top-k at the largest k in use
         width = min(warp.max_top_k, x.shape[-1])
@@ -171,10 +173,11 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draws: `probs` `[..., V]` (need not sum to 1), `u` `[..., n]` float64 in [0,1).
 
     Returns `[..., n]` indices: the first index whose cumulative mass exceeds `u` times the
-    total (accumulated in float64 by the cumulative sum itself: no float64 copy of the
-    probabilities); a zero-probability index is never returned.
+    total (accumulated in float64, in place in the float64 copy: the same sums as
+    `cumsum(dtype=float64)`, which allocates its output besides the copy it makes); a
+    zero-probability index is never returned.
     """
-    cdf = probs.cumsum(-1, dtype=torch.float64)  # [..., V]
+    cdf = probs.to(torch.float64, copy=True).cumsum_(-1)  # [..., V] (a copy even of float64 probs)
     idx = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)
     return idx.clamp_(max=probs.shape[-1] - 1)
 

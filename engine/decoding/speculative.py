@@ -131,7 +131,8 @@ class SpeculativeDecoder:
             keys=zeros(b), temperature=torch.ones(b, device=dev), top_k=zeros(b),
             top_p=torch.ones(b, device=dev), penalty=torch.ones(b, device=dev),
             greedy=zeros(b, dtype=torch.bool), rule_index=zeros(b),
-            stat_reached=zeros(b, g), stat_accepted=zeros(b, g), stat_counts=zeros(b, 4))
+            stat_reached=zeros(b, g), stat_accepted=zeros(b, g), stat_counts=zeros(b, 4),
+            same_rope=draft is not None and draft.same_rope(target))
         self.runner = runner or RoundRunner.for_model(target)
         # its first n entries' length is a round's key count (a compiled round's dynamic size)
         self.keys_read = torch.empty(self.cache_len, dtype=torch.int8, device=dev)

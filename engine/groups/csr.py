@@ -136,11 +136,13 @@ class GroupIndex:
 
     def mass(self, probs: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """Coarse mass `R_c(G_k) = sum_{t in G_k} r(t) / N(t)` for each requested group:
-        `probs` `[..., V]`, `group_ids` `[..., n]` -> `[..., n]`. A gather-sum, O(|G_k|)."""
-        weighted = probs * self.inv_n
+        `probs` `[..., V]`, `group_ids` `[..., n]` -> `[..., n]`. A gather-sum, O(|G_k|): the
+        members' probabilities are gathered first and weighted after (the same products as
+        weighting the whole vocabulary, without a pass over it)."""
         ids, valid = self.padded_members(group_ids)  # [..., n, m]
         n, m = ids.shape[-2], ids.shape[-1]
-        flat = weighted.gather(-1, ids.reshape(*ids.shape[:-2], n * m))
+        flat_ids = ids.reshape(*ids.shape[:-2], n * m)
+        flat = probs.gather(-1, flat_ids) * self.inv_n[flat_ids]
         return (flat.reshape(ids.shape) * valid).sum(-1)
 
     def all_masses(self, probs: torch.Tensor) -> torch.Tensor:

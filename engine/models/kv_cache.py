@@ -67,13 +67,13 @@ class KVCache:
             layer: layer index.
             slots: `[b, 1]` cache rows.
             positions: `[b, T]` absolute positions.
-            k_new: `[b, H_kv, T, D]`.
-            v_new: `[b, H_kv, T, D]`.
+            k_new: `[b, T, H_kv, D]`.
+            v_new: `[b, T, H_kv, D]`.
         """
         # `slots` [b, 1] broadcasts against positions [b, T]; advanced indices split by a slice
-        # put their dims first: the target is [b, T, H_kv, D].
-        self.k[layer][slots, :, positions] = k_new.transpose(1, 2)
-        self.v[layer][slots, :, positions] = v_new.transpose(1, 2)
+        # put their dims first: the target is [b, T, H_kv, D], the layout of `k_new`.
+        self.k[layer][slots, :, positions] = k_new
+        self.v[layer][slots, :, positions] = v_new
 
     def read(
         self, layer: int, slots: torch.Tensor | None, kv_len: int

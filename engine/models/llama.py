@@ -9,7 +9,7 @@ safetensors load directly; `tests/cpu/test_llama_parity.py` pins the logits agai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -75,9 +75,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 and scale in the input dtype, as transformers does (bit for bit:
         # tests/cpu/test_llama_parity.py); in one fused op where the input is float32 or float64.
+        # For a bfloat16 or float16 input torch's rms_norm itself computes in float32 and rounds
+        # once at the end, as `.float()` ... `.to(x.dtype)` would, without the two copies.
         if x.dtype in (torch.float32, torch.float64):
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
+        return self.weight * F.rms_norm(x, self.weight.shape, None, self.eps)
 
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -134,8 +136,8 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [b, T, h]
-        cos: torch.Tensor,  # [b, 1, T, D]
-        sin: torch.Tensor,  # [b, 1, T, D], signed for `apply_rope`
+        cos: torch.Tensor,  # [b, T, 1, D]
+        sin: torch.Tensor,  # [b, T, 1, D], signed for `apply_rope`
         mask: torch.Tensor,  # [b, 1, T, kv_len] bool, True = attend
         cache: KVCache,
         layer: int,
@@ -146,15 +148,18 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         b, t, _ = x.shape
         heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
+        # heads stay after positions, `[b, T, heads, D]`, until attention: the layout the cache
+        # writes take, so only the queries are transposed
         if self.qkv_proj is not None:  # one product, one rotation for the query and key heads
-            qkv = self.qkv_proj(x).view(b, t, heads + 2 * kv_heads, d).transpose(1, 2)
-            qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)
-            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+            qkv = self.qkv_proj(x).view(b, t, heads + 2 * kv_heads, d)
+            qk = apply_rope(qkv[:, :, :heads + kv_heads], cos, sin)
+            q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads:]
         else:
-            q = self.q_proj(x).view(b, t, heads, d).transpose(1, 2)
-            k = self.k_proj(x).view(b, t, kv_heads, d).transpose(1, 2)
-            v = self.v_proj(x).view(b, t, kv_heads, d).transpose(1, 2)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [b, H, T, D], [b, H_kv, T, D]
+            q = self.q_proj(x).view(b, t, heads, d)
+            k = self.k_proj(x).view(b, t, kv_heads, d)
+            v = self.v_proj(x).view(b, t, kv_heads, d)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = q.transpose(1, 2)  # [b, H, T, D]
         cache.write(layer, rows, positions, k, v)
         keys, values = cache.read(layer, slots, mask.shape[-1])  # [b, H_kv, kv_len, D]
         if grouped:
@@ -276,10 +281,23 @@ class LlamaBody(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` `[b, H, T, D]` by per-row angles (half-split layout): `cos` and `sin` `[b, 1, T, D]`
+    """Rotate `x` `[b, T, H, D]` by per-row angles (half-split layout): `cos` and `sin` `[b, T, 1, D]`
     from `LlamaLM.rope`, whose `sin` carries the sign of the rotated half, so that
     `x * cos + rotate_half(x) * sin` is `x * cos + roll(x) * sin` (the same values, fewer ops)."""
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+
+
+class StepTables(NamedTuple):
+    """What a step's layers share: the attention mask `[b, 1, T, kv_len]` (True = attend) and
+    the rope tables `[b, T, 1, D]` (`LlamaLM.rope`)."""
+
+    mask: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def columns(self, start: int, stop: int) -> StepTables:
+        """The tables of positions `start:stop` of those they were made for."""
+        return StepTables(self.mask[:, :, start:stop], self.cos[:, start:stop], self.sin[:, start:stop])
 
 
 class LlamaLM(nn.Module):
@@ -402,11 +420,17 @@ class LlamaLM(nn.Module):
         ones = torch.ones(len(inv_freq), device=inv_freq.device)
         self.register_buffer("rope_sign", torch.cat([-ones, ones]), persistent=False)
 
+    def same_rope(self, other: LlamaLM) -> bool:
+        """Whether `other` rotates positions exactly as this model does (the same tables)."""
+        return (self.dtype == other.dtype and self.rope_scaling == other.rope_scaling
+                and self.inv_freq_full.device == other.inv_freq_full.device
+                and torch.equal(self.inv_freq_full, other.inv_freq_full))
+
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin `[b, 1, T, D]` for `positions` `[b, T]` (see `apply_rope`), computed
+        """cos and signed sin `[b, T, 1, D]` for `positions` `[b, T]` (see `apply_rope`), computed
         as transformers does: angles in float32 (float64 for a float64 model), then the dtype."""
         inv_freq = self.inv_freq_full.double() if self.dtype == torch.float64 else self.inv_freq_full
-        emb = positions[:, None, :, None].to(inv_freq.dtype) * inv_freq  # [b, 1, T, D]
+        emb = positions[:, :, None, None].to(inv_freq.dtype) * inv_freq  # [b, T, 1, D]
         cos, sin = emb.cos(), emb.sin() * self.rope_sign
         if self.rope_scaling != 1.0:
             cos, sin = cos * self.rope_scaling, sin * self.rope_scaling
@@ -453,11 +477,21 @@ class LlamaLM(nn.Module):
         with torch.inference_mode():
             return self._step(tokens, positions, cache, kv_len, slots, logits_at)
 
-    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
-              slots: torch.Tensor | None, logits_at: LogitsAt) -> torch.Tensor | None:
-        key_pos = torch.arange(kv_len, device=tokens.device)
+    def step_tables(self, positions: torch.Tensor, kv_len: int) -> StepTables:
+        """The attention mask and rope tables of `positions` `[b, T]` reading `kv_len` keys; a
+        decode round makes them once for every position its steps feed and gives each step its
+        columns (`StepTables.columns`)."""
+        key_pos = torch.arange(kv_len, device=positions.device)
         mask = (key_pos <= positions[..., None])[:, None]  # [b, 1, T, kv_len]
-        cos, sin = self.rope(positions)
+        return StepTables(mask, *self.rope(positions))
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
+              slots: torch.Tensor | None, logits_at: LogitsAt, widen: bool = True,
+              tables: StepTables | None = None) -> torch.Tensor | None:
+        """`forward` without inference mode. `widen` False: the head's logits in the model's dtype
+        (a decode round widens them in its first float32 op, one pass over the vocabulary less);
+        `tables`: `step_tables(positions, kv_len)`, made beforehand."""
+        mask, cos, sin = tables if tables is not None else self.step_tables(positions, kv_len)
         grouped = self.attention == "grouped" or (self.attention == "auto" and tokens.is_cuda)
         rows = cache.rows if slots is None else slots[:, None]  # [b, 1] cache rows written
         x = self.model.embed_tokens(tokens)  # [b, T, h]
@@ -473,4 +507,4 @@ class LlamaLM(nn.Module):
             x = x[:, -1:]
         x = self.model.norm(x)
         logits = self.packed_head(x) if self.packed_head is not None else F.linear(x, self.head)
-        return wide(logits)  # [b, T, V_out]
+        return wide(logits) if widen else logits  # [b, T, V_out]

@@ -236,3 +236,56 @@ def test_the_laws_hold_through_a_compiled_judge(max_trials):
     exact = torch.compile(lambda b: ExactRule().judge(b, dense_fallback=False), fullgraph=True)(block)
     emitted = torch.where(exact.num_accepted > 0, tokens[:, 0], exact.next_token)
     assert law_fit(np.bincount(emitted.numpy(), minlength=v), target.double().numpy()) > 1e-3
+
+
+def test_the_eager_round_dispatches_at_most_half_the_ops_it_used_to(kit_dir, kit_groups):
+    """Ops dispatched by one eager round of 32 sampled rows on the kit (the count
+    `benchmarks/bench_round.py` reports): the round before this work dispatched 369 (`ar`) and
+    1,602 (`pcg`, gamma 3); machine-independent, so a change that adds ops to every round fails
+    here rather than only in a benchmark."""
+    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="bfloat16",
+                             batch_size=32, compile="none")
+    synth.set_groups(kit_groups)
+    counted = {}
+    for method, ceiling in (("ar", 250), ("pcg", 801)):
+        settings = DecodingSettings(method=method, gamma=3, max_new_tokens=64, seed=1)
+        decoder = synth.make_decoder(settings, 32)
+        rule = synth.rule(settings)
+        requests = [synth.prepare(i, TEXTS[i % len(TEXTS)], settings)[1] for i in range(32)]
+        for request in requests:
+            request.rule = rule
+        decoder.submit(requests)
+        synth.runner.stats.ops_per_round = 0
+        for _ in range(3):  # a plan's second round is counted
+            decoder.advance()
+        counted[method] = synth.runner.stats.ops_per_round
+        assert 0 < counted[method] <= ceiling, counted
+    assert counted["pcg"] > 2 * counted["ar"]  # the draft's three steps and the judge are counted too
+
+
+def test_a_rounds_step_tables_are_each_steps_own(kit_synth):
+    """The mask and rope tables a round makes once for every position it feeds give each step
+    exactly the tables the step would make itself; a draft whose rope differs gets its own."""
+    target, draft = kit_synth.target.model, kit_synth.draft.model
+    assert target.same_rope(draft)
+    span = torch.tensor([[5, 6, 7, 8, 9], [40, 41, 42, 43, 44]])
+    tables = target.step_tables(span, 64)
+    for start, stop in ((0, 2), (2, 3), (1, 5)):
+        own = target.step_tables(span[:, start:stop], 64)
+        assert all(torch.equal(a, b) for a, b in zip(tables.columns(start, stop), own))
+    original = draft.rope_scaling
+    try:
+        draft.rope_scaling = 2.0
+        assert not target.same_rope(draft)
+        settings = DecodingSettings(method="exact", gamma=3, max_new_tokens=8, seed=1)
+        decoder = kit_synth.make_decoder(settings, 2)
+        assert not decoder.state.same_rope
+        _, request = kit_synth.prepare(0, "Hi.", settings)
+        request.rule = kit_synth.rule(settings)
+        decoder.submit([request])
+        before = int(decoder.state.seq_len.max())
+        decoder.advance()  # the admission's prefill, then rounds: the target makes its own tables
+        decoder.advance()
+        assert int(decoder.state.seq_len.max()) > before
+    finally:
+        draft.rope_scaling = original

@@ -95,6 +95,23 @@ def test_grouped_attention_is_torchs_masked_grouped_query_attention(monkeypatch,
         monkeypatch.undo()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rms_norm_is_transformers_bit_for_bit_in_every_dtype(dtype):
+    """Our RMSNorm (torch's fused op, which computes a half-precision input in float32 and rounds
+    once) against transformers' (normalise in float32, round, scale in the input dtype)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    gen = torch.Generator().manual_seed(5)
+    for width, rows in ((64, (3, 7)), (2048, (32, 4)), (128, (1, 33))):
+        ours, ref = llama.RMSNorm(width, 1e-5), LlamaRMSNorm(width, eps=1e-5)
+        weight = (torch.rand(width, generator=gen) * 2).to(dtype)
+        ours.weight.data, ref.weight.data = weight.clone(), weight.clone()
+        x = (torch.randn(*rows, width, generator=gen) * 4).to(dtype)
+        with torch.no_grad():
+            got, want = ours(x), ref(x)
+        assert got.dtype == want.dtype == dtype and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_fused_projections_compute_what_the_separate_ones_do(bias):
     """`fuse_projections` (every decoding model's): one q/k/v product and one gate/up product
