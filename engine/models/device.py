@@ -9,9 +9,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
-# `compile: auto` on a CPU: eager. Compiled rounds measured no faster there for `ar` and only somewhat
-# faster for `pcg`, after a compile per plan and worker (benchmarks/results/round_cpu_tiny.md);
-# `inductor` is the explicit choice for long CPU jobs with speculation.
+# `compile: auto` on a CPU: eager. Compiled rounds measured a little shorter there (tokens/s within
+# the run-to-run spread), after a compile of 10-40 s per plan and worker
+# (benchmarks/results/round_cpu_tiny.md, round_cpu_llasa_1b_shape.md); `inductor` is the explicit
+# choice for long CPU jobs with speculation.
 CPU_AUTO_COMPILE = "none"
 
 
