@@ -163,10 +163,10 @@ class ForwardClock:
     def _timed(self, model: LlamaLM):
         step = model._step
 
-        def timed(tokens, positions, cache, kv_len, slots, logits_at):
+        def timed(tokens, positions, cache, kv_len, slots, logits_at, **options):
             sync(model.device)
             start = time.perf_counter()
-            out = step(tokens, positions, cache, kv_len, slots, logits_at)
+            out = step(tokens, positions, cache, kv_len, slots, logits_at, **options)
             sync(model.device)
             elapsed = time.perf_counter() - start
             if logits_at == "none":
