@@ -307,6 +307,12 @@ class TextSpec(BaseModel):
         return self
 
 
+# Batches of decoded rows that may wait for the quality gate's checks: decoding runs that far ahead
+# of a slower check while memory stays bounded (codes only), and a worker holds as many more shards
+# (`JobSpec.shards_held`). benchmarks/results/quality_gate_cpu_tiny.md
+VERIFY_QUEUE_BATCHES = 16
+
+
 class ResourcesSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -333,7 +339,7 @@ class ResourcesSpec(BaseModel):
         "take the slots rows of the current one leave. Raised to hold at least two batches of "
         "rows (ceil(2 * batch_size / rows_per_shard) + 1 shards), so the batch never drains "
         "between shards; with the quality gate on, also by the shards whose rows wait for checks "
-        "(16 batches of rows). 1: one shard at a time (a shard's rows are then always batched "
+        f"({VERIFY_QUEUE_BATCHES} batches of rows). 1: one shard at a time (a shard's rows are then always batched "
         "together, the same way in every run)."))
     admission: Admission = Field("longest_first", description=(
         "Which queued row takes a free batch slot: longest_first (shards in order, each shard's "
@@ -564,12 +570,6 @@ class SweepSpec(BaseModel):
         if any(not 0.0 < t <= 1.0 for t in self.thetas):
             raise ValueError("thetas must lie in (0, 1]")
         return self
-
-
-# Batches of decoded rows that may wait for the quality gate's checks: decoding runs that far ahead
-# of a slower check while memory stays bounded (codes only), and a worker holds as many more shards
-# (`JobSpec.shards_held`). benchmarks/results/quality_gate_cpu_tiny.md
-VERIFY_QUEUE_BATCHES = 16
 
 
 class JobSpec(BaseModel):

@@ -204,7 +204,7 @@ def propose(state: RoundState, plan: RoundPlan, warp: RowWarp, span: torch.Tenso
     histories, tokens, probs = [seen], [], []
     drafted = u[rng.DRAFT] if plan.sampled else None  # [B, g, 1]
     for i in range(g):
-        x, pi = choose(logits, seen, warp, drafted[:, i] if plan.sampled else None)
+        x, pi = choose(logits, seen, warp, None if drafted is None else drafted[:, i])
         tokens.append(x)
         if pi is not None:
             probs.append(pi)

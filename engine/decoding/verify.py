@@ -370,7 +370,7 @@ class PCGRule(Rule):
         residual = torch.where(empty, target_mass, residual)
         label = sample_one(residual, rng.keyed_uniform(keys, pos, rng.FALLBACK_GROUP))  # [b]
         ids, valid = self.groups.padded_members(label)  # [b, m]
-        inside = target.gather(-1, ids) * self.groups.inv_n[ids] * valid
+        inside = self.groups.weighted(target, ids) * valid
         pick = sample_one(inside, rng.keyed_uniform(keys, pos, rng.FALLBACK_TOKEN))
         return ids.gather(-1, pick[:, None])[:, 0], label
 

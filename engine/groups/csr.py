@@ -134,15 +134,17 @@ class GroupIndex:
         offset = (u * n.double()).long().clamp_(max=n - 1)
         return self.contain[self.contain_indptr[tokens] + offset]
 
+    def weighted(self, probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """`probs[..., ids] / N(ids)`: the members' probabilities gathered, then weighted by the
+        equal split (the same products as weighting the whole vocabulary, without a pass over it)."""
+        return probs.gather(-1, ids) * self.inv_n[ids]
+
     def mass(self, probs: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """Coarse mass `R_c(G_k) = sum_{t in G_k} r(t) / N(t)` for each requested group:
-        `probs` `[..., V]`, `group_ids` `[..., n]` -> `[..., n]`. A gather-sum, O(|G_k|): the
-        members' probabilities are gathered first and weighted after (the same products as
-        weighting the whole vocabulary, without a pass over it)."""
+        `probs` `[..., V]`, `group_ids` `[..., n]` -> `[..., n]`. A gather-sum, O(|G_k|)."""
         ids, valid = self.padded_members(group_ids)  # [..., n, m]
         n, m = ids.shape[-2], ids.shape[-1]
-        flat_ids = ids.reshape(*ids.shape[:-2], n * m)
-        flat = probs.gather(-1, flat_ids) * self.inv_n[flat_ids]
+        flat = self.weighted(probs, ids.reshape(*ids.shape[:-2], n * m))
         return (flat.reshape(ids.shape) * valid).sum(-1)
 
     def all_masses(self, probs: torch.Tensor) -> torch.Tensor:

@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # the quality gate's stage loads its verifiers' modules only 
     from engine.runtime.stages.verify import VerifyStage
 
 
-
 @dataclass
 class Stages:
     """The stages a worker's rows pass, in order (each in its own module of `runtime/stages/`).
