@@ -12,6 +12,14 @@ Keeping that memory removes nearly all of those faults and speeds up decoding al
 (benchmarks/results/malloc_cpu_tiny_xeon.md, job_throughput_cpu_tiny_xeon_dec02_malloc.md,
 wakeups_cpu_tiny_xeon.md).
 
+Blocks above glibc's largest mmap threshold (32 MiB) come from the heap too (`mmap_max` 0): a
+target's probabilities at batch 32 and gamma 3 are such a block, and mapped afresh each round they
+cost the softmax and division that write them twice their time or more
+(benchmarks/results/malloc_mmap_max_cpu_tiny.md). Where a heap cannot grow, glibc still maps
+memory as its fallback, so a request never fails for this; and a thread's arena grows in heaps of
+at most 64 MiB, so on a thread of its own (a job worker's decode loop) a block above 64 MiB (the
+target's probabilities from batch 64 at gamma 3) is still mapped afresh each time.
+
 The two thresholds go together: setting either turns off glibc's own adjustment of both (it
 raises them as large blocks are freed), and either one set alone makes a job fault more than
 glibc's defaults (benchmarks/results/wakeups_cpu_tiny_xeon_malloc_{mmap,trim}_threshold.md). The
@@ -28,7 +36,7 @@ from __future__ import annotations
 import os
 
 # mallopt(3) parameters
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -2, -3, -4
 
 SETTINGS = {
     # glibc's own ceiling for its adjusted threshold on 64-bit: blocks up to it come from the heap
@@ -38,6 +46,10 @@ SETTINGS = {
     # what a heap grows by beyond a request, and keeps when it shrinks: a thread's arena (the
     # decode thread's) keeps its heaps instead of deleting each one that falls empty
     "top_pad": (M_TOP_PAD, 64 << 20),
+    # no block from mmap at all: glibc caps the threshold above at 32 MiB, and a round's largest
+    # temporaries pass it (a target's float32 probabilities at batch 32 and gamma 3, [32, 4, 65537],
+    # are 1 KiB over), so without this each was mapped and faulted in afresh every round
+    "mmap_max": (M_MMAP_MAX, 0),
 }
 
 USER_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")

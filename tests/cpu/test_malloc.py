@@ -14,7 +14,7 @@ from engine.models import malloc
 
 glibc = pytest.mark.skipif(not malloc.is_glibc(), reason="the settings are glibc's")
 
-# Rounds of blocks of 8-23 MiB (93 MiB at once), written and freed, as a decode round's
+# Rounds of blocks (by default of 8-23 MiB, 93 MiB at once), written and freed, as a decode round's
 # vocabulary-wide temporaries are; minor page faults over 10 rounds after a first one.
 PROBE = r"""
 import ctypes, json, resource, sys, threading
@@ -23,7 +23,7 @@ applied = keep_freed_memory()
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-SIZES = [(8 + 3 * i) << 20 for i in range(6)]
+SIZES = json.loads(sys.argv[1])
 def round_():
     blocks = [libc.malloc(n) for n in SIZES]
     for b, n in zip(blocks, SIZES):
@@ -44,9 +44,10 @@ print(json.dumps({"applied": applied, "described": described(), "main": out[0], 
 """
 
 
-def probe(**env) -> dict:
+def probe(sizes=tuple((8 + 3 * i) << 20 for i in range(6)), **env) -> dict:
     full = {k: v for k, v in os.environ.items() if k != "PCG_SYNTH_MALLOC" and not k.startswith("MALLOC_")}
-    run = subprocess.run([sys.executable, "-c", PROBE], env={**full, **env}, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", PROBE, json.dumps(list(sizes))], env={**full, **env},
+                         capture_output=True, text=True,
                          check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -82,3 +83,24 @@ def test_the_thresholds_without_the_top_pad_leave_a_threads_arena_faulting():
     assert alone["applied"] is None
     assert alone["main"] < 1_000
     assert alone["thread"] > 20_000
+
+
+@glibc
+def test_a_block_over_the_largest_mmap_threshold_is_mapped_afresh_unless_mapping_is_off():
+    # why `mmap_max` is among the settings: glibc caps the mmap threshold at 32 MiB, so a larger
+    # block that finds no room in the heap is mapped, and unmapped when freed, every round. In a
+    # round, other blocks take the heap's room; here one block larger than the top pad's 64 MiB
+    # finds none: a target's float32 probabilities at batch 64 and gamma 3 ([64, 4, 65537])
+    block = [64 * 4 * 65537 * 4]
+    sizes = {name: str(value) for name, (_, value) in malloc.SETTINGS.items()}
+    thresholds = {"MALLOC_MMAP_THRESHOLD_": sizes["mmap_threshold"], "MALLOC_TRIM_THRESHOLD_": sizes["trim_threshold"],
+                  "MALLOC_TOP_PAD_": sizes["top_pad"]}
+    mapped = probe(block, **thresholds)
+    assert mapped["applied"] is None
+    assert mapped["main"] > 80_000  # 10 rounds of its 16,385 pages
+    assert probe(block, **thresholds, MALLOC_MMAP_MAX_=sizes["mmap_max"])["main"] < 1_000
+    tuned = probe(block)
+    assert tuned["applied"]["mmap_max"] == 0 and tuned["main"] < 1_000
+    # where it stops: a thread's arena grows in heaps of at most 64 MiB, and glibc maps a larger
+    # block for it whatever mmap_max says (engine/models/malloc.py's docstring says so)
+    assert tuned["thread"] > 80_000
