@@ -15,9 +15,11 @@ from importlib.metadata import PackageNotFoundError, version
 from engine.config import JobSpec
 
 COMPARED = ("device", "torch", "threads", "compile", "numerics")  # what the driver can know before any work
-# The engine's own arithmetic of a row (its random draws: `engine.decoding.rng.VERSION`); outputs
-# written before the field existed are version 1.
-NUMERICS_VERSION = 1
+# The engine's own arithmetic of a row; outputs written before the field existed are version 1.
+# 1: the random draws of `engine.decoding.rng.VERSION` 1.
+# 2: top-p's tokens of equal probability at the nucleus's edge: the lowest ids stay (a stable
+#    sort's order; before, an unstable sort's), which changes rows with top_p < 1.
+NUMERICS_VERSION = 2
 
 
 def worker_threads(spec: JobSpec) -> int:

@@ -9,7 +9,7 @@ from transformers.generation.logits_process import RepetitionPenaltyLogitsProces
 
 from engine.config import Warp
 from engine.decoding import rng
-from engine.decoding.sampling import sample_from, warp_probs
+from engine.decoding.sampling import nucleus, nucleus_sorted, sample_from, warp_probs
 
 
 def test_uniforms_are_uniform_and_streams_independent():
@@ -84,3 +84,59 @@ def test_repetition_penalty_matches_transformers():
     ours = warp_probs(logits, seen, Warp(temperature=1.0, repetition_penalty=1.3))
     ref = RepetitionPenaltyLogitsProcessor(1.3)(history, logits.clone())
     assert torch.allclose(ours, torch.softmax(ref, -1), atol=1e-6)
+
+
+def test_nucleus_keeps_the_tokens_a_sort_of_the_whole_vocabulary_keeps():
+    # the CPU's head-first nucleus against the full (stable) sort, value for value: peaked rows
+    # (edge in the first head), broader ones (the second head or a sort), equal probabilities
+    # (bfloat16 logits make many), per-row top-p, rows skipped (returned as they are)
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(45):
+        vocab = (65537, 3000, 9000)[trial % 3]
+        scale = (0.5, 1.0, 3.0, 8.0, 20.0)[trial % 5]
+        logits = torch.randn(6, 3, vocab, generator=gen) * scale
+        p = torch.softmax(logits.bfloat16().float() if trial % 4 == 1 else logits, -1)
+        if trial % 4 == 0:  # many equal probabilities
+            p = (p * 3e3).round() / 3e3 + 1e-9
+            p = p / p.sum(-1, keepdim=True)
+        top = torch.rand(6, 1, 1, generator=gen) * 0.98 + 0.01
+        top[0] = 1.0
+        skip = (torch.rand(6, 1, 1, generator=gen) < 0.3).expand(6, 3, 1)
+        assert torch.equal(nucleus(p, top, skip=skip), torch.where(skip, p, nucleus_sorted(p, top))), trial
+        assert torch.equal(nucleus(p, 0.9), nucleus_sorted(p, 0.9)), trial
+
+
+def test_nucleus_sorts_only_rows_whose_edge_lies_past_the_heads_and_ties_keep_the_lowest_ids():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Sorts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.rows = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.sort.default or func is torch.ops.aten.sort.stable:
+                self.rows.append(args[0].shape[0])
+            return func(*args, **(kwargs or {}))
+
+    vocab = 65537
+    peaked = torch.softmax(torch.randn(3, vocab, generator=torch.Generator().manual_seed(0)) * 8, -1)
+    flat = torch.full((1, vocab), 1.0 / vocab) + torch.arange(vocab) * 1e-12  # its edge is past 8,192 tokens
+    tied = torch.zeros(1, vocab)
+    tied[0, :4] = torch.tensor([0.3, 0.2, 0.2, 0.1])
+    tied[0, 4:] = 0.2 / (vocab - 4)  # top-p 0.45 ends between the two tokens of 0.2
+    probs = torch.cat([peaked, flat, tied])
+    with Sorts() as sorts:
+        out = nucleus(probs, 0.45)
+    assert sorts.rows == [1]  # the flat row, sorted whole; the peaked and the tied rows not
+    assert torch.equal(out, nucleus_sorted(probs, 0.45))
+    assert torch.equal(out[4] > 0, torch.arange(vocab) < 2)  # of the two tokens at 0.2, the lower id stays
+    reversed_ties = tied.clone()
+    reversed_ties[0, 1:3] = torch.tensor([0.2, 0.2])
+    reversed_ties[0, 0], reversed_ties[0, 3] = 0.1, 0.3  # now ids 1 and 2 tie, after 3
+    assert torch.equal(nucleus(reversed_ties, 0.45)[0] > 0, torch.tensor([0, 1, 3]).new_zeros(vocab).index_fill(
+        0, torch.tensor([1, 3]), 1).bool())
+    with Sorts() as sorts:
+        head_only = nucleus(peaked, 0.45)
+    assert sorts.rows == []
+    assert torch.equal(head_only, nucleus_sorted(peaked, 0.45))

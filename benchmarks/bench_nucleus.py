@@ -1,0 +1,132 @@
+"""Top-p on a CPU: the head-first nucleus against a sort of the whole vocabulary, side by side.
+
+The distributions are the kit target's own: an `ar` decoder at batch 32 decodes from a queue
+and each round's logits are kept; then, at temperature 0.8 (Llasa's usual), the warped
+probabilities of `[batch, positions, 65537]` (positions 4: a target's verify at gamma 3; 1: a
+draft step or an `ar` step) go through `engine.decoding.sampling.nucleus` and through
+`nucleus_sorted`, in turns; per setting the median milliseconds of each, whether they agree
+value for value, and how the rows were served (the 1,024 head, the 8,192 head, a sort).
+
+    python benchmarks/bench_nucleus.py --out benchmarks/results/nucleus_cpu_tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import ROOT, describe, how_line, write_result_pair  # noqa: E402
+
+
+def kit_logits(kit: str, rounds: int):
+    """`rounds` rounds of the kit target's logits `[32, V]`, from an `ar` decoder kept full."""
+    from bench_round import decoder_for
+
+    from engine.bench.presets import load_synthesizer
+
+    synth, _ = load_synthesizer("tiny", kit=kit, device="cpu", dtype="auto", compile="none")
+    decoder = decoder_for(synth, "ar", 32, 32 * 8)
+    model, kept = synth.target.model, []
+    step = model._step
+
+    def keeping(*args, **kwargs):
+        out = step(*args, **kwargs)
+        if out is not None and out.shape[0] == 32 and out.shape[1] == 1:  # a round's step, not a prefill
+            kept.append(out[:, -1].float())
+        return out
+    model._step = keeping
+    for _ in range(rounds + 4):
+        decoder.advance()
+    model._step = step
+    return kept[4:4 + rounds]
+
+
+def served(probs, top_p) -> dict:
+    """How many rows each head (or a sort) would serve."""
+    import torch
+
+    from engine.decoding.sampling import NUCLEUS_HEADS
+
+    flat = probs.reshape(-1, probs.shape[-1])
+    sorted_probs = flat.sort(-1, descending=True).values
+    drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+    edge = (~drop).sum(-1)
+    out, left = {}, torch.ones(len(flat), dtype=torch.bool)
+    for k in NUCLEUS_HEADS:
+        here = left & (edge < k)
+        out[str(k)] = int(here.sum())
+        left &= ~here
+    out["sort"] = int(left.sum())
+    out["kept tokens (median)"] = int(edge.median())
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--kit", default=str(ROOT / "kit"))
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--positions", default="1,4")
+    ap.add_argument("--top-p", default="0.8,0.9,0.95")
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--reps", type=int, default=5, help="timed calls of each, in turns")
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--out", help="result stem: writes STEM.json and STEM.md")
+    args = ap.parse_args()
+    import torch
+
+    from engine.decoding.sampling import nucleus, nucleus_sorted
+
+    torch.set_num_threads(args.threads)
+    load0 = round(os.getloadavg()[0], 2)
+    rounds = kit_logits(args.kit, 4)
+    readings = []
+    for batch in map(int, args.batches.split(",")):
+        for positions in map(int, args.positions.split(",")):
+            logits = torch.stack([r[:batch] for r in rounds[:positions]], 1)  # [batch, positions, V]
+            probs = torch.softmax(logits / args.temperature, -1)
+            for top_p in map(float, args.top_p.split(",")):
+                same = torch.equal(nucleus(probs, top_p), nucleus_sorted(probs, top_p))
+                times = {"sort": [], "heads": []}
+                for _ in range(args.reps):
+                    for name, fn in (("sort", nucleus_sorted), ("heads", nucleus)):
+                        start = time.perf_counter()
+                        fn(probs, top_p)
+                        times[name].append(time.perf_counter() - start)
+                sort_ms, heads_ms = (1e3 * statistics.median(times[n]) for n in ("sort", "heads"))
+                readings.append({"batch": batch, "positions": positions, "top_p": top_p, "sort_ms": sort_ms,
+                                 "heads_ms": heads_ms, "speedup": sort_ms / heads_ms, "identical": same,
+                                 "rows": served(probs, top_p)})
+                print(readings[-1], flush=True)
+    doc = {"benchmark": "top-p: head-first nucleus against a full sort", "how": how_line(sys.argv),
+           "machine": describe("cpu"), "threads": args.threads, "temperature": args.temperature,
+           "load_average": [load0, round(os.getloadavg()[0], 2)], "readings": readings}
+    m = doc["machine"]
+    lines = [f"# Top-p on a CPU: the head-first nucleus against a full sort ({m['cpu']}, {m['cpu_cores_visible']} "
+             f"cores, {args.threads} threads; torch {m['torch']}, {m['date']}; load average {load0} at the start, "
+             f"{doc['load_average'][1]} at the end)", "", f"`{doc['how']}`", "",
+             "| batch | positions | top-p | full sort ms | head-first ms | speed-up | identical | rows: 1,024 head / "
+             "8,192 head / sort | tokens kept (median) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in readings:
+        rows = r["rows"]
+        lines.append(f"| {r['batch']} | {r['positions']} | {r['top_p']} | {r['sort_ms']:.2f} | {r['heads_ms']:.2f} "
+                     f"| {r['speedup']:.1f}x | {'yes' if r['identical'] else 'NO'} | {rows['1024']} / {rows['8192']} / "
+                     f"{rows['sort']} | {rows['kept tokens (median)']} |")
+    lines += ["", f"The kit target's logits from an `ar` decoder at batch 32 (4 rounds kept; a setting of batch b "
+              f"and p positions takes the first b rows of the first p rounds), warped at temperature "
+              f"{args.temperature}; median of {args.reps} calls of each, in turns. `identical`: the two give the "
+              "same probabilities, value for value."]
+    if args.out:
+        write_result_pair(Path(args.out), doc, "\n".join(lines) + "\n")
+    else:
+        print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
