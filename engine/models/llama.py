@@ -151,9 +151,8 @@ class Attention(nn.Module):
         # heads stay after positions, `[b, T, heads, D]`, until attention: the layout the cache
         # writes take, so only the queries are transposed
         if self.qkv_proj is not None:  # one product, one rotation for the query and key heads
-            qkv = self.qkv_proj(x).view(b, t, heads + 2 * kv_heads, d)
-            qk = apply_rope(qkv[:, :, :heads + kv_heads], cos, sin)
-            q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads:]
+            qk, v = self.qkv_proj(x).view(b, t, heads + 2 * kv_heads, d).split([heads + kv_heads, kv_heads], 2)
+            q, k = apply_rope(qk, cos, sin).split([heads, kv_heads], 2)
         else:
             q = self.q_proj(x).view(b, t, heads, d)
             k = self.k_proj(x).view(b, t, kv_heads, d)
@@ -166,7 +165,8 @@ class Attention(nn.Module):
             out = grouped_attention(q, keys, values, mask)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        # [b, H, T, D] -> [b, T, H * D]; at one position the heads are already in that order
+        return self.o_proj(out.reshape(b, t, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, -1))
 
 
 class PackedLinear(nn.Module):

@@ -28,7 +28,9 @@ every round's large blocks (tests/cpu/test_malloc.py pins both).
 
 Where glibc is not the C library, or the user has set the allocator's environment variables
 (`MALLOC_*_`, `GLIBC_TUNABLES`), or `PCG_SYNTH_MALLOC=default`, nothing is changed. What is kept
-is bounded by the process's peak: a round's temporaries come back every round anyway.
+is about the process's peak, a round's temporaries coming back every round anyway; a heap holds
+what its holes cannot place as well (peak resident memory 3-5 % above the earlier settings' in
+benchmarks/results/malloc_mmap_max_cpu_tiny{,_second}.md).
 """
 
 from __future__ import annotations
