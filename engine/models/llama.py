@@ -191,21 +191,26 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # one opaque call in a compiled round (see `packed_linear`)
-            return packed_linear(x, self.weight, self.bias, self.out_features)
+            return torch.ops.pcg_synth.packed_linear(x, self.weight, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
-@torch.library.custom_op("pcg_synth::packed_linear", mutates_args=(),
-                         schema="(Tensor x, Tensor weight, Tensor? bias, SymInt out_features) -> Tensor")
 def packed_linear(x, weight, bias, out_features):
-    """oneDNN's linear on a packed weight, as an op inductor calls as it is. Inductor lowers
-    `mkldnn._linear_pointwise` only for weights it froze itself (and a frozen graph cannot be
-    cached on disk); behind this op a compiled round keeps the model's own packed weights and
-    stays cacheable."""
+    """oneDNN's linear on a packed weight, as an op inductor calls as it is
+    (`torch.ops.pcg_synth.packed_linear`). Inductor lowers `mkldnn._linear_pointwise` only for
+    weights it froze itself (and a frozen graph cannot be cached on disk); behind this op a
+    compiled round keeps the model's own packed weights and stays cacheable. Defined through
+    `torch.library.Library` rather than `custom_op`, whose Python autograd wrapper ran on every
+    call of a compiled round (rounds run under `no_grad`, not inference mode)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-@packed_linear.register_fake
+_LIBRARY = torch.library.Library("pcg_synth", "DEF")  # kept alive: the op lives as long as it does
+_LIBRARY.define("packed_linear(Tensor x, Tensor weight, Tensor? bias, SymInt out_features) -> Tensor")
+_LIBRARY.impl("packed_linear", packed_linear, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("pcg_synth::packed_linear", lib=_LIBRARY)
 def _packed_linear_shape(x, weight, bias, out_features):
     return x.new_empty(*x.shape[:-1], out_features)
 
