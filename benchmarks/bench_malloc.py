@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import ROOT, describe, how_line, write_result_pair  # noqa: E402
+from machine import ROOT, cpu_headline, describe, how_line, write_or_print  # noqa: E402
 
 MODES = {"default": "glibc's defaults (`PCG_SYNTH_MALLOC=default`)",
          "mapped": "the engine's, blocks over 32 MiB mapped (`M_MMAP_MAX` glibc's 65536)",
@@ -71,10 +71,8 @@ def child(args) -> None:
 
 
 def table(doc: dict) -> str:
-    m = doc["machine"]
-    lines = [f"# A CPU decode round under the allocator's settings ({m['cpu']}, {m['cpu_cores_visible']} cores, "
-             f"{doc['threads']} threads; torch {m['torch']}, {m['date']}; load average {doc['load_average'][0]} "
-             f"at the start, {doc['load_average'][1]} at the end)", "", f"`{doc['how']}`", "",
+    lines = [cpu_headline("A CPU decode round under the allocator's settings", doc["machine"], doc["threads"],
+                          doc["load_average"]), "", f"`{doc['how']}`", "",
              "| method:batch:compile | malloc | ms / round: median of processes [lowest, highest] | tokens/s "
              "(median) | vs engine's | minor faults / round (median) |", "|---|---|---|---|---|---|"]
     for setting in doc["settings"]:
@@ -138,10 +136,7 @@ def main() -> None:
            "settings": args.settings.split(","), "modes": modes, "reps": args.reps, "rounds": args.rounds,
            "warmup": args.warmup, "load_average": [load0, round(os.getloadavg()[0], 2)], "note": args.note,
            "processes": processes}
-    if args.out:
-        write_result_pair(Path(args.out), doc, table(doc))
-    else:
-        print(table(doc))
+    write_or_print(args.out, doc, table(doc))
 
 
 if __name__ == "__main__":

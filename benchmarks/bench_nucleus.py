@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import ROOT, describe, how_line, write_result_pair  # noqa: E402
+from machine import ROOT, cpu_headline, describe, how_line, write_or_print  # noqa: E402
 
 
 def kit_logits(kit: str, rounds: int):
@@ -107,10 +107,8 @@ def main() -> None:
     doc = {"benchmark": "top-p: head-first nucleus against a full sort", "how": how_line(sys.argv),
            "machine": describe("cpu"), "threads": args.threads, "temperature": args.temperature,
            "load_average": [load0, round(os.getloadavg()[0], 2)], "readings": readings}
-    m = doc["machine"]
-    lines = [f"# Top-p on a CPU: the head-first nucleus against a full sort ({m['cpu']}, {m['cpu_cores_visible']} "
-             f"cores, {args.threads} threads; torch {m['torch']}, {m['date']}; load average {load0} at the start, "
-             f"{doc['load_average'][1]} at the end)", "", f"`{doc['how']}`", "",
+    lines = [cpu_headline("Top-p on a CPU: the head-first nucleus against a full sort", doc["machine"], args.threads,
+                          doc["load_average"]), "", f"`{doc['how']}`", "",
              "| batch | positions | top-p | full sort ms | head-first ms | speed-up | identical | rows: 1,024 head / "
              "8,192 head / sort | tokens kept (median) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in readings:
@@ -122,10 +120,7 @@ def main() -> None:
               f"and p positions takes the first b rows of the first p rounds), warped at temperature "
               f"{args.temperature}; median of {args.reps} calls of each, in turns. `identical`: the two give the "
               "same probabilities, value for value."]
-    if args.out:
-        write_result_pair(Path(args.out), doc, "\n".join(lines) + "\n")
-    else:
-        print("\n".join(lines))
+    write_or_print(args.out, doc, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import ROOT, describe, how_line, write_result_pair  # noqa: E402
+from machine import ROOT, describe, how_line, write_or_print  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -181,10 +181,7 @@ def main() -> None:
                      "eager, every op through torch's dispatcher; compiled, the ops the graph calls "
                      "(matrix products, attention), its own fused kernels not being dispatched ops."
                      + (" " + args.note if args.note else ""))}
-    if args.out:
-        write_result_pair(Path(args.out), doc, table(doc))
-    else:
-        print(table(doc))
+    write_or_print(args.out, doc, table(doc))
 
 
 if __name__ == "__main__":

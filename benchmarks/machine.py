@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.bench.machine import describe
 
-__all__ = ["ROOT", "describe", "kit_headline", "write_result", "write_result_pair"]
+__all__ = ["ROOT", "cpu_headline", "describe", "kit_headline", "write_or_print", "write_result", "write_result_pair"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +28,21 @@ def write_result_pair(stem: Path, doc: dict, markdown: str) -> None:
     stem.with_suffix(".md").write_text(markdown)
     print(markdown)
     print(f"written: {stem}.json, {stem}.md")
+
+
+def write_or_print(out: str | None, doc: dict, markdown: str) -> None:
+    """`write_result_pair` to the stem `out` where given, else print the table."""
+    if out:
+        write_result_pair(Path(out), doc, markdown)
+    else:
+        print(markdown)
+
+
+def cpu_headline(title: str, machine: dict, threads: int, load: tuple) -> str:
+    """A CPU result table's heading: `title`, then the machine, threads, torch, date and the load
+    average at the start and the end (`load`)."""
+    return (f"# {title} ({machine['cpu']}, {machine['cpu_cores_visible']} cores, {threads} threads; torch "
+            f"{machine['torch']}, {machine['date']}; load average {load[0]} at the start, {load[1]} at the end)")
 
 
 def kit_headline(title: str, doc: dict, extra: str = "") -> str:
