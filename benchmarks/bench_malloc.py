@@ -36,18 +36,14 @@ GLIBC_MMAP_MAX = 65536  # glibc's DEFAULT_MMAP_MAX
 
 
 def child(args) -> None:
-    import ctypes
-
     import torch
 
-    from engine.models.malloc import M_MMAP_MAX, described, keep_freed_memory
+    from engine.models.malloc import M_MMAP_MAX, described, keep_freed_memory, mallopt
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()
     if args.child == "mapped":
-        mallopt = ctypes.CDLL(None).mallopt
-        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        assert mallopt(M_MMAP_MAX, GLIBC_MMAP_MAX) == 1
+        assert mallopt(M_MMAP_MAX, GLIBC_MMAP_MAX)
     from bench_round import decoder_for, timed
 
     from engine.bench.presets import load_synthesizer

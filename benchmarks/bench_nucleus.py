@@ -51,13 +51,10 @@ def served(probs, top_p) -> dict:
     """How many rows each head (or a sort) would serve."""
     import torch
 
-    from engine.decoding.sampling import NUCLEUS_HEADS
+    from engine.decoding.sampling import NUCLEUS_HEADS, nucleus_sorted
 
-    flat = probs.reshape(-1, probs.shape[-1])
-    sorted_probs = flat.sort(-1, descending=True).values
-    drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
-    edge = (~drop).sum(-1)
-    out, left = {}, torch.ones(len(flat), dtype=torch.bool)
+    edge = nucleus_sorted(probs.reshape(-1, probs.shape[-1]), top_p, mask=True).sum(-1)  # tokens kept
+    out, left = {}, torch.ones(len(edge), dtype=torch.bool)
     for k in NUCLEUS_HEADS:
         here = left & (edge < k)
         out[str(k)] = int(here.sum())

@@ -89,16 +89,22 @@ def keep_freed_memory() -> dict | None:
     _tried = True
     if why_not() is not None:
         return None
+    applied = {name: value for name, (param, value) in SETTINGS.items() if mallopt(param, value)}
+    _applied = applied or None
+    return _applied
+
+
+def mallopt(param: int, value: int) -> bool:
+    """glibc's mallopt(3) on this process: whether it took the setting (False where there is no
+    such function)."""
     import ctypes
 
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        call = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
-        return None
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    applied = {name: value for name, (param, value) in SETTINGS.items() if mallopt(param, value) == 1}
-    _applied = applied or None
-    return _applied
+        return False
+    call.argtypes, call.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return call(param, value) == 1
 
 
 def described() -> dict:
