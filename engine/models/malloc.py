@@ -14,10 +14,11 @@ wakeups_cpu_tiny_xeon.md).
 
 Blocks above glibc's largest mmap threshold (32 MiB) come from the heap too (`mmap_max` 0): a
 target's probabilities at batch 32 and gamma 3 are such a block, and mapped afresh each round they
-were faulted in page by page every round (benchmarks/results/malloc_mmap_max_cpu_tiny.md). Where a heap cannot grow, glibc still maps
-memory as its fallback, so a request never fails for this; and a thread's arena grows in heaps of
-at most 64 MiB, so on a thread of its own (a job worker's decode loop) a block above 64 MiB (the
-target's probabilities from batch 64 at gamma 3) is still mapped afresh each time.
+were faulted in page by page every round (benchmarks/results/malloc_mmap_max_cpu_tiny.md). Where a
+heap cannot grow, glibc still maps memory as its fallback, so a request never fails for this; and
+a thread's arena grows in heaps of at most 64 MiB, so on a thread of its own (a job worker's decode
+loop) a block above 64 MiB (the target's probabilities from batch 64 at gamma 3) is still mapped
+afresh each time.
 
 The two thresholds go together: setting either turns off glibc's own adjustment of both (it
 raises them as large blocks are freed), and either one set alone makes a job fault more than
