@@ -119,6 +119,9 @@ class RoundState:
         fallback_target, fallback_draft: `[B, V]` the distributions at each row's rejected
             position (rounds with PCG rows), for the exact fallback after the round.
         draw_offsets, draw_words: `[K]` the round's uniforms (`draw_columns` of its plan).
+        ar_draws: `[B, C]` float64, an `ar` decoder's uniforms at every position of each row
+            (`rng.BONUS`), made when the row is admitted: an `ar` round reads one per row
+            instead of evaluating the hash (the same numbers).
         same_rope: draft and target rotate positions alike (`LlamaLM.same_rope`): a round's
             rope tables serve both.
     """
@@ -148,13 +151,14 @@ class RoundState:
     fallback_draft: torch.Tensor | None = None
     draw_offsets: torch.Tensor | None = None
     draw_words: torch.Tensor | None = None
+    ar_draws: torch.Tensor | None = None
     same_rope: bool = False
 
     def tensors(self) -> list[torch.Tensor]:
         """Every state tensor a round reads or writes (CUDA graphs replay into their addresses)."""
         names = ("tokens", "seq_len", "limit", "active", "keys", "temperature", "top_k", "top_p", "penalty",
                  "greedy", "rule_index", "stat_reached", "stat_accepted", "stat_counts", "seen",
-                 "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "out_to_token")
+                 "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "ar_draws", "out_to_token")
         caches = self.tcache.tensors() + (self.dcache.tensors() if self.dcache else [])
         return [t for t in [getattr(self, n) for n in names] + caches if t is not None]
 
@@ -163,8 +167,8 @@ def draws(state: RoundState, plan: RoundPlan, lens: torch.Tensor) -> dict[int, t
     """Every uniform of the round in one hash evaluation: purpose -> `[B, slots, lanes]`."""
     if not plan.draw_purposes():
         return {}
-    if plan.gamma == 0:  # `ar`: one draw per row
-        return {rng.BONUS: rng.keyed_uniform(state.keys, lens, rng.BONUS)[:, None, None]}
+    if plan.gamma == 0:  # `ar`: one draw per row, made at admission (`RoundState.ar_draws`)
+        return {rng.BONUS: state.ar_draws.gather(1, lens[:, None])[:, :, None]}
     u = rng.draw(state.keys[:, None], lens[:, None] + state.draw_offsets, state.draw_words)  # [B, K]
     purposes = plan.draw_purposes()
     parts = u.split([slots * lanes for _, slots, lanes in purposes], dim=1)
@@ -249,28 +253,27 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
     target_probs = warp_penalised(penalised, warp) if plan.sampled else None
     argmax = penalised.argmax(-1) if plan.greedy else None  # [B, g+1]
     mixed = state.greedy if plan.greedy and plan.sampled else None
-    fix = None
     if g:
         block = Block(drafts, draft_probs, target_probs, argmax, None, lens, mixed, state.keys, u)
         verdict = judge_mixed(plan.rules, state.rule_index, block, dense_fallback=False)
         accepted, next_token = verdict.num_accepted, verdict.next_token
         new = torch.cat([drafts, next_token[:, None]], 1)
         new = new.scatter(1, accepted[:, None], next_token[:, None])  # [B, g+1]
+        fix = None
         if plan.keeps_fallbacks:
             slot = accepted.clamp(max=g - 1)
             keep_fallback_inputs(state, target_probs, draft_probs, slot)
             fix = verdict.fallback
         record(state, verdict, g)
+        return commit(state, plan, lens, new, accepted, fix)
+    if plan.sampled:
+        next_token = sample_from(target_probs[:, 0], u[rng.BONUS].view(-1, 1))[:, 0]
+        if mixed is not None:
+            next_token = torch.where(mixed, argmax[:, 0], next_token)
     else:
-        if plan.sampled:
-            next_token = sample_from(target_probs[:, 0], u[rng.BONUS][:, 0])[:, 0]
-            if mixed is not None:
-                next_token = torch.where(mixed, argmax[:, 0], next_token)
-        else:
-            next_token = argmax[:, 0]
-        accepted, new = torch.zeros_like(lens), next_token[:, None]
-        state.stat_counts[:, :2] += state.active[:, None]  # a round, a token
-    return commit(state, plan, lens, new, accepted, fix)
+        next_token = argmax[:, 0]
+    state.stat_counts[:, :2] += state.active[:, None]  # a round, a token
+    return commit_one(state, plan, lens, next_token)
 
 
 def keep_fallback_inputs(state: RoundState, target_probs, draft_probs, slot: torch.Tensor) -> None:
@@ -317,3 +320,21 @@ def commit(state: RoundState, plan: RoundPlan, lens, new, accepted, fix) -> torc
     due = fix & state.active & ~ended & (count == accepted) if fix is not None else torch.zeros_like(ended)
     state.seq_len.copy_(grown)  # `lens` is this very tensor: written last
     return torch.stack([count, finished.long(), due.long()], 1)
+
+
+def commit_one(state: RoundState, plan: RoundPlan, lens, token) -> torch.Tensor:
+    """`commit` of an `ar` round: `token` `[B]` appended to every active row with room left
+    (the same result in fewer ops; the token is written past an unkept row's end, where nothing
+    reads it)."""
+    keep = state.active & (lens < state.limit)  # [B]
+    at = lens[:, None]
+    state.tokens.scatter_(1, at, state.out_to_token[token][:, None])
+    if plan.penalty:
+        ids = token[:, None]
+        state.seen.scatter_(1, ids, keep[:, None] | state.seen.gather(1, ids))
+    count = keep.long()
+    grown = lens + count
+    # an active row without room ends too (it committed nothing)
+    finished = state.active & ((token == state.eos_out) | (grown >= state.limit))
+    state.seq_len.copy_(grown)
+    return torch.stack([count, finished.long(), torch.zeros_like(count)], 1)

@@ -132,7 +132,8 @@ class SpeculativeDecoder:
             top_p=torch.ones(b, device=dev), penalty=torch.ones(b, device=dev),
             greedy=zeros(b, dtype=torch.bool), rule_index=zeros(b),
             stat_reached=zeros(b, g), stat_accepted=zeros(b, g), stat_counts=zeros(b, 4),
-            same_rope=draft is not None and draft.same_rope(target))
+            same_rope=draft is not None and draft.same_rope(target),
+            ar_draws=torch.zeros(b, self.cache_len, dtype=torch.float64, device=dev) if gamma == 0 else None)
         self.runner = runner or RoundRunner.for_model(target)
         # its first n entries' length is a round's key count (a compiled round's dynamic size)
         self.keys_read = torch.empty(self.cache_len, dtype=torch.int8, device=dev)
@@ -232,6 +233,10 @@ class SpeculativeDecoder:
         st.seq_len[rows] = lens
         st.limit[rows] = torch.clamp(lens + budget, max=self.max_len)
         st.keys[rows] = rng.seed_key(seeds)
+        if st.ar_draws is not None:  # the uniform of every position the rows may draw at
+            reach = min(max(n + b for n, b in zip(lengths, host["budget"])), self.max_len)
+            at = torch.arange(reach, device=self.device)
+            st.ar_draws[rows, :reach] = rng.keyed_uniform(st.keys[rows][:, None], at, rng.BONUS)
         self.set_warps(slots, rows, requests)
         for slot, r in zip(slots, requests):
             self.rules[slot] = r.rule

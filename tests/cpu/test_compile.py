@@ -241,13 +241,13 @@ def test_the_laws_hold_through_a_compiled_judge(max_trials):
 def test_the_eager_round_dispatches_at_most_half_the_ops_it_used_to(kit_dir, kit_groups):
     """Ops dispatched by one eager round of 32 sampled rows on the kit (the count
     `benchmarks/bench_round.py` reports): the round before this work dispatched 369 (`ar`) and
-    1,602 (`pcg`, gamma 3); machine-independent, so a change that adds ops to every round fails
-    here rather than only in a benchmark."""
+    1,602 (`pcg`, gamma 3), the goal was half of each; machine-independent, so a change that adds
+    ops to every round fails here rather than only in a benchmark."""
     synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="bfloat16",
                              batch_size=32, compile="none")
     synth.set_groups(kit_groups)
     counted = {}
-    for method, ceiling in (("ar", 250), ("pcg", 801)):
+    for method, ceiling in (("ar", 184), ("pcg", 801)):
         settings = DecodingSettings(method=method, gamma=3, max_new_tokens=64, seed=1)
         decoder = synth.make_decoder(settings, 32)
         rule = synth.rule(settings)

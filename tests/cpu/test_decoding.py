@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine import DecodingSettings, SynthesisItem, Synthesizer
+from engine.decoding import rng
 
 from synthhelpers import TEXTS
 
@@ -79,6 +80,29 @@ def test_sampling_is_independent_of_batch_composition(synth64, kit_groups, metho
     assert 0.5 < summary.slot_utilisation < 1.0  # refilled while the queue lasts, drains at the end
     assert [r.finish_reason for r in one] == [r.finish_reason for r in many]
     assert summary.ok == len(TEXTS)
+
+
+def test_an_ar_decoders_draws_are_its_rows_keyed_uniforms(kit_synth):
+    """An `ar` decoder makes a row's uniforms when it admits the row (`RoundState.ar_draws`, read
+    by each round instead of evaluating the hash): at every position the row may draw at they are
+    the keyed hash's, in whichever slot it lands and whatever row held the slot before."""
+    settings = DecodingSettings(method="ar", max_new_tokens=24, seed=5)
+    decoder = kit_synth.make_decoder(settings, 2)
+    requests = [kit_synth.prepare(i, TEXTS[i], settings)[1] for i in range(4)]
+    requests[0].max_new_tokens = 40  # a longer row first: its slot's next row reaches less far
+    decoder.submit(requests)
+    checked = set()
+    while not decoder.idle:
+        for slot, request in decoder.owner.items():
+            if request.key in checked:
+                continue
+            start = len(request.prompt_ids)
+            at = torch.arange(start, min(start + request.max_new_tokens, decoder.max_len))
+            expected = rng.uniform(torch.tensor([request.seed]), at, rng.BONUS)
+            assert torch.equal(decoder.state.ar_draws[slot, at], expected)
+            checked.add(request.key)
+        decoder.advance()
+    assert checked == {r.key for r in requests}
 
 
 def test_seeded_runs_are_bit_reproducible_and_seeds_matter(kit_synth, kit_groups):
