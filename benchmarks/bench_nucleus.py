@@ -5,7 +5,9 @@ and each round's logits are kept; then, at temperature 0.8 (Llasa's usual), the 
 probabilities of `[batch, positions, 65537]` (positions 4: a target's verify at gamma 3; 1: a
 draft step or an `ar` step) go through `engine.decoding.sampling.nucleus` and through
 `nucleus_sorted`, in turns; per setting the median milliseconds of each, whether they agree
-value for value, and how the rows were served (the 1,024 head, the 8,192 head, a sort).
+value for value, and how the rows were served (the 1,024 head, the 8,192 head, a sort). With
+`--compiled` (the default) both also run as `torch.compile` graphs, as in a compiled round: there
+a head serves when it serves every row (`torch.cond`), else the next head or the sort.
 
     python benchmarks/bench_nucleus.py --out benchmarks/results/nucleus_cpu_tiny
 """
@@ -74,6 +76,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--reps", type=int, default=5, help="timed calls of each, in turns")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time both as compiled graphs (one compile per shape and function)")
     ap.add_argument("--out", help="result stem: writes STEM.json and STEM.md")
     args = ap.parse_args()
     import torch
@@ -88,35 +92,51 @@ def main() -> None:
         for positions in map(int, args.positions.split(",")):
             logits = torch.stack([r[:batch] for r in rounds[:positions]], 1)  # [batch, positions, V]
             probs = torch.softmax(logits / args.temperature, -1)
+            fns = {"sort": nucleus_sorted, "heads": nucleus}
+            if args.compiled:  # top-p as a tensor: one graph per shape
+                fns.update({f"compiled {name}": torch.compile(fn, fullgraph=True, dynamic=False)
+                            for name, fn in (("sort", nucleus_sorted), ("heads", nucleus))})
             for top_p in map(float, args.top_p.split(",")):
-                same = torch.equal(nucleus(probs, top_p), nucleus_sorted(probs, top_p))
-                times = {"sort": [], "heads": []}
+                limit = torch.tensor([top_p])
+                expected = nucleus_sorted(probs, top_p)
+                same = {name: torch.equal(fn(probs, limit) > 0, expected > 0) for name, fn in fns.items()}
+                times = {name: [] for name in fns}
                 for _ in range(args.reps):
-                    for name, fn in (("sort", nucleus_sorted), ("heads", nucleus)):
+                    for name, fn in fns.items():
                         start = time.perf_counter()
-                        fn(probs, top_p)
+                        fn(probs, limit)
                         times[name].append(time.perf_counter() - start)
-                sort_ms, heads_ms = (1e3 * statistics.median(times[n]) for n in ("sort", "heads"))
-                readings.append({"batch": batch, "positions": positions, "top_p": top_p, "sort_ms": sort_ms,
-                                 "heads_ms": heads_ms, "speedup": sort_ms / heads_ms, "identical": same,
+                ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+                same["values"] = torch.equal(nucleus(probs, limit), expected)
+                readings.append({"batch": batch, "positions": positions, "top_p": top_p, "ms": ms,
+                                 "speedup": ms["sort"] / ms["heads"], "identical": same,
                                  "rows": served(probs, top_p)})
+                if args.compiled:
+                    readings[-1]["compiled_speedup"] = ms["compiled sort"] / ms["compiled heads"]
                 print(readings[-1], flush=True)
     doc = {"benchmark": "top-p: head-first nucleus against a full sort", "how": how_line(sys.argv),
            "machine": describe("cpu"), "threads": args.threads, "temperature": args.temperature,
            "load_average": [load0, round(os.getloadavg()[0], 2)], "readings": readings}
     lines = [cpu_headline("Top-p on a CPU: the head-first nucleus against a full sort", doc["machine"], args.threads,
                           doc["load_average"]), "", f"`{doc['how']}`", "",
-             "| batch | positions | top-p | full sort ms | head-first ms | speed-up | identical | rows: 1,024 head / "
-             "8,192 head / sort | tokens kept (median) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| batch | positions | top-p | full sort ms | head-first ms | speed-up | "
+             + ("compiled: sort ms | compiled: heads ms | speed-up | " if args.compiled else "")
+             + "identical | rows: 1,024 head / 8,192 head / sort | tokens kept (median) |",
+             "|---|---|---|---|---|---|" + ("---|---|---|" if args.compiled else "") + "---|---|---|"]
     for r in readings:
-        rows = r["rows"]
-        lines.append(f"| {r['batch']} | {r['positions']} | {r['top_p']} | {r['sort_ms']:.2f} | {r['heads_ms']:.2f} "
-                     f"| {r['speedup']:.1f}x | {'yes' if r['identical'] else 'NO'} | {rows['1024']} / {rows['8192']} / "
-                     f"{rows['sort']} | {rows['kept tokens (median)']} |")
+        rows, ms = r["rows"], r["ms"]
+        compiled = (f"{ms['compiled sort']:.2f} | {ms['compiled heads']:.2f} | {r['compiled_speedup']:.1f}x | "
+                    if args.compiled else "")
+        lines.append(f"| {r['batch']} | {r['positions']} | {r['top_p']} | {ms['sort']:.2f} | {ms['heads']:.2f} "
+                     f"| {r['speedup']:.1f}x | {compiled}{'yes' if all(r['identical'].values()) else 'NO'} | "
+                     f"{rows['1024']} / {rows['8192']} / {rows['sort']} | {rows['kept tokens (median)']} |")
     lines += ["", f"The kit target's logits from an `ar` decoder at batch 32 (4 rounds kept; a setting of batch b "
               f"and p positions takes the first b rows of the first p rounds), warped at temperature "
-              f"{args.temperature}; median of {args.reps} calls of each, in turns. `identical`: the two give the "
-              "same probabilities, value for value."]
+              f"{args.temperature}; median of {args.reps} calls of each, in turns. `identical`: the head-first "
+              "nucleus gives the sort's probabilities value for value, and every variant keeps the sort's tokens. "
+              "Compiled: each function as one `torch.compile` graph per shape; the head-first one serves all rows "
+              "from the first head that holds every row's edge (the rows column says which heads the rows need "
+              "alone)."]
     write_or_print(args.out, doc, "\n".join(lines) + "\n")
 
 

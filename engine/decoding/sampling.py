@@ -146,43 +146,74 @@ def nucleus(probs: torch.Tensor, top_p: torch.Tensor | float, skip: torch.Tensor
     `top_p`: a float or per-row values broadcasting with `probs[..., :1]`; `skip` (the same
     shape, bool): rows returned as they are.
 
-    On a CPU outside a compiled graph a row is first tried on its most likely tokens only
-    (`NUCLEUS_HEADS`: a top-k of 1,024, then of 8,192): where its nucleus ends inside that head,
-    the head's values and float32 running sums are the sort's own first ones, so the edge and
-    its value `v` are the sort's, and the kept tokens are those above `v` and the lowest ids of
-    those at `v`: token for token the sort's. A row whose edge lies beyond the largest head is
-    sorted whole. A top-k of 1,024 costs a tenth of a sort of 65,537 tokens on a CPU
-    (benchmarks/results/nucleus_cpu_tiny.md). Elsewhere (CUDA, a compiled round) rows are sorted:
-    choosing per row reads values back to the host."""
-    if probs.device.type != "cpu" or torch.compiler.is_compiling():
+    On a CPU a row is first tried on its most likely tokens only (`NUCLEUS_HEADS`: a top-k of
+    1,024, then of 8,192): where its nucleus ends inside that head, the head's values and float32
+    running sums are the sort's own first ones, so the edge and its value `v` are the sort's, and
+    the kept tokens are those above `v` and the lowest ids of those at `v`: token for token the
+    sort's. A row whose edge lies beyond the largest head is sorted whole. A top-k of 1,024 costs
+    a tenth of a sort of 65,537 tokens on a CPU (benchmarks/results/nucleus_cpu_tiny.md). Eagerly
+    each row goes as far as it needs; in a compiled round a head serves when it serves every row
+    (`torch.cond`, a read of one flag on the host), else the next head or the sort serves them
+    all: the same tokens either way. On CUDA rows are sorted: choosing there would wait for the
+    device inside a round."""
+    if probs.device.type != "cpu":
         out = nucleus_sorted(probs, top_p)
         return out if skip is None else torch.where(skip, probs, out)
     vocab = probs.shape[-1]
     flat = probs.reshape(-1, vocab)
     limit = torch.as_tensor(top_p, dtype=probs.dtype).expand(*probs.shape[:-1], 1).reshape(-1, 1)
+    if torch.compiler.is_compiling():
+        done = torch.zeros_like(limit, dtype=torch.bool) if skip is None else skip.reshape(-1, 1)
+        keep = _nucleus_branching(flat, limit, done, NUCLEUS_HEADS)
+    else:
+        keep = _nucleus_rowwise(flat, limit, skip)
+    kept = flat.masked_fill(~keep, 0.0)
+    out = (kept / kept.sum(-1, keepdim=True)).view(probs.shape)
+    return out if skip is None else torch.where(skip, probs, out)
+
+
+def _nucleus_rowwise(flat: torch.Tensor, limit: torch.Tensor, skip: torch.Tensor | None) -> torch.Tensor:
+    """`nucleus`'s kept tokens `[n, V]`, each row through the smallest head that holds its edge."""
     keep = torch.ones_like(flat, dtype=torch.bool)
     pending = torch.arange(flat.shape[0]) if skip is None else (~skip).reshape(-1).nonzero()[:, 0]
     for k in NUCLEUS_HEADS:
-        if k >= vocab or not len(pending):
+        if k >= flat.shape[-1] or not len(pending):
             break
         rows = flat if len(pending) == len(flat) else flat[pending]
         head = torch.topk(rows, k, dim=-1).values
         drop = head.cumsum(-1) - head >= limit[pending]  # as `nucleus_sorted`, on the head
         inside = drop[:, -1]  # the edge lies inside the head
         if inside.any():
-            rows, head, drop = rows[inside], head[inside], drop[inside]
-            edge = (~drop).sum(-1, keepdim=True).clamp_(min=1)  # [n, 1] tokens kept
-            v = head.gather(-1, edge - 1)  # the last kept value
-            at_v = edge - (head > v).sum(-1, keepdim=True)  # tokens of value v kept
-            equal = rows == v
-            keep[pending[inside]] = (rows > v) | (equal & (equal.cumsum(-1, dtype=torch.int32) <= at_v))
+            keep[pending[inside]] = _head_keep(rows[inside], head[inside], drop[inside])
             pending = pending[~inside]
     if len(pending):
         rows = flat if len(pending) == len(flat) else flat[pending]
         keep[pending] = nucleus_sorted(rows, limit[pending], mask=True)
-    kept = flat.masked_fill(~keep, 0.0)
-    out = (kept / kept.sum(-1, keepdim=True)).view(probs.shape)
-    return out if skip is None else torch.where(skip, probs, out)
+    return keep
+
+
+def _nucleus_branching(flat: torch.Tensor, limit: torch.Tensor, done: torch.Tensor,
+                       heads: tuple[int, ...]) -> torch.Tensor:
+    """`nucleus`'s kept tokens `[n, V]` in a compiled graph: the first of `heads` that holds every
+    row's edge (rows in `done` `[n, 1]` need none) serves all rows, else the sort does."""
+    if not heads or heads[0] >= flat.shape[-1]:
+        return nucleus_sorted(flat, limit, mask=True)
+    head = torch.topk(flat, heads[0], dim=-1).values
+    drop = head.cumsum(-1) - head >= limit
+    return torch.cond((drop[:, -1:] | done).all(),
+                      lambda rows, head, drop, limit, done: _head_keep(rows, head, drop),
+                      lambda rows, head, drop, limit, done: _nucleus_branching(rows, limit, done, heads[1:]),
+                      (flat, head, drop, limit, done))
+
+
+def _head_keep(rows: torch.Tensor, head: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    """Kept tokens of `rows` `[n, V]` whose nucleus edge lies inside `head` `[n, k]` (their `k`
+    largest values, descending; `drop` `[n, k]` marks the head's tokens past the edge)."""
+    edge = (~drop).sum(-1, keepdim=True).clamp(min=1)  # [n, 1] tokens kept
+    v = head.gather(-1, edge - 1)  # the last kept value
+    at_v = edge - (head > v).sum(-1, keepdim=True)  # tokens of value v kept
+    equal = rows == v
+    return (rows > v) | (equal & (equal.cumsum(-1, dtype=torch.int32) <= at_v))
 
 
 def nucleus_sorted(probs: torch.Tensor, top_p: torch.Tensor | float, mask: bool = False) -> torch.Tensor:

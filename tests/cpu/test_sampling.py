@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 from scipy.stats import chisquare, kstest
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from engine.config import Warp
 from engine.decoding import rng
-from engine.decoding.sampling import nucleus, nucleus_sorted, sample_from, warp_probs
+from engine.decoding.sampling import _nucleus_branching, nucleus, nucleus_sorted, sample_from, warp_probs
 
 
 def test_uniforms_are_uniform_and_streams_independent():
@@ -106,19 +107,29 @@ def test_nucleus_keeps_the_tokens_a_sort_of_the_whole_vocabulary_keeps():
         assert torch.equal(nucleus(p, 0.9), nucleus_sorted(p, 0.9)), trial
 
 
+class Sorts(TorchDispatchMode):
+    """Counts the rows of every sort dispatched (and the top-k widths), inside the branch a
+    `torch.cond` takes too."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.topk = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.higher_order.cond:
+            pred, on_true, on_false, operands = args
+            with self:
+                return (on_true if bool(pred) else on_false)(*operands)
+        if func is torch.ops.aten.sort.default or func is torch.ops.aten.sort.stable:
+            self.rows.append(args[0].shape[0])
+        if func is torch.ops.aten.topk.default:
+            self.topk.append(args[1])
+        return func(*args, **(kwargs or {}))
+
+
 def test_nucleus_sorts_only_rows_whose_edge_lies_past_the_heads_and_ties_keep_the_lowest_ids():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Sorts(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.rows = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten.sort.default or func is torch.ops.aten.sort.stable:
-                self.rows.append(args[0].shape[0])
-            return func(*args, **(kwargs or {}))
-
     vocab = 65537
     peaked = torch.softmax(torch.randn(3, vocab, generator=torch.Generator().manual_seed(0)) * 8, -1)
     flat = torch.full((1, vocab), 1.0 / vocab) + torch.arange(vocab) * 1e-12  # its edge is past 8,192 tokens
@@ -140,3 +151,25 @@ def test_nucleus_sorts_only_rows_whose_edge_lies_past_the_heads_and_ties_keep_th
         head_only = nucleus(peaked, 0.45)
     assert sorts.rows == []
     assert torch.equal(head_only, nucleus_sorted(peaked, 0.45))
+
+
+def test_a_compiled_rounds_nucleus_takes_the_first_head_that_serves_every_row():
+    """The branches a compiled round's nucleus chooses between (`torch.cond`, run eagerly here
+    so the ops it dispatches can be counted): a head serves when it holds every row's edge (rows
+    marked done need none), else the next head, else the sort; the same kept tokens each way."""
+    vocab, gen = 65537, torch.Generator().manual_seed(2)
+    peaked = torch.softmax(torch.randn(2, vocab, generator=gen) * 8, -1)
+    broad = torch.full((1, vocab), 0.1 / (vocab - 3000))
+    broad[0, :3000] = 0.9 * torch.softmax(torch.randn(3000, generator=gen) * 0.1, -1)  # edge near token 1,500
+    flat = torch.full((1, vocab), 1.0 / vocab) + torch.arange(vocab) * 1e-12  # edge past 8,192 tokens
+    for probs, done, topk, sorted_rows in (
+            (peaked, [False, False], [1024], []),
+            (torch.cat([peaked, broad]), [False, False, False], [1024, 8192], []),
+            (torch.cat([peaked, flat]), [False, False, False], [1024, 8192], [3]),
+            (torch.cat([peaked, flat]), [False, False, True], [1024], [])):  # the flat row needs no mask
+        limit = torch.full((len(probs), 1), 0.45)
+        with Sorts() as sorts:
+            keep = _nucleus_branching(probs, limit, torch.tensor(done)[:, None], (1024, 8192))
+        assert (sorts.topk, sorts.rows) == (topk, sorted_rows)
+        need = ~torch.tensor(done)
+        assert torch.equal(keep[need], nucleus_sorted(probs, limit, mask=True)[need])
