@@ -6,8 +6,8 @@ probabilities of `[batch, positions, 65537]` (positions 4: a target's verify at 
 draft step or an `ar` step) go through `engine.decoding.sampling.nucleus` and through
 `nucleus_sorted`, in turns; per setting the median milliseconds of each, whether they agree
 value for value, and how the rows were served (the 1,024 head, the 8,192 head, a sort). With
-`--compiled` (the default) both also run as `torch.compile` graphs, as in a compiled round: there
-a head serves when it serves every row (`torch.cond`), else the next head or the sort.
+`--compiled` (the default) both also run as `torch.compile` graphs, as in a compiled round, where
+the head-first nucleus is one opaque op (`pcg_synth::nucleus_keep`).
 
     python benchmarks/bench_nucleus.py --out benchmarks/results/nucleus_cpu_tiny
 """
@@ -134,9 +134,8 @@ def main() -> None:
               f"and p positions takes the first b rows of the first p rounds), warped at temperature "
               f"{args.temperature}; median of {args.reps} calls of each, in turns. `identical`: the head-first "
               "nucleus gives the sort's probabilities value for value, and every variant keeps the sort's tokens. "
-              "Compiled: each function as one `torch.compile` graph per shape; the head-first one serves all rows "
-              "from the first head that holds every row's edge (the rows column says which heads the rows need "
-              "alone)."]
+              "Compiled: each function as one `torch.compile` graph per shape, the head-first one calling the "
+              "eager code as one op."]
     write_or_print(args.out, doc, "\n".join(lines) + "\n")
 
 

@@ -151,11 +151,10 @@ def nucleus(probs: torch.Tensor, top_p: torch.Tensor | float, skip: torch.Tensor
     running sums are the sort's own first ones, so the edge and its value `v` are the sort's, and
     the kept tokens are those above `v` and the lowest ids of those at `v`: token for token the
     sort's. A row whose edge lies beyond the largest head is sorted whole. A top-k of 1,024 costs
-    a tenth of a sort of 65,537 tokens on a CPU (benchmarks/results/nucleus_cpu_tiny.md). Eagerly
-    each row goes as far as it needs; in a compiled round a head serves when it serves every row
-    (`torch.cond`, a read of one flag on the host), else the next head or the sort serves them
-    all: the same tokens either way. On CUDA rows are sorted: choosing there would wait for the
-    device inside a round."""
+    a tenth of a sort of 65,537 tokens on a CPU (benchmarks/results/nucleus_cpu_tiny.md). A
+    compiled round calls the same code as one opaque op (`pcg_synth::nucleus_keep`), its choices
+    made on the host. On CUDA rows are sorted: choosing there would wait for the device inside a
+    round."""
     if probs.device.type != "cpu":
         out = nucleus_sorted(probs, top_p)
         return out if skip is None else torch.where(skip, probs, out)
@@ -163,17 +162,17 @@ def nucleus(probs: torch.Tensor, top_p: torch.Tensor | float, skip: torch.Tensor
     flat = probs.reshape(-1, vocab)
     limit = torch.as_tensor(top_p, dtype=probs.dtype).expand(*probs.shape[:-1], 1).reshape(-1, 1)
     if torch.compiler.is_compiling():
-        done = torch.zeros_like(limit, dtype=torch.bool) if skip is None else skip.reshape(-1, 1)
-        keep = _nucleus_branching(flat, limit, done, NUCLEUS_HEADS)
+        keep = torch.ops.pcg_synth.nucleus_keep(flat, limit, None if skip is None else skip.reshape(-1, 1))
     else:
-        keep = _nucleus_rowwise(flat, limit, skip)
+        keep = nucleus_keep(flat, limit, skip)
     kept = flat.masked_fill(~keep, 0.0)
     out = (kept / kept.sum(-1, keepdim=True)).view(probs.shape)
     return out if skip is None else torch.where(skip, probs, out)
 
 
-def _nucleus_rowwise(flat: torch.Tensor, limit: torch.Tensor, skip: torch.Tensor | None) -> torch.Tensor:
-    """`nucleus`'s kept tokens `[n, V]`, each row through the smallest head that holds its edge."""
+def nucleus_keep(flat: torch.Tensor, limit: torch.Tensor, skip: torch.Tensor | None) -> torch.Tensor:
+    """`nucleus`'s kept tokens `[n, V]` (bool) of `flat` `[n, V]`, `limit` `[n, 1]`, on a CPU: each
+    row through the smallest head that holds its edge, rows in `skip` not at all (all kept)."""
     keep = torch.ones_like(flat, dtype=torch.bool)
     pending = torch.arange(flat.shape[0]) if skip is None else (~skip).reshape(-1).nonzero()[:, 0]
     for k in NUCLEUS_HEADS:
@@ -192,18 +191,16 @@ def _nucleus_rowwise(flat: torch.Tensor, limit: torch.Tensor, skip: torch.Tensor
     return keep
 
 
-def _nucleus_branching(flat: torch.Tensor, limit: torch.Tensor, done: torch.Tensor,
-                       heads: tuple[int, ...]) -> torch.Tensor:
-    """`nucleus`'s kept tokens `[n, V]` in a compiled graph: the first of `heads` that holds every
-    row's edge (rows in `done` `[n, 1]` need none) serves all rows, else the sort does."""
-    if not heads or heads[0] >= flat.shape[-1]:
-        return nucleus_sorted(flat, limit, mask=True)
-    head = torch.topk(flat, heads[0], dim=-1).values
-    drop = head.cumsum(-1) - head >= limit
-    return torch.cond((drop[:, -1:] | done).all(),
-                      lambda rows, head, drop, limit, done: _head_keep(rows, head, drop),
-                      lambda rows, head, drop, limit, done: _nucleus_branching(rows, limit, done, heads[1:]),
-                      (flat, head, drop, limit, done))
+# `nucleus_keep` as an op a compiled graph calls as it is: its per-row choices read values on the
+# host, which a graph cannot trace (the library is kept alive: the op lives as long as it does)
+_LIBRARY = torch.library.Library("pcg_synth", "FRAGMENT")
+_LIBRARY.define("nucleus_keep(Tensor flat, Tensor limit, Tensor? skip) -> Tensor")
+_LIBRARY.impl("nucleus_keep", nucleus_keep, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("pcg_synth::nucleus_keep", lib=_LIBRARY)
+def _nucleus_keep_shape(flat, limit, skip):
+    return flat.new_empty(flat.shape, dtype=torch.bool)
 
 
 def _head_keep(rows: torch.Tensor, head: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from transformers.generation.logits_process import RepetitionPenaltyLogitsProces
 
 from engine.config import Warp
 from engine.decoding import rng
-from engine.decoding.sampling import _nucleus_branching, nucleus, nucleus_sorted, sample_from, warp_probs
+from engine.decoding.sampling import nucleus, nucleus_sorted, sample_from, warp_probs
 
 
 def test_uniforms_are_uniform_and_streams_independent():
@@ -108,24 +108,15 @@ def test_nucleus_keeps_the_tokens_a_sort_of_the_whole_vocabulary_keeps():
 
 
 class Sorts(TorchDispatchMode):
-    """Counts the rows of every sort dispatched (and the top-k widths), inside the branch a
-    `torch.cond` takes too."""
-
-    supports_higher_order_operators = True
+    """Counts the rows of every sort dispatched."""
 
     def __init__(self):
         super().__init__()
-        self.rows, self.topk = [], []
+        self.rows = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.higher_order.cond:
-            pred, on_true, on_false, operands = args
-            with self:
-                return (on_true if bool(pred) else on_false)(*operands)
         if func is torch.ops.aten.sort.default or func is torch.ops.aten.sort.stable:
             self.rows.append(args[0].shape[0])
-        if func is torch.ops.aten.topk.default:
-            self.topk.append(args[1])
         return func(*args, **(kwargs or {}))
 
 
@@ -153,23 +144,24 @@ def test_nucleus_sorts_only_rows_whose_edge_lies_past_the_heads_and_ties_keep_th
     assert torch.equal(head_only, nucleus_sorted(peaked, 0.45))
 
 
-def test_a_compiled_rounds_nucleus_takes_the_first_head_that_serves_every_row():
-    """The branches a compiled round's nucleus chooses between (`torch.cond`, run eagerly here
-    so the ops it dispatches can be counted): a head serves when it holds every row's edge (rows
-    marked done need none), else the next head, else the sort; the same kept tokens each way."""
+def test_a_compiled_graph_calls_the_eager_nucleus_whole():
+    """A compiled round reaches the CPU nucleus as one op (`pcg_synth::nucleus_keep`): the same
+    kept tokens and the same per-row choices, seen from inside the graph by the profiler (which
+    rows each head's top-k and the sort take)."""
     vocab, gen = 65537, torch.Generator().manual_seed(2)
     peaked = torch.softmax(torch.randn(2, vocab, generator=gen) * 8, -1)
     broad = torch.full((1, vocab), 0.1 / (vocab - 3000))
     broad[0, :3000] = 0.9 * torch.softmax(torch.randn(3000, generator=gen) * 0.1, -1)  # edge near token 1,500
     flat = torch.full((1, vocab), 1.0 / vocab) + torch.arange(vocab) * 1e-12  # edge past 8,192 tokens
-    for probs, done, topk, sorted_rows in (
-            (peaked, [False, False], [1024], []),
-            (torch.cat([peaked, broad]), [False, False, False], [1024, 8192], []),
-            (torch.cat([peaked, flat]), [False, False, False], [1024, 8192], [3]),
-            (torch.cat([peaked, flat]), [False, False, True], [1024], [])):  # the flat row needs no mask
-        limit = torch.full((len(probs), 1), 0.45)
-        with Sorts() as sorts:
-            keep = _nucleus_branching(probs, limit, torch.tensor(done)[:, None], (1024, 8192))
-        assert (sorts.topk, sorts.rows) == (topk, sorted_rows)
-        need = ~torch.tensor(done)
-        assert torch.equal(keep[need], nucleus_sorted(probs, limit, mask=True)[need])
+    probs, limit = torch.cat([peaked, broad, flat]), torch.full((4, 1), 0.45)
+    compiled = torch.compile(lambda p, t, s: nucleus(p, t, skip=s), fullgraph=True)
+    for skip, topk_rows, sorted_rows in (([False] * 4, [4, 2], [1]), ([False] * 3 + [True], [3, 1], [])):
+        skip = torch.tensor(skip)[:, None]
+        compiled(probs, limit, skip)  # compiled at its first call
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            out = compiled(probs, limit, skip)
+        rows = {name: [e.input_shapes[0][0] for e in prof.events() if e.name == name]
+                for name in ("aten::topk", "aten::sort")}
+        assert (rows["aten::topk"], rows["aten::sort"]) == (topk_rows, sorted_rows)
+        expected = torch.where(skip, probs, nucleus_sorted(probs, limit))
+        assert torch.equal(out > 0, expected > 0) and torch.equal(out[skip[:, 0]], probs[skip[:, 0]])
