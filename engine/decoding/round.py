@@ -164,7 +164,8 @@ class RoundState:
 
 
 def draws(state: RoundState, plan: RoundPlan, lens: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Every uniform of the round in one hash evaluation: purpose -> `[B, slots, lanes]`."""
+    """Every uniform of the round in one hash evaluation (an `ar` round's read from the table
+    made at admission): purpose -> `[B, slots, lanes]`."""
     if not plan.draw_purposes():
         return {}
     if plan.gamma == 0:  # `ar`: one draw per row, made at admission (`RoundState.ar_draws`)

@@ -18,6 +18,7 @@ import torch
 
 from engine.config import Warp
 from engine.models.llama import wide
+from engine.models.ops import opaque_op
 
 
 @dataclass
@@ -191,16 +192,9 @@ def nucleus_keep(flat: torch.Tensor, limit: torch.Tensor, skip: torch.Tensor | N
     return keep
 
 
-# `nucleus_keep` as an op a compiled graph calls as it is: its per-row choices read values on the
-# host, which a graph cannot trace (the library is kept alive: the op lives as long as it does)
-_LIBRARY = torch.library.Library("pcg_synth", "FRAGMENT")
-_LIBRARY.define("nucleus_keep(Tensor flat, Tensor limit, Tensor? skip) -> Tensor")
-_LIBRARY.impl("nucleus_keep", nucleus_keep, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("pcg_synth::nucleus_keep", lib=_LIBRARY)
-def _nucleus_keep_shape(flat, limit, skip):
-    return flat.new_empty(flat.shape, dtype=torch.bool)
+# a compiled round calls `nucleus_keep` as it is: its per-row choices read values on the host
+opaque_op("nucleus_keep", "(Tensor flat, Tensor limit, Tensor? skip) -> Tensor", nucleus_keep,
+          lambda flat, limit, skip: flat.new_empty(flat.shape, dtype=torch.bool))
 
 
 def _head_keep(rows: torch.Tensor, head: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:

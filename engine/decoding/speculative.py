@@ -234,7 +234,7 @@ class SpeculativeDecoder:
         st.limit[rows] = torch.clamp(lens + budget, max=self.max_len)
         st.keys[rows] = rng.seed_key(seeds)
         if st.ar_draws is not None:  # the uniform of every position the rows may draw at
-            reach = min(max(n + b for n, b in zip(lengths, host["budget"])), self.max_len)
+            reach = min(max(n + budget for n, budget in zip(lengths, host["budget"])), self.max_len)
             at = torch.arange(reach, device=self.device)
             st.ar_draws[rows, :reach] = rng.keyed_uniform(st.keys[rows][:, None], at, rng.BONUS)
         self.set_warps(slots, rows, requests)

@@ -17,6 +17,7 @@ from torch import nn
 
 from engine.config import COMPILE_MODES
 from engine.models.kv_cache import KVCache
+from engine.models.ops import opaque_op
 from engine.models.quant import Int8Linear
 
 LogitsAt = Literal["all", "last", "none", "hidden"]
@@ -197,22 +198,14 @@ class PackedLinear(nn.Module):
 
 def packed_linear(x, weight, bias, out_features):
     """oneDNN's linear on a packed weight, as an op inductor calls as it is
-    (`torch.ops.pcg_synth.packed_linear`). Inductor lowers `mkldnn._linear_pointwise` only for
-    weights it froze itself (and a frozen graph cannot be cached on disk); behind this op a
-    compiled round keeps the model's own packed weights and stays cacheable. Defined through
-    `torch.library.Library` rather than `custom_op`, whose Python autograd wrapper ran on every
-    call of a compiled round (rounds run under `no_grad`, not inference mode)."""
+    (`torch.ops.pcg_synth.packed_linear`, an `opaque_op`). Inductor lowers `mkldnn._linear_pointwise`
+    only for weights it froze itself (and a frozen graph cannot be cached on disk); behind this op a
+    compiled round keeps the model's own packed weights and stays cacheable."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-_LIBRARY = torch.library.Library("pcg_synth", "DEF")  # kept alive: the op lives as long as it does
-_LIBRARY.define("packed_linear(Tensor x, Tensor weight, Tensor? bias, SymInt out_features) -> Tensor")
-_LIBRARY.impl("packed_linear", packed_linear, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("pcg_synth::packed_linear", lib=_LIBRARY)
-def _packed_linear_shape(x, weight, bias, out_features):
-    return x.new_empty(*x.shape[:-1], out_features)
+opaque_op("packed_linear", "(Tensor x, Tensor weight, Tensor? bias, SymInt out_features) -> Tensor", packed_linear,
+          lambda x, weight, bias, out_features: x.new_empty(*x.shape[:-1], out_features))
 
 
 def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
