@@ -11,10 +11,12 @@ law, not the same bits: `docs/concepts/architecture.md`)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -78,32 +80,97 @@ def decode_mixed(synth: Synthesizer) -> tuple[dict, int]:
     return codes, session.scheduler.rounds
 
 
+MIXES = [("ar", ()), ("exact", ("exact",)), ("pcg", ("pcg",)), ("ssd", ("ssd",)), ("topk", ("topk",)),
+         ("all", ("exact", "pcg", "ssd", "topk"))]
+
+
+def admitted(synth: Synthesizer, mix: tuple[str, ...]) -> tuple[SpeculativeDecoder, RoundPlan]:
+    """A decoder of 4 rows of the rules in `mix` (none: `ar`), greedy and sampled with top-k, top-p
+    and a penalty, after one eager `advance` (admission and a round), and its next round's plan."""
+    groups = synth.groups(0.4)
+    rules = {"exact": ExactRule(), "pcg": PCGRule(groups, 4), "ssd": SSDRule(0.3), "topk": TopKRule(20)}
+    gamma = 0 if not mix else 2
+    decoder = SpeculativeDecoder(synth.target.model, synth.draft.model if gamma else None, gamma, 4, 256,
+                                 synth.target.layout.eos_out)
+    prompt = synth.prompter.build("Hello there.")
+    warps = [DecodingSettings(temperature=0).warp,
+             DecodingSettings(temperature=0.8, top_p=0.9, top_k=30, repetition_penalty=1.2).warp]
+    decoder.submit([Request(key=i, prompt_ids=prompt, seed=i, max_new_tokens=8, warp=warps[i % 2],
+                            rule=rules[mix[i % len(mix)]] if mix else None) for i in range(4)])
+    decoder.advance()  # admits the rows and runs one eager round
+    plan = decoder.plan(sorted(decoder.owner))
+    assert plan.sampled and plan.greedy and plan.penalty and plan.top_p and plan.max_top_k == 30
+    assert len(plan.rules) == len(mix)
+    return decoder, plan
+
+
 def test_a_round_traces_as_one_graph_for_each_rule_mix(small_kit, kit_groups):
     """`fullgraph=True` refuses any graph break: each plan below traces whole (dynamo's tracing
     alone, the `eager` backend: no code generated)."""
     synth = load(small_kit, kit_groups, "none", dtype="float32")
-    groups = synth.groups(0.4)
-    rules = {"exact": ExactRule(), "pcg": PCGRule(groups, 4), "ssd": SSDRule(0.3), "topk": TopKRule(20)}
-    mixes = [("ar", ()), ("exact", ("exact",)), ("pcg", ("pcg",)), ("ssd", ("ssd",)), ("topk", ("topk",)),
-             ("all", ("exact", "pcg", "ssd", "topk"))]
-    for name, mix in mixes:
-        gamma = 0 if not mix else 2
-        decoder = SpeculativeDecoder(synth.target.model, synth.draft.model if gamma else None, gamma, 4, 256,
-                                     synth.target.layout.eos_out)
-        prompt = synth.prompter.build("Hello there.")
-        warps = [DecodingSettings(temperature=0).warp,
-                 DecodingSettings(temperature=0.8, top_p=0.9, top_k=30, repetition_penalty=1.2).warp]
-        decoder.submit([Request(key=i, prompt_ids=prompt, seed=i, max_new_tokens=8, warp=warps[i % 2],
-                                rule=rules[mix[i % len(mix)]] if mix else None) for i in range(4)])
-        decoder.advance()  # admits the rows and runs one eager round
-        plan = decoder.plan(sorted(decoder.owner))
-        assert plan.sampled and plan.greedy and plan.penalty and plan.top_p and plan.max_top_k == 30
-        assert len(plan.rules) == len(mix)
+    for name, mix in MIXES:
+        decoder, plan = admitted(synth, mix)
         torch._dynamo.reset()
         traced = torch.compile(lambda state, plan=plan: decode_round(state, plan), backend="eager", fullgraph=True)
         with torch.no_grad():
             out = traced(decoder.state)
         assert out.shape == (4, 3), name
+
+
+def on_meta(obj, memo: dict):
+    """A copy of `obj` (a decoder's state or a plan, with the models, caches and groups they hold)
+    whose tensors are on the meta device: shapes, dtypes and strides, no values."""
+    if id(obj) in memo:
+        return memo[id(obj)]
+    if isinstance(obj, torch.nn.Parameter):
+        out = torch.nn.Parameter(on_meta(obj.data, memo), requires_grad=False)
+    elif isinstance(obj, torch.Tensor):
+        out = torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, device="meta")
+    elif isinstance(obj, (list, tuple)):
+        out = type(obj)(on_meta(v, memo) for v in obj)
+    elif isinstance(obj, dict):
+        out = {k: on_meta(v, memo) for k, v in obj.items()}
+    elif isinstance(obj, torch.nn.Module) or type(obj).__module__.startswith("engine."):
+        out = copy.copy(obj)
+        for k, v in vars(obj).items():
+            object.__setattr__(out, k, on_meta(v, memo))  # frozen dataclasses too
+    else:
+        out = obj
+    memo[id(obj)] = out
+    return out
+
+
+def test_the_round_a_gpu_runs_reads_nothing_back_and_makes_no_host_tensor(small_kit, kit_groups):
+    """A device-less check of the round as a GPU runs it, for each rule mix: the decoder's state,
+    the models and the plan moved to the meta device (tensors without values), with CUDA's
+    attention (`grouped_attention`), and off the CPU top-p sorts (`nucleus_sorted`). A read-back
+    inside the round (`.item()`, `bool(t)`, `nonzero`, a boolean mask) raises on meta tensors, and so
+    does a tensor made on the host without the state's device; then the round traces whole at the
+    key count that `RoundRunner` marks dynamic. What it cannot check: kernels, CUDA graph capture,
+    numbers (tests/gpu do, on a GPU)."""
+    from engine.models.loading import load_model
+
+    target = load_model(small_kit / "target", "cpu", "bfloat16", prepack=False)  # what a GPU holds
+    synth = Synthesizer(target, load_model(small_kit / "draft", "cpu", "bfloat16", tokenizer=target.tokenizer,
+                                           prepack=False), batch_size=4)
+    synth.set_groups(kit_groups)
+    for name, mix in MIXES:
+        decoder, plan = admitted(synth, mix)
+        memo: dict = {}
+        keys_read = on_meta(decoder.keys_read[: plan.kv_len], memo)  # the bucket, as `RoundRunner.round`
+        state, plan = on_meta(decoder.state, memo), on_meta(replace(plan, kv_len=0), memo)
+        for model in (state.target, state.draft):
+            if model is not None:
+                assert model.head.device.type == "meta" and model.packed_head is None
+                model.attention = "grouped"  # what `auto` takes on CUDA
+        with torch.no_grad():
+            out = decode_round(state, plan, keys_read)
+        assert out.shape == (4, 3) and out.device.type == "meta", name
+        torch._dynamo.reset()
+        traced = torch.compile(lambda s, k, plan=plan: decode_round(s, plan, k), backend="eager", fullgraph=True)
+        torch._dynamo.mark_dynamic(keys_read, 0)
+        with torch.no_grad():
+            assert traced(state, keys_read).shape == (4, 3), name
 
 
 def test_the_compiled_round_gives_the_eager_tokens(small_kit, kit_groups):
