@@ -11,8 +11,11 @@ hits come with each compiled mode.
     python benchmarks/bench_round.py --models kit --batches 1,8,32 --out benchmarks/results/round_cpu_tiny
     python benchmarks/bench_round.py --models llasa-1b-shape --batches 1 --rounds 12 \\
         --out benchmarks/results/round_cpu_llasa_1b_shape
-    python benchmarks/bench_round.py --device cuda --models kit,llasa-1b-shape --modes none,cudagraphs \\
-        --batches 1,8,32 --out work/gpu-check/round_cuda
+    python benchmarks/bench_round.py --device cuda --models llasa-1b-shape,kit --modes none,cudagraphs \\
+        --batches 32,1,8 --out work/gpu-check/round_cuda
+
+The result files are written again after every setting (marked `complete: false` until the last),
+so a run stopped at a time limit keeps what it measured.
 """
 
 from __future__ import annotations
@@ -163,6 +166,27 @@ def main() -> None:
     modes = args.modes.split(",")
     load_start = round(os.getloadavg()[0], 2)
     readings = []
+    notes = ("Rounds timed in turns (one of each mode per turn) after the warm-up, on decoders kept "
+             "full from a queue; host ms is the median round, tokens/s the tokens committed over "
+             "all timed rounds. Ops are counted on one round (engine.decoding.graphs.count_ops): "
+             "eager, every op through torch's dispatcher; compiled, the ops the graph calls "
+             "(matrix products, attention), its own fused kernels not being dispatched ops."
+             + (" " + args.note if args.note else ""))
+    settings = [(name, method, batch) for name in args.models.split(",") for method in args.methods.split(",")
+                for batch in map(int, args.batches.split(","))]
+
+    def write(done: bool) -> None:
+        """The result so far: written after every setting, so a run stopped at a time limit (a lent
+        GPU's call) leaves what it measured."""
+        left = "" if done else (f" This run was stopped after {len(readings) // len(modes)} of its "
+                                f"{len(settings)} settings; the file holds those measured.")
+        doc = {"benchmark": "a decode round, eager against compiled", "how": how_line(sys.argv),
+               "machine": describe(args.device), "threads": args.threads,
+               "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
+               "readings": readings, "complete": done, "notes": notes + left}
+        if args.out or done:
+            write_or_print(args.out, doc, table(doc))
+
     for name in args.models.split(","):
         synths, desc = synthesizers(name, args, modes)
         for method in args.methods.split(","):
@@ -170,19 +194,9 @@ def main() -> None:
                 for row in measure(synths, method, batch, args):
                     readings.append({"models": name, "dtype": desc["dtype"], **row})
                     print(readings[-1], flush=True)
+                write(done=False)
         del synths
-    doc = {"benchmark": "a decode round, eager against compiled", "how": how_line(sys.argv),
-           "machine": describe(args.device), "threads": args.threads,
-           "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
-           "readings": readings,
-           "notes": ("Rounds timed in turns (one of each mode per turn) after the warm-up, on decoders kept "
-                     "full from a queue; host ms is the median round, tokens/s the tokens committed over "
-                     "all timed rounds. Ops are counted on one round (engine.decoding.graphs.count_ops): "
-                     "eager, every op through torch's dispatcher; compiled, the ops the graph calls "
-                     "(matrix products, attention), its own fused kernels not being dispatched ops."
-                     + (" " + args.note if args.note else ""))}
-    write_or_print(args.out, doc, table(doc))
-
+    write(done=True)
 
 if __name__ == "__main__":
     main()

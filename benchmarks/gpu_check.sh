@@ -3,9 +3,10 @@
 # what comes after still runs and every log is written:
 #   1. the CUDA tests (tests/gpu: speculative decoding, parity with the CPU, bf16 sampling, the
 #      codec, groups backends, a CUDA-graph round against the eager one with no host sync inside);
-#   2. the round benchmark: eager against CUDA graphs, ar and pcg at batch 1, 8 and 32, on the kit and
-#      on the llasa-1b-shape preset (benchmarks/bench_round.py: ops, launches, host and device ms,
-#      tokens/s per round);
+#   2. the round benchmark: eager against CUDA graphs, ar and pcg at batch 32, 1 and 8, on the
+#      llasa-1b-shape preset (whose figures the GPU goals name) and then the kit
+#      (benchmarks/bench_round.py: ops, launches, host and device ms, tokens/s per round; its result
+#      files are written after every setting, so a stop at the time limit keeps what was measured);
 #   3. the job-throughput benchmark on the llasa-1b-shape preset (slot utilisation and a job's
 #      steady tokens/s against decoding alone: benchmarks/bench_job_throughput.py).
 # Logs, nvidia-smi and the result files land in $OUT (default work/gpu-check). Times of earlier
@@ -28,7 +29,7 @@ OUT=${OUT:-work/gpu-check}
 BUDGET=${BUDGET:-580}
 TEST_BUDGET=${TEST_BUDGET:-200}  # the CUDA-graph tests compile their rounds
 ROUND_BUDGET=${ROUND_BUDGET:-200}
-ROUND_ARGS=${ROUND_ARGS:---device cuda --models kit,llasa-1b-shape --modes none,cudagraphs --batches 1,8,32 --rounds 20}
+ROUND_ARGS=${ROUND_ARGS:---device cuda --models llasa-1b-shape,kit --modes none,cudagraphs --batches 32,1,8 --rounds 20}
 BENCH_ARGS=${BENCH_ARGS:---preset llasa-1b-shape --device cuda --batch 32 --scale 4 --threads 4 --workloads temps192,augment120}
 mkdir -p "$OUT"
 SECONDS=0
