@@ -118,6 +118,44 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return out.to(q.dtype).view(b, heads, t, d)
 
 
+def fold_pays(dtype: torch.dtype, positions: int) -> bool:
+    """Whether `folded_attention` folds on a CPU: in bfloat16 and float16 always (at one position
+    torch's kernel takes 3x-9x longer unfolded), in float32 and float64 from two positions on (at
+    one their kernel is as fast unfolded, up to 1.4x faster): `benchmarks/results/attention_cpu.md`."""
+    return positions > 1 or dtype in (torch.bfloat16, torch.float16)
+
+
+def fold_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """A mask `[b, 1, T, L]` in `folded_attention`'s layout `[b, 1, group * T, L]` (a step folds
+    it once for all its layers)."""
+    b, _, t, length = mask.shape
+    return mask.repeat(1, 1, group, 1) if t > 1 else mask.expand(b, 1, group, length)
+
+
+def folded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     fold: bool | None = None) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)`, with each
+    KV head's query heads folded into its query positions where that is faster (`fold_pays`;
+    `fold` forces it either way): q `[b, H, T, D]`, keys/values `[b, H_kv, L, D]`, mask `[b, 1, T,
+    L]` bool (True = attend; or already `fold_mask`ed) -> `[b, H, T, D]`. The same kernel and
+    per-query maths, the work split another way: the outputs are SDPA's bit for bit in most shapes
+    and within a last bit in the others (the same table)."""
+    b, heads, t, d = q.shape
+    group = heads // keys.shape[1]
+    if group == 1 or not (fold_pays(q.dtype, t) if fold is None else fold):
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=group > 1)
+    return _folded(q, keys, values, mask if mask.shape[2] == group * t else fold_mask(mask, group)).view(b, heads, t, d)
+
+
+def _folded(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+    """SDPA of q `[b, H, T, D]` folded to `[b, H_kv, group * T, D]` (query head h is KV head
+    h // group; then its positions), under a folded mask: the output in that layout."""
+    b, heads, t, d = q.shape
+    kv_heads = keys.shape[1]
+    folded = q.reshape(b, kv_heads, heads // kv_heads * t, d)
+    return F.scaled_dot_product_attention(folded, keys, values, attn_mask=attend)
+
+
 class Attention(nn.Module):
     def __init__(self, shape: LlamaShape) -> None:
         super().__init__()
@@ -145,7 +183,8 @@ class Attention(nn.Module):
         slots: torch.Tensor | None,  # cache rows read (None: rows 0..b-1, read as a view)
         rows: torch.Tensor,  # [b, 1] cache rows written
         positions: torch.Tensor,  # [b, T]
-        grouped: bool = False,  # `grouped_attention` instead of torch's SDPA
+        kind: str = "sdpa",  # `grouped` (`grouped_attention`), `folded` (`_folded`, the mask folded
+        # beforehand: `fold_mask`) or `sdpa` (torch's)
     ) -> torch.Tensor:
         b, t, _ = x.shape
         heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -162,10 +201,14 @@ class Attention(nn.Module):
         q = q.transpose(1, 2)  # [b, H, T, D]
         cache.write(layer, rows, positions, k, v)
         keys, values = cache.read(layer, slots, mask.shape[-1])  # [b, H_kv, kv_len, D]
-        if grouped:
+        if kind == "folded":
+            out = _folded(q, keys, values, mask)  # [b, H_kv, group * T, D]: the heads' order at T = 1
+            if t > 1:
+                out = out.view(b, heads, t, d)
+        elif kind == "grouped":
             out = grouped_attention(q, keys, values, mask)
         else:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=kv_heads < heads)
         # [b, H, T, D] -> [b, T, H * D]; at one position the heads are already in that order
         return self.o_proj(out.reshape(b, t, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, -1))
 
@@ -324,8 +367,9 @@ class LlamaLM(nn.Module):
         self.rope_scaling = rope_scaling
         self.packed_head: PackedLinear | None = None
         self.compile_mode = "none"  # how decode rounds over this model run (`set_compile_mode`)
-        # attention: `sdpa` (torch's dispatcher), `grouped` (`grouped_attention`), or `auto`:
-        # grouped on CUDA, SDPA elsewhere (a CPU's fused kernel, pinned against transformers)
+        # attention: `sdpa` (torch's SDPA, query heads folded where that is faster:
+        # `folded_attention`), `grouped` (`grouped_attention`), or `auto`: grouped on CUDA, SDPA
+        # elsewhere (a CPU's fused kernel, pinned against transformers); see `attention_kind`
         self.attention = "auto"
 
     def prepack(self) -> None:
@@ -483,6 +527,15 @@ class LlamaLM(nn.Module):
         mask = (key_pos <= positions[..., None])[:, None]  # [b, 1, T, kv_len]
         return StepTables(mask, *self.rope(positions))
 
+    def attention_kind(self, tokens: torch.Tensor) -> str:
+        """The attention a step over `tokens` `[b, T]` takes (`Attention.forward`'s `kind`): as
+        `self.attention` says; `auto` is `grouped` on CUDA, else torch's SDPA, with the query heads
+        folded where that is faster (`fold_pays`)."""
+        if self.attention == "grouped" or (self.attention == "auto" and tokens.is_cuda):
+            return "grouped"
+        s = self.shape
+        return "folded" if s.num_heads > s.num_kv_heads and fold_pays(self.dtype, tokens.shape[1]) else "sdpa"
+
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
               slots: torch.Tensor | None, logits_at: LogitsAt, widen: bool = True,
               tables: StepTables | None = None) -> torch.Tensor | None:
@@ -490,12 +543,14 @@ class LlamaLM(nn.Module):
         (a decode round widens them in its first float32 op, one pass over the vocabulary less);
         `tables`: `step_tables(positions, kv_len)`, made beforehand."""
         mask, cos, sin = tables if tables is not None else self.step_tables(positions, kv_len)
-        grouped = self.attention == "grouped" or (self.attention == "auto" and tokens.is_cuda)
+        kind = self.attention_kind(tokens)
+        if kind == "folded":  # once for every layer
+            mask = fold_mask(mask, self.shape.num_heads // self.shape.num_kv_heads)
         rows = cache.rows if slots is None else slots[:, None]  # [b, 1] cache rows written
         x = self.model.embed_tokens(tokens)  # [b, T, h]
         for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
-            x = x + layer.self_attn(h, cos, sin, mask, cache, i, slots, rows, positions, grouped)
+            x = x + layer.self_attn(h, cos, sin, mask, cache, i, slots, rows, positions, kind)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         if logits_at == "none":
             return None

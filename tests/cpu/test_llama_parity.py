@@ -1,6 +1,7 @@
 """Our Llama forward against transformers' LlamaForCausalLM: prefill, then incremental steps,
 rows of different lengths in one batch, GQA and llama3 rope scaling (the kit uses both); with
-torch's SDPA (the CPU's default) and with `grouped_attention` (CUDA's)."""
+torch's SDPA (the CPU's default, query heads folded: `folded_attention`) and with
+`grouped_attention` (CUDA's)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import engine.models.llama as llama
-from engine.models.llama import LlamaLM, LlamaShape, grouped_attention
+from engine.models.llama import LlamaLM, LlamaShape, fold_pays, folded_attention, grouped_attention
 from engine.models.loading import ModelLoadError, load_model
 
 
@@ -93,6 +94,29 @@ def test_grouped_attention_is_torchs_masked_grouped_query_attention(monkeypatch,
         monkeypatch.setattr(llama, "GROUPED_SCORES_BYTES", heads * t * length * 4)
         assert torch.equal(grouped_attention(q, k, v, mask), out)
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_folded_attention_is_torchs_grouped_query_sdpa(dtype):
+    """Each KV head's query heads folded into its query positions: torch's SDPA with `enable_gqa`
+    within its output's last bit, at one position and at several, folded or not as `fold_pays`
+    says and folded by force; query head h reads KV head h // (H / H_kv) (every KV head's values
+    differ, so a wrong pairing is far off)."""
+    gen = torch.Generator().manual_seed(2)
+    assert fold_pays(torch.bfloat16, 1) and fold_pays(torch.float32, 4) and not fold_pays(torch.float32, 1)
+    for b, heads, kv_heads, t, length, d in [(3, 8, 2, 1, 17, 16), (2, 4, 4, 5, 9, 8), (4, 6, 3, 7, 40, 16),
+                                             (5, 32, 8, 1, 64, 32)]:
+        q = torch.randn(b, t, heads, d, generator=gen).to(dtype).transpose(1, 2)  # strided, as in the model
+        k = torch.randn(b, kv_heads, length, d, generator=gen).to(dtype)
+        v = (torch.randn(b, kv_heads, length, d, generator=gen) + 10 * torch.arange(kv_heads)[:, None, None]).to(dtype)
+        last = torch.randint(t - 1, length, (b, 1), generator=gen)
+        mask = torch.arange(length)[None, None, None, :] <= (last - torch.arange(t).flip(0))[:, None, :, None]
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        tol = 1e-5 if dtype == torch.float32 else 0.1  # bfloat16: a last bit of outputs near 10 * head
+        for fold in (None, True):
+            out = folded_attention(q, k, v, mask, fold=fold)
+            assert out.dtype == dtype and out.shape == (b, heads, t, d)
+            assert torch.allclose(out.float(), ref.float(), atol=tol, rtol=tol), (b, heads, kv_heads, t, fold)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
