@@ -21,6 +21,7 @@ so a run stopped at a time limit keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -184,8 +185,13 @@ def main() -> None:
                "machine": describe(args.device), "threads": args.threads,
                "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
                "readings": readings, "complete": done, "notes": notes + left}
-        if args.out or done:
+        if done:
             write_or_print(args.out, doc, table(doc))
+        elif args.out:  # quietly: each reading was printed as it came
+            stem = Path(args.out)
+            stem.parent.mkdir(parents=True, exist_ok=True)
+            stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+            stem.with_suffix(".md").write_text(table(doc))
 
     for name in args.models.split(","):
         synths, desc = synthesizers(name, args, modes)
