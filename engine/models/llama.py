@@ -139,7 +139,8 @@ def folded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     `fold` forces it either way): q `[b, H, T, D]`, keys/values `[b, H_kv, L, D]`, mask `[b, 1, T,
     L]` bool (True = attend; or already `fold_mask`ed) -> `[b, H, T, D]`. The same kernel and
     per-query maths, the work split another way: the outputs are SDPA's bit for bit in most shapes
-    and within a last bit in the others (the same table)."""
+    and within a last bit in the others (`benchmarks/results/attention_cpu.md`). A model's step
+    decides once (`LlamaLM.attention_kind`) and folds the mask once for all its layers."""
     b, heads, t, d = q.shape
     group = heads // keys.shape[1]
     if group == 1 or not (fold_pays(q.dtype, t) if fold is None else fold):
