@@ -1,7 +1,8 @@
 """A decode round as one compiled graph (inductor on the CPU): no graph break for any rule mix,
 the eager round's tokens for every rule, greedy and sampled, across admissions and key buckets,
 PCG's exact fallback after the round, and a second process that loads the compiled round from the
-on-disk cache instead of compiling it.
+on-disk cache instead of compiling it; the round as a GPU runs it, on the meta device (no read-back,
+no host-made tensor, one graph).
 
 The models are the kit's target and draft cut to their first layer (`init_draft`): a round's code
 is the same for any number of layers, and inductor's work grows with them. Tokens are compared in
