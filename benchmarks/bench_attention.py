@@ -44,7 +44,7 @@ def timed(q, k, v, mask, reps: int) -> tuple[dict, dict]:
     from engine.models.llama import folded_attention, grouped_attention
 
     fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
-           "folded": lambda: folded_attention(q, k, v, mask, fold=True),
+           "folded": lambda: folded_attention(q, k, v, mask),
            "grouped": lambda: grouped_attention(q, k, v, mask)}
     with torch.inference_mode():
         ref = fns["sdpa"]().double()
@@ -109,7 +109,7 @@ def main() -> None:
               "output is compared); random queries, keys and values, each row's keys masked at a random length (at "
               "least half the keys where the positions fed leave room). SDPA: "
               "`F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)`; folded: "
-              "`engine.models.llama.folded_attention` with the fold forced (the engine's CPU attention folds where "
+              "`engine.models.llama.folded_attention` (the engine's CPU attention folds where "
               "`fold_pays` says: the column 'the engine folds'); plain ops: `grouped_attention` "
               "(the engine's CUDA attention, scores and softmax in float32). Differences are the largest absolute "
               "difference from SDPA's output over the tensor (0: bit for bit)."]

@@ -21,7 +21,6 @@ so a run stopped at a time limit keeps what it measured.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import ROOT, describe, how_line, write_or_print  # noqa: E402
+from machine import ROOT, describe, how_line, write_or_print, write_result_pair  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -188,10 +187,7 @@ def main() -> None:
         if done:
             write_or_print(args.out, doc, table(doc))
         elif args.out:  # quietly: each reading was printed as it came
-            stem = Path(args.out)
-            stem.parent.mkdir(parents=True, exist_ok=True)
-            stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-            stem.with_suffix(".md").write_text(table(doc))
+            write_result_pair(Path(args.out), doc, table(doc), quiet=True)
 
     for name in args.models.split(","):
         synths, desc = synthesizers(name, args, modes)

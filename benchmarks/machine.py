@@ -21,11 +21,13 @@ def write_result(doc: dict, out: str | None) -> None:
         print(f"written to {out}")
 
 
-def write_result_pair(stem: Path, doc: dict, markdown: str) -> None:
-    """Write `<stem>.json` and its readable table `<stem>.md`, and print the table."""
+def write_result_pair(stem: Path, doc: dict, markdown: str, quiet: bool = False) -> None:
+    """Write `<stem>.json` and its readable table `<stem>.md`, and print the table (not `quiet`)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     stem.with_suffix(".md").write_text(markdown)
+    if quiet:
+        return
     print(markdown)
     print(f"written: {stem}.json, {stem}.md")
 

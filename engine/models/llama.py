@@ -119,7 +119,7 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 
 def fold_pays(dtype: torch.dtype, positions: int) -> bool:
-    """Whether `folded_attention` folds on a CPU: in bfloat16 and float16 always (at one position
+    """Whether a CPU step folds its attention (`folded_attention`): in bfloat16 and float16 always (at one position
     torch's kernel takes 3x-9x longer unfolded), in float32 and float64 from two positions on (at
     one their kernel is as fast unfolded, up to 1.4x faster): `benchmarks/results/attention_cpu.md`."""
     return positions > 1 or dtype in (torch.bfloat16, torch.float16)
@@ -132,20 +132,16 @@ def fold_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
     return mask.repeat(1, 1, group, 1) if t > 1 else mask.expand(b, 1, group, length)
 
 
-def folded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                     fold: bool | None = None) -> torch.Tensor:
-    """`F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)`, with each
-    KV head's query heads folded into its query positions where that is faster (`fold_pays`;
-    `fold` forces it either way): q `[b, H, T, D]`, keys/values `[b, H_kv, L, D]`, mask `[b, 1, T,
-    L]` bool (True = attend; or already `fold_mask`ed) -> `[b, H, T, D]`. The same kernel and
-    per-query maths, the work split another way: the outputs are SDPA's bit for bit in most shapes
-    and within a last bit in the others (`benchmarks/results/attention_cpu.md`). A model's step
-    decides once (`LlamaLM.attention_kind`) and folds the mask once for all its layers."""
+def folded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)` with each
+    KV head's query heads folded into its query positions: q `[b, H, T, D]`, keys/values `[b, H_kv,
+    L, D]`, mask `[b, 1, T, L]` bool (True = attend) -> `[b, H, T, D]`. The same kernel and per-query
+    maths, the work split another way: the outputs are SDPA's bit for bit in most shapes and within
+    a last bit in the others (`benchmarks/results/attention_cpu.md`). A model's step decides
+    whether to fold (`LlamaLM.attention_kind`, `fold_pays`) and folds the mask once for all its
+    layers (`fold_mask`, `_folded`)."""
     b, heads, t, d = q.shape
-    group = heads // keys.shape[1]
-    if group == 1 or not (fold_pays(q.dtype, t) if fold is None else fold):
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=group > 1)
-    return _folded(q, keys, values, mask if mask.shape[2] == group * t else fold_mask(mask, group)).view(b, heads, t, d)
+    return _folded(q, keys, values, fold_mask(mask, heads // keys.shape[1])).view(b, heads, t, d)
 
 
 def _folded(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:

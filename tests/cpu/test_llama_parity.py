@@ -99,8 +99,8 @@ def test_grouped_attention_is_torchs_masked_grouped_query_attention(monkeypatch,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_folded_attention_is_torchs_grouped_query_sdpa(dtype):
     """Each KV head's query heads folded into its query positions: torch's SDPA with `enable_gqa`
-    within its output's last bit, at one position and at several, folded or not as `fold_pays`
-    says and folded by force; query head h reads KV head h // (H / H_kv) (every KV head's values
+    within its output's last bit, at one position and at several (where the model folds is
+    `fold_pays`); query head h reads KV head h // (H / H_kv) (every KV head's values
     differ, so a wrong pairing is far off)."""
     gen = torch.Generator().manual_seed(2)
     assert fold_pays(torch.bfloat16, 1) and fold_pays(torch.float32, 4) and not fold_pays(torch.float32, 1)
@@ -113,10 +113,9 @@ def test_folded_attention_is_torchs_grouped_query_sdpa(dtype):
         mask = torch.arange(length)[None, None, None, :] <= (last - torch.arange(t).flip(0))[:, None, :, None]
         ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         tol = 1e-5 if dtype == torch.float32 else 0.1  # bfloat16: a last bit of outputs near 10 * head
-        for fold in (None, True):
-            out = folded_attention(q, k, v, mask, fold=fold)
-            assert out.dtype == dtype and out.shape == (b, heads, t, d)
-            assert torch.allclose(out.float(), ref.float(), atol=tol, rtol=tol), (b, heads, kv_heads, t, fold)
+        out = folded_attention(q, k, v, mask)
+        assert out.dtype == dtype and out.shape == (b, heads, t, d)
+        assert torch.allclose(out.float(), ref.float(), atol=tol, rtol=tol), (b, heads, kv_heads, t)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
