@@ -5,7 +5,7 @@
 # PCG_SYNTH_REINSTALL=1 installs again anyway.
 #
 # torch (installed before the project, so nothing later can pick another build):
-#   - an already-installed torch is kept;
+#   - an already-installed torch is kept (one older than pyproject.toml's floor stops setup with what to do);
 #   - TORCH_SPEC, when set, is installed as given, e.g.
 #     TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128";
 #   - on a machine with an NVIDIA GPU (`nvidia-smi -L` works or /proc/driver/nvidia exists):
@@ -22,6 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=2.13.0
+TORCH_FLOOR=$(sed -n 's/^ *"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)  # the oldest torch the suite runs on
 CPU_INDEX=https://download.pytorch.org/whl/cpu
 
 if [ -n "${PCG_SYNTH_GPU:-}" ]; then
@@ -66,6 +67,22 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     fi
     rm -f "$log"
   fi
+fi
+# An older torch than pyproject.toml's floor already in .venv stops here with what to do, not with
+# pip's resolver conflict below.
+if ! .venv/bin/python - "$TORCH_FLOOR" <<'PYEOF'
+import sys
+import torch
+have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+need = tuple(int(p) for p in sys.argv[1].split("."))
+if have < need:
+    print(f"setup: .venv has torch {torch.__version__}; pcg-synth needs torch >= {sys.argv[1]}. Upgrade it "
+          f"(.venv/bin/python -m pip install 'torch>={sys.argv[1]}' with the index of your build) or remove .venv, "
+          "then run this again.", file=sys.stderr)
+    sys.exit(1)
+PYEOF
+then
+  exit 1
 fi
 # Keep exactly this torch while the project and its extras install (resemblyzer, for one, asks
 # for a bare `torch`, which must not bring in another build).
