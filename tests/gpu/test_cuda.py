@@ -1,4 +1,5 @@
-"""CUDA paths (skipped without a GPU): decoding, parity with the CPU, codec, groups backends."""
+"""CUDA paths (skipped without a GPU): decoding, parity with the CPU, codec, groups backends; the
+two CUDA-graph tests last, since they compile (a time limit that stops them leaves the others run)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,51 @@ def test_groups_builder_chooses_faiss_gpu_where_a_faiss_gpu_build_sees_the_gpu()
     assert np.array_equal(ref.indptr, gpu.indptr) and np.array_equal(ref.members, gpu.members)
 
 
+def test_a_decode_loop_profile_on_cuda_has_device_time_and_runtime_calls(kit_dir):
+    """`profile.rounds` on a GPU: the kernels' device time and the CUDA runtime calls (launches,
+    the round's sync) per round, besides the host's ops."""
+    from engine.runtime.profiling import RoundProfiler
+
+    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="bfloat16",
+                             compile="none")
+    settings = DecodingSettings(method="pcg", max_new_tokens=32)
+    session = synth.session(4)
+    session.submit([(settings, synth.prepare(i, text, settings)[1]) for i, text in enumerate(TEXTS)])
+    profiler = RoundProfiler(5, skip=1, device="cuda")
+    while not session.idle:
+        with profiler.round():
+            session.step()
+    profiler.finish()
+    profile = profiler.take()
+    assert profile["rounds"] == 5 and profile["device_ms_per_round"] > 0
+    calls = profile["cuda_runtime_per_round"]
+    assert any("Launch" in name and c["calls"] >= 1 for name, c in calls.items())
+    assert profile["in_torch_ops_ms_per_round"] <= profile["round_ms"]["mean"]
+
+
+def test_random_draws_on_cuda_do_not_wait_for_the_device():
+    """A decode round draws a dozen times; each draw used to copy its int lane to the device and
+    wait for the copy. Draws from a row's seed key with host-side ints now queue no sync."""
+    from engine.decoding import rng
+    from engine.decoding.verify import Block
+
+    seeds = torch.tensor([3, 2**40 + 7], device="cuda")
+    pos = torch.tensor([10, 20], device="cuda")
+    key = rng.seed_key(seeds)
+    block = Block(torch.zeros(2, 3, dtype=torch.long, device="cuda"), None, None, None, seeds, pos, keys=key)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        u = rng.keyed_uniform(key, pos, rng.BONUS)
+        v = block.uniform(rng.BONUS, 3)
+        w = block.uniform(rng.RECOVER, pos - pos, lanes=4)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(u.cpu(), rng.uniform(seeds.cpu(), pos.cpu(), rng.BONUS))
+    assert torch.equal(v.cpu(), rng.uniform(seeds.cpu(), pos.cpu() + 3, rng.BONUS))
+    assert w.shape == (2, 4)
+
+
 def test_a_cuda_graph_round_gives_the_eager_tokens_without_a_host_sync(kit_dir, kit_groups, tmp_path):
     """Each round one CUDA graph replay (compile auto on CUDA), the eager round's tokens for
     greedy and sampled rows of several rules (float64: the two paths agree bit for bit), and no
@@ -147,48 +193,3 @@ def test_a_cuda_graph_worker_records_its_graphs_on_its_decode_thread(kit_dir, tm
         assert processor.stream.on_decode_thread(lambda: cudagraph_trees.get_manager(index, False)).result() is manager
     finally:
         processor.close()
-
-
-def test_a_decode_loop_profile_on_cuda_has_device_time_and_runtime_calls(kit_dir):
-    """`profile.rounds` on a GPU: the kernels' device time and the CUDA runtime calls (launches,
-    the round's sync) per round, besides the host's ops."""
-    from engine.runtime.profiling import RoundProfiler
-
-    synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cuda", dtype="bfloat16",
-                             compile="none")
-    settings = DecodingSettings(method="pcg", max_new_tokens=32)
-    session = synth.session(4)
-    session.submit([(settings, synth.prepare(i, text, settings)[1]) for i, text in enumerate(TEXTS)])
-    profiler = RoundProfiler(5, skip=1, device="cuda")
-    while not session.idle:
-        with profiler.round():
-            session.step()
-    profiler.finish()
-    profile = profiler.take()
-    assert profile["rounds"] == 5 and profile["device_ms_per_round"] > 0
-    calls = profile["cuda_runtime_per_round"]
-    assert any("Launch" in name and c["calls"] >= 1 for name, c in calls.items())
-    assert profile["in_torch_ops_ms_per_round"] <= profile["round_ms"]["mean"]
-
-
-def test_random_draws_on_cuda_do_not_wait_for_the_device():
-    """A decode round draws a dozen times; each draw used to copy its int lane to the device and
-    wait for the copy. Draws from a row's seed key with host-side ints now queue no sync."""
-    from engine.decoding import rng
-    from engine.decoding.verify import Block
-
-    seeds = torch.tensor([3, 2**40 + 7], device="cuda")
-    pos = torch.tensor([10, 20], device="cuda")
-    key = rng.seed_key(seeds)
-    block = Block(torch.zeros(2, 3, dtype=torch.long, device="cuda"), None, None, None, seeds, pos, keys=key)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        u = rng.keyed_uniform(key, pos, rng.BONUS)
-        v = block.uniform(rng.BONUS, 3)
-        w = block.uniform(rng.RECOVER, pos - pos, lanes=4)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert torch.equal(u.cpu(), rng.uniform(seeds.cpu(), pos.cpu(), rng.BONUS))
-    assert torch.equal(v.cpu(), rng.uniform(seeds.cpu(), pos.cpu() + 3, rng.BONUS))
-    assert w.shape == (2, 4)
