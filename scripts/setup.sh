@@ -45,8 +45,25 @@ if [ "${PCG_SYNTH_REINSTALL:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")
   exit 0
 fi
 
+# An older torch than pyproject.toml's floor in .venv stops setup with what to do (not with pip's
+# resolver conflict when the project installs against it).
+check_torch_floor() {
+  .venv/bin/python - "$TORCH_FLOOR" <<'PYEOF' || exit 1
+import sys
+import torch
+have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+need = tuple(int(p) for p in sys.argv[1].split("."))
+if have < need:
+    print(f"setup: .venv has torch {torch.__version__}; pcg-synth needs torch >= {sys.argv[1]}. Upgrade it "
+          f"(.venv/bin/python -m pip install 'torch>={sys.argv[1]}' with the index of your build) or remove .venv, "
+          "then run this again.", file=sys.stderr)
+    sys.exit(1)
+PYEOF
+}
+
 pip() { .venv/bin/python -m pip "$@"; }
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+if .venv/bin/python -c "import torch" 2>/dev/null; then check_torch_floor; fi  # before any download
 rm -f "$STAMP"
 pip install -q --upgrade pip
 
@@ -68,22 +85,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     rm -f "$log"
   fi
 fi
-# An older torch than pyproject.toml's floor already in .venv stops here with what to do, not with
-# pip's resolver conflict below.
-if ! .venv/bin/python - "$TORCH_FLOOR" <<'PYEOF'
-import sys
-import torch
-have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-need = tuple(int(p) for p in sys.argv[1].split("."))
-if have < need:
-    print(f"setup: .venv has torch {torch.__version__}; pcg-synth needs torch >= {sys.argv[1]}. Upgrade it "
-          f"(.venv/bin/python -m pip install 'torch>={sys.argv[1]}' with the index of your build) or remove .venv, "
-          "then run this again.", file=sys.stderr)
-    sys.exit(1)
-PYEOF
-then
-  exit 1
-fi
+check_torch_floor
 # Keep exactly this torch while the project and its extras install (resemblyzer, for one, asks
 # for a bare `torch`, which must not bring in another build).
 .venv/bin/python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > .venv/torch-constraint.txt
