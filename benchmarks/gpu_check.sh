@@ -9,8 +9,10 @@
 #      files are written after every setting, so a stop at the time limit keeps what was measured);
 #   3. the job-throughput benchmark on the llasa-1b-shape preset (slot utilisation and a job's
 #      steady tokens/s against decoding alone: benchmarks/bench_job_throughput.py).
-# Logs, nvidia-smi and the result files land in $OUT (default work/gpu-check). Times of earlier
-# calls are in benchmarks/results/gpu_check_*.md.
+# Logs (versions.txt with nvidia-smi's report) and the result files land in $OUT (default
+# work/gpu-check); where they are more than the 8 files a lent machine's call brings back, the
+# logs are packed into logs.tar.gz at the end. Times of earlier calls are in
+# benchmarks/results/gpu_check_*.md.
 #
 #   bash benchmarks/gpu_check.sh
 #   BUDGET=300 ROUND_BUDGET=120 BENCH_ARGS="--workloads temps192" bash benchmarks/gpu_check.sh
@@ -47,7 +49,6 @@ if [ -z "${PY:-}" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 export PYTHONUNBUFFERED=1
-nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" >"$OUT/nvidia-smi.txt"
 "$PY" - >"$OUT/versions.txt" 2>&1 <<'PYEOF'
 import importlib
 import os
@@ -63,6 +64,7 @@ for name in ("transformers", "ray", "pydantic", "pyarrow", "numpy", "boto3", "so
         print(name, "missing:", type(e).__name__, e)
 PYEOF
 cat "$OUT/versions.txt"
+{ echo; nvidia-smi 2>&1 || echo "no nvidia-smi"; } >>"$OUT/versions.txt"
 
 if [ "$TEST_BUDGET" -gt 0 ]; then
   stage "1. CUDA tests (limit ${TEST_BUDGET}s)"
@@ -99,3 +101,9 @@ else
   stage "3. skipped: ${LEFT}s left of the budget"
 fi
 stage "done"
+# A lent machine's call brings back at most 8 files from $OUT: where there are more, the logs
+# travel as one archive beside the result files
+if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && tar -czf logs.tar.gz -- *.log *.txt && rm -f -- *.log *.txt)
+  echo "logs packed into $OUT/logs.tar.gz (at most 8 files come back from a lent machine)"
+fi

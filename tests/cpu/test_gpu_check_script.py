@@ -51,3 +51,21 @@ def test_gpu_check_skips_the_tests_when_their_budget_is_zero(tmp_path):
     stages = [line.split("] ", 1)[1] for line in (out / "stages.log").read_text().splitlines()]
     assert stages[0] == "1. CUDA tests skipped (TEST_BUDGET=0)" and stages[-1] == "done"
     assert not (out / "tests_gpu.log").exists()
+
+
+def test_gpu_check_packs_its_logs_where_out_holds_more_than_a_lent_call_brings_back(tmp_path):
+    """A lent machine's call returns at most 8 files: with more in OUT, the logs go into one archive
+    and the result files stay as they are."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for i in range(7):  # result files, as the benchmarks leave them
+        (out / f"result_{i}.json").write_text("{}")
+    env = {**os.environ, "PY": sys.executable, "OUT": str(out), "BUDGET": "40", "TEST_BUDGET": "0"}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz"] + [f"result_{i}.json" for i in range(7)]
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["stages.log", "versions.txt"]
+        versions = tar.extractfile("versions.txt").read().decode()
+    assert "available False" in versions and "nvidia-smi" in versions  # nvidia-smi's report, or its absence
