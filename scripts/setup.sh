@@ -48,7 +48,7 @@ fi
 # An older torch than pyproject.toml's floor in .venv stops setup with what to do (not with pip's
 # resolver conflict when the project installs against it).
 check_torch_floor() {
-  .venv/bin/python - "$TORCH_FLOOR" <<'PYEOF' || exit 1
+  .venv/bin/python -W ignore - "$TORCH_FLOOR" <<'PYEOF' || exit 1  # (torch warns: numpy not yet installed)
 import sys
 import torch
 have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
