@@ -201,5 +201,6 @@ def main() -> None:
         del synths
     write(done=True)
 
+
 if __name__ == "__main__":
     main()
