@@ -255,9 +255,40 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     `cumsum(dtype=float64)`, which allocates its output besides the copy it makes); a
     zero-probability index is never returned.
     """
+    if torch.compiler.is_compiling() and probs.device.type == "cpu":
+        return sample_blocked(probs, u)
     cdf = probs.to(torch.float64, copy=True).cumsum_(-1)  # [..., V] (a copy even of float64 probs)
     idx = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)
     return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+DRAW_BLOCK = 256  # tokens per block of `sample_blocked`
+
+
+def sample_blocked(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """`sample_from`'s draws with the cumulative mass taken in two levels: float64 sums of blocks
+    of `DRAW_BLOCK` tokens, a cumulative sum over the blocks, then one inside the chosen block.
+
+    The same law as `sample_from` (inverse-CDF draws with float64 sums; only the order of the
+    additions differs, so a draw can differ where `u` lies within float64 rounding, ~1e-16, of a
+    token's edge), without the float64 copy of the vocabulary and its cumulative sum, a serial
+    chain of additions per row (inductor has no CPU scan). A compiled round on a CPU draws so: the
+    block sums fuse into the kernel that makes the probabilities. A zero-probability token is
+    never returned: the block and the token inside it are capped at the last with mass."""
+    v, width = probs.shape[-1], DRAW_BLOCK
+    nb = -(-v // width)
+    blocks = torch.nn.functional.pad(probs, (0, nb * width - v)).view(*probs.shape[:-1], nb, width)
+    incl = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [..., nb] mass through each block
+    t = u * incl[..., -1:]  # [..., n]
+    ids = torch.arange(nb, device=probs.device)
+    last_block = torch.where(incl > incl.roll(1, -1).masked_fill(ids == 0, 0.0), ids, 0).amax(-1, keepdim=True)
+    b = torch.searchsorted(incl, t, right=True).minimum(last_block)  # [..., n]
+    before = torch.where(b > 0, incl.gather(-1, (b - 1).clamp(min=0)), 0.0)  # mass before block b
+    chosen = blocks.gather(-2, b[..., None].expand(*b.shape, width))  # [..., n, width]
+    within = chosen.to(torch.float64).cumsum(-1).add_(before[..., None])
+    j = torch.searchsorted(within, t[..., None], right=True)[..., 0]  # [..., n]
+    last = torch.where(chosen > 0, torch.arange(width, device=probs.device), 0).amax(-1)
+    return (b * width + j.minimum(last)).clamp(max=v - 1)
 
 
 def sample_one(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from transformers.generation.logits_process import RepetitionPenaltyLogitsProces
 
 from engine.config import Warp
 from engine.decoding import rng
-from engine.decoding.sampling import nucleus, nucleus_sorted, sample_from, warp_probs
+from engine.decoding.sampling import DRAW_BLOCK, nucleus, nucleus_sorted, sample_blocked, sample_from, warp_probs
 
 
 def test_uniforms_are_uniform_and_streams_independent():
@@ -61,6 +61,38 @@ def test_sample_from_follows_probs_and_never_picks_zero_mass():
     assert chisquare(counts[[0, 2, 4]], np.array([0.1, 0.5, 0.4]) * 100_000).pvalue > 1e-3
     edge = sample_from(probs[None], torch.tensor([[1 - 2**-53]], dtype=torch.float64))
     assert int(edge) == 4
+
+
+def test_blocked_draws_are_the_sequential_ones_and_a_compiled_graph_takes_them():
+    """`sample_blocked` (a compiled round's draws on a CPU) gives `sample_from`'s tokens on random
+    rows of a vocabulary of many blocks, never a zero-mass token (zero blocks, zero tails, u at 0
+    and at its largest), and follows the law; only the order of the float64 additions differs,
+    which a compiled `sample_from` shows where rounding decides."""
+    gen = torch.Generator().manual_seed(5)
+    vocab = 3 * DRAW_BLOCK + 17
+    probs = torch.softmax(torch.randn(64, vocab, generator=gen) * 4, -1)
+    probs[:, torch.randint(0, vocab, (200,), generator=gen)] = 0
+    probs[::3, DRAW_BLOCK:2 * DRAW_BLOCK] = 0  # a whole block without mass
+    probs[1::3, -40:] = 0  # the last tokens and the partial last block without mass
+    u = torch.rand(64, 8, dtype=torch.float64, generator=gen)
+    u[:, 0], u[:, 1] = 0.0, 1 - 2**-53
+    blocked = sample_blocked(probs, u)
+    assert (probs.gather(1, blocked) > 0).all()
+    assert torch.equal(blocked[:, 2:], sample_from(probs, u)[:, 2:])
+
+    law = torch.softmax(torch.randn(vocab, generator=gen, dtype=torch.float64), -1).float()
+    draws = sample_blocked(law.expand(200_000, -1), torch.rand(200_000, 1, dtype=torch.float64, generator=gen))
+    counts = np.bincount(draws[:, 0].numpy(), minlength=vocab)
+    assert chisquare(counts, law.double().numpy() / law.double().sum().item() * 200_000).pvalue > 1e-3
+
+    # 2**-53 added to 1 rounds away one token at a time, not as a block's sum: the two orders differ
+    tiny = torch.zeros(1, 2 * DRAW_BLOCK)
+    tiny[0, 0], tiny[0, DRAW_BLOCK:] = 1.0, 2.0**-53
+    top = torch.tensor([[1 - 2**-53]], dtype=torch.float64)
+    assert int(sample_from(tiny, top)) == 0 and int(sample_blocked(tiny, top)) >= DRAW_BLOCK
+    compiled = torch.compile(sample_from, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(tiny, top), sample_blocked(tiny, top))
+    assert torch.equal(compiled(probs, u), blocked)
 
 
 def test_temperature_top_k_top_p():
