@@ -84,6 +84,11 @@ def divide_rows(x: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
     divides), so uniform settings give the bits they gave before per-row settings."""
     if x.is_cuda:
         return x * (1.0 / by)
+    if torch.compiler.is_compiling():
+        # a divisor of the full shape (a view: the same divisions) keeps inductor from rewriting a
+        # softmax that follows as one over the undivided logits with a second division and a
+        # non-finite check per element (slower on a CPU)
+        by = by.expand_as(x)
     wide_dtype = torch.promote_types(x.dtype, by.dtype)
     if x.dtype == wide_dtype:
         return x / by
