@@ -281,15 +281,19 @@ def sample_blocked(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     block sums fuse into the kernel that makes the probabilities. A zero-probability token is
     never returned: the block and the token inside it are capped at the last with mass."""
     v, width = probs.shape[-1], DRAW_BLOCK
-    nb = -(-v // width)
-    blocks = torch.nn.functional.pad(probs, (0, nb * width - v)).view(*probs.shape[:-1], nb, width)
-    incl = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [..., nb] mass through each block
+    full, lead = v // width, probs.shape[:-1]
+    # whole blocks as a view, the partial last one apart (padding would mask every load)
+    sums = probs[..., :full * width].reshape(*lead, full, width).sum(-1, dtype=torch.float64)
+    if full * width < v:
+        sums = torch.cat([sums, probs[..., full * width:].sum(-1, keepdim=True, dtype=torch.float64)], -1)
+    incl = sums.cumsum(-1)  # [..., blocks] mass through each block
     t = u * incl[..., -1:]  # [..., n]
-    ids = torch.arange(nb, device=probs.device)
+    ids = torch.arange(incl.shape[-1], device=probs.device)
     last_block = torch.where(incl > incl.roll(1, -1).masked_fill(ids == 0, 0.0), ids, 0).amax(-1, keepdim=True)
     b = torch.searchsorted(incl, t, right=True).minimum(last_block)  # [..., n]
     before = torch.where(b > 0, incl.gather(-1, (b - 1).clamp(min=0)), 0.0)  # mass before block b
-    chosen = blocks.gather(-2, b[..., None].expand(*b.shape, width))  # [..., n, width]
+    idx = b[..., None] * width + torch.arange(width, device=probs.device)  # [..., n, width]
+    chosen = probs.gather(-1, idx.clamp(max=v - 1).flatten(-2)).view(idx.shape).masked_fill(idx >= v, 0.0)
     within = chosen.to(torch.float64).cumsum(-1).add_(before[..., None])
     j = torch.searchsorted(within, t[..., None], right=True)[..., 0]  # [..., n]
     last = torch.where(chosen > 0, torch.arange(width, device=probs.device), 0).amax(-1)
