@@ -4,8 +4,8 @@ For each model set, method and batch size: a decoder of each compile mode decode
 (a full batch, refilled from a queue as rows end); their rounds are timed in turns, one of each
 mode per turn, after a warm-up that compiles the graph. Per round: the ops dispatched (counted on
 one round: `engine.decoding.graphs.count_ops`), the graph launches, the host's milliseconds (the round's wall
-time, its one read-back included), the device's milliseconds (CUDA events; none on a CPU), and
-tokens per second (tokens committed over the rounds' time). Compile seconds and on-disk cache
+time, its one read-back included), the device's milliseconds (CUDA events; none on a CPU), the
+tokens committed per round and tokens per second (over the rounds' time). Compile seconds and on-disk cache
 hits come with each compiled mode.
 
     python benchmarks/bench_round.py --models kit --batches 1,8,32 --out benchmarks/results/round_cpu_tiny
@@ -127,6 +127,7 @@ def measure(synths: dict, method: str, batch: int, args) -> list[dict]:
             "graph_launches_per_round": (stats.graph_launches - launches[m]) / args.rounds,
             "host_ms_per_round": 1e3 * statistics.median(seconds[m]),
             "device_ms_per_round": (1e3 * (stats.device_s - device[m]) / args.rounds) if stats.device_s else None,
+            "tokens_per_round": tokens[m] / args.rounds,
             "tokens_per_s": tokens[m] / sum(seconds[m]),
             "compiles": stats.compiles - before[m]["compiles"],
             "compile_s": round(stats.compile_s - before[m]["compile_s"], 1),
@@ -145,14 +146,14 @@ def table(doc: dict) -> str:
              f"average {doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end)", "",
              f"`{doc['how']}`", "",
              "| models | method | batch | mode | ops / round | launches / round | host ms / round | device ms / round "
-             "| tokens/s | vs eager | compile s (cache hits) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| tokens / round | tokens/s | vs eager | compile s (cache hits) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["readings"]:
         dev = f"{r['device_ms_per_round']:.2f}" if r["device_ms_per_round"] is not None else "-"
         comp = f"{r['compile_s']} ({r['cache_hits']})" if r["compiles"] else "-"
         lines.append(f"| {r['models']} ({r['dtype']}) | {r['method']} | {r['batch']} | {r['mode']} "
                      f"| {r['ops_per_round']} | {r['graph_launches_per_round']:.0f} "
-                     f"| {r['host_ms_per_round']:.1f} | {dev} | {r['tokens_per_s']:.0f} "
+                     f"| {r['host_ms_per_round']:.1f} | {dev} | {r['tokens_per_round']:.2f} | {r['tokens_per_s']:.0f} "
                      f"| {r['vs_first_mode']:.2f}x | {comp} |")
     return "\n".join(lines) + "\n\n" + doc["notes"] + "\n"
 
@@ -168,7 +169,9 @@ def main() -> None:
     readings = []
     notes = ("Rounds timed in turns (one of each mode per turn) after the warm-up, on decoders kept "
              "full from a queue; host ms is the median round, tokens/s the tokens committed over "
-             "all timed rounds. Ops are counted on one round (engine.decoding.graphs.count_ops): "
+             "all timed rounds, tokens / round their mean per round (where the modes' draws differ in "
+             "their last bits, speculative rows accept different lengths by chance: compare round "
+             "times there). Ops are counted on one round (engine.decoding.graphs.count_ops): "
              "eager, every op through torch's dispatcher; compiled, the ops the graph calls "
              "(matrix products, attention), its own fused kernels not being dispatched ops."
              + (" " + args.note if args.note else ""))

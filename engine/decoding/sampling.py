@@ -258,7 +258,8 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     Returns `[..., n]` indices: the first index whose cumulative mass exceeds `u` times the
     total (accumulated in float64, in place in the float64 copy: the same sums as
     `cumsum(dtype=float64)`, which allocates its output besides the copy it makes); a
-    zero-probability index is never returned.
+    zero-probability index is never returned. A graph compiled for a CPU draws through
+    `sample_blocked` instead (the same law, the sums in another order).
     """
     if torch.compiler.is_compiling() and probs.device.type == "cpu":
         return sample_blocked(probs, u)
