@@ -9,10 +9,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
-# `compile: auto` on a CPU: eager. Compiled rounds measured a little shorter there (tokens/s within
-# the run-to-run spread), after a compile of 10-40 s per plan and worker
-# (benchmarks/results/round_cpu_tiny.md, round_cpu_llasa_1b_shape.md); `inductor` is the explicit
-# choice for long CPU jobs with speculation.
+# `compile: auto` on a CPU: eager. Compiled rounds measured shorter there (26-44 % on the kit, 3-9 %
+# at Llasa-1B's shape), after a compile of 5-35 s per plan and worker the first time on a machine
+# (benchmarks/results/round_cpu_tiny.md, round_cpu_llasa_1b_shape.md), which short jobs, the
+# quickstart and the tests would pay without gaining it back; `inductor` is the explicit choice for
+# long CPU jobs.
 CPU_AUTO_COMPILE = "none"
 
 
