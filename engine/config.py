@@ -178,9 +178,10 @@ class ModelsSpec(BaseModel):
         "How decode rounds run: each round (draft steps, target verify, warp, judge, commit) as "
         "one torch.compile graph, inductor (CPU or CUDA) or cudagraphs (CUDA only: inductor plus "
         "CUDA graph replay, one launch per round); none (eager, op by op); or auto: cudagraphs on "
-        "CUDA, none on a CPU (compiled rounds measured no faster there for ar and only somewhat "
-        "faster for pcg, after a compile: docs, performance; set inductor for long CPU jobs with "
-        "speculation). Compiled code is cached on disk, so only the first worker of a "
+        "CUDA, none on a CPU (compiled rounds are shorter there, by a quarter to two fifths on "
+        "small models and under a tenth at Llasa-1B's size, after a compile of 5-35 s per plan "
+        "that short jobs do not win back: docs, performance; set inductor for long CPU jobs). "
+        "Compiled code is cached on disk, so only the first worker of a "
         "machine compiles; prefills stay eager."))
     draft_weights: DraftWeights = Field("native", description=(
         "How the draft stores its projections and head: native (in dtype) or int8 (CPU only, "
