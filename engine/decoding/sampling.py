@@ -290,7 +290,7 @@ def sample_blocked(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     incl = sums.cumsum(-1)  # [..., blocks] mass through each block
     t = u * incl[..., -1:]  # [..., n]
     ids = torch.arange(incl.shape[-1], device=probs.device)
-    last_block = torch.where(incl > incl.roll(1, -1).masked_fill(ids == 0, 0.0), ids, 0).amax(-1, keepdim=True)
+    last_block = torch.where(sums > 0, ids, 0).amax(-1, keepdim=True)
     b = torch.searchsorted(incl, t, right=True).minimum(last_block)  # [..., n]
     before = torch.where(b > 0, incl.gather(-1, (b - 1).clamp(min=0)), 0.0)  # mass before block b
     idx = b[..., None] * width + torch.arange(width, device=probs.device)  # [..., n, width]
@@ -298,7 +298,7 @@ def sample_blocked(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     within = chosen.to(torch.float64).cumsum(-1).add_(before[..., None])
     j = torch.searchsorted(within, t[..., None], right=True)[..., 0]  # [..., n]
     last = torch.where(chosen > 0, torch.arange(width, device=probs.device), 0).amax(-1)
-    return (b * width + j.minimum(last)).clamp(max=v - 1)
+    return b * width + j.minimum(last)  # a token with mass, so inside the vocabulary
 
 
 def sample_one(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
