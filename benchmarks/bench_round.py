@@ -1,18 +1,28 @@
 """One decode round, eager against compiled, side by side in one run.
 
 For each model set, method and batch size: a decoder of each compile mode decodes the same rows
-(a full batch, refilled from a queue as rows end); their rounds are timed in turns, one of each
-mode per turn, after a warm-up that compiles the graph. Per round: the ops dispatched (counted on
-one round: `engine.decoding.graphs.count_ops`), the graph launches, the host's milliseconds (the round's wall
-time, its one read-back included), the device's milliseconds (CUDA events; none on a CPU), the
-tokens committed per round and tokens per second (over the rounds' time). Compile seconds and on-disk cache
-hits come with each compiled mode.
+(a full batch, refilled from a queue as rows end); their rounds are timed in turns, a block of
+`--block` rounds of each mode per turn after one untimed round (as a job runs one mode, round after
+round, on caches its own rounds filled), after a warm-up that compiles the graph. Per round: the
+ops dispatched (counted on one round: `engine.decoding.graphs.count_ops`), the graph launches,
+the host's milliseconds (the round's wall time, its one read-back included), the device's
+milliseconds (CUDA events; none on a CPU), the tokens committed per round and tokens per second
+(over the rounds' time), and the round's speed against the first mode's. Each setting runs at
+least `--row-rounds` row-rounds: modes whose numbers differ in their last bits accept different
+lengths by chance along a row, which only many rows' rounds average out. Compile seconds and
+on-disk cache hits come with each compiled mode.
 
-    python benchmarks/bench_round.py --models kit --batches 1,8,32 --out benchmarks/results/round_cpu_tiny
-    python benchmarks/bench_round.py --models llasa-1b-shape --batches 1 --rounds 12 \\
+    python benchmarks/bench_round.py --models kit --batches 1,8,32 --row-rounds 1024 \\
+        --out benchmarks/results/round_cpu_tiny
+    python benchmarks/bench_round.py --models llasa-1b-shape --batches 1,8,32 --row-rounds 256 --warmup 3 \\
         --out benchmarks/results/round_cpu_llasa_1b_shape
     python benchmarks/bench_round.py --device cuda --models llasa-1b-shape,kit --modes none,cudagraphs \\
         --batches 32,1,8 --out work/gpu-check/round_cuda
+
+OpenMP's wait policy is left as found and recorded: under `PASSIVE` (idle threads sleep at once)
+each of a compiled round's kernels wakes the team again, which costs a compiled round more than an
+eager one (`benchmarks/results/round_cpu_tiny.json`'s notes); unset is what `pcg-synth generate`
+from a shell gets.
 
 The result files are written again after every setting (marked `complete: false` until the last),
 so a run stopped at a time limit keeps what it measured.
@@ -21,6 +31,7 @@ so a run stopped at a time limit keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -41,7 +52,14 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--modes", default="none,inductor", help="compile modes side by side (the first is the base)")
     ap.add_argument("--rounds", type=int, default=30, help="timed rounds per mode and setting")
+    ap.add_argument("--row-rounds", type=int, default=512,
+                    help="at least this many row-rounds per setting: rounds are raised to ROW_ROUNDS / batch "
+                         "(a speculative row's acceptance varies along its trajectory, so a few rounds of one "
+                         "row say little about tokens/s)")
     ap.add_argument("--warmup", type=int, default=4, help="untimed rounds first (the compile lands there)")
+    ap.add_argument("--block", type=int, default=8,
+                    help="modes take turns in blocks of this many timed rounds, each block after one untimed "
+                         "round (a round right after the other mode's runs on caches that mode filled)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="auto", help="the models' dtype (auto: as jobs choose)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch's CPU threads")
@@ -101,60 +119,75 @@ def timed(decoder) -> tuple[float, int]:
 
 def measure(synths: dict, method: str, batch: int, args) -> list[dict]:
     """Each mode's figures per round for one setting, measured in turns."""
-    decoders = {m: decoder_for(s, method, batch, batch * 8) for m, s in synths.items()}
+    rounds = max(args.rounds, -(-args.row_rounds // batch))
+    # rows enough that the queue never runs dry, however short they turn out
+    extra = args.warmup + -(-rounds // args.block)  # the untimed rounds
+    decoders = {m: decoder_for(s, method, batch, batch * (8 + extra + rounds)) for m, s in synths.items()}
     before = {m: dict(s.runner.stats.to_dict()) for m, s in synths.items()}
     for _ in range(args.warmup):
         for d in decoders.values():
             timed(d)
+    # a full collection now, not inside a timed round: compiling and queueing leave a few hundred
+    # thousand new objects, whose first full collection takes a quarter of a second on a CPU
+    gc.collect()
     seconds = {m: [] for m in decoders}
     tokens = dict.fromkeys(decoders, 0)
     launches = {m: synths[m].runner.stats.graph_launches for m in decoders}
     device = {m: synths[m].runner.stats.device_s for m in decoders}
     for s in synths.values():
         s.runner.time_device = args.device.startswith("cuda")
-    for _ in range(args.rounds):
+    done = 0
+    while done < rounds:  # modes in turns, a block of rounds each
+        n = min(args.block, rounds - done)
         for m, d in decoders.items():
-            s, n = timed(d)
-            seconds[m].append(s)
-            tokens[m] += n
+            timed(d)  # untimed: the first round after the other mode's block runs on cold caches
+            for _ in range(n):
+                s, k = timed(d)
+                seconds[m].append(s)
+                tokens[m] += k
+        done += n
     ops = {m: s.runner.stats.ops_per_round for m, s in synths.items()}  # counted on a plan's 2nd round
     out = []
     for m, s in synths.items():
         stats = s.runner.stats
         out.append({
-            "method": method, "batch": batch, "mode": m, "rounds": args.rounds,
+            "method": method, "batch": batch, "mode": m, "rounds": rounds,
             "ops_per_round": ops[m],
-            "graph_launches_per_round": (stats.graph_launches - launches[m]) / args.rounds,
+            "graph_launches_per_round": (stats.graph_launches - launches[m]) / rounds,
             "host_ms_per_round": 1e3 * statistics.median(seconds[m]),
-            "device_ms_per_round": (1e3 * (stats.device_s - device[m]) / args.rounds) if stats.device_s else None,
-            "tokens_per_round": tokens[m] / args.rounds,
+            "device_ms_per_round": (1e3 * (stats.device_s - device[m]) / rounds) if stats.device_s else None,
+            "tokens_per_round": tokens[m] / rounds,
             "tokens_per_s": tokens[m] / sum(seconds[m]),
             "compiles": stats.compiles - before[m]["compiles"],
             "compile_s": round(stats.compile_s - before[m]["compile_s"], 1),
             "cache_hits": stats.cache_hits - before[m]["cache_hits"],
         })
-    base = out[0]["tokens_per_s"]
+    base, base_ms = out[0]["tokens_per_s"], out[0]["host_ms_per_round"]
     for row in out:
         row["vs_first_mode"] = round(row["tokens_per_s"] / base, 3)
+        row["round_vs_first_mode"] = round(base_ms / row["host_ms_per_round"], 3)  # > 1: a shorter round
     return out
 
 
 def table(doc: dict) -> str:
     m = doc["machine"]
     where = m.get("gpu") or f"{m['cpu']}, {m['cpu_cores_visible']} cores, {doc['threads']} threads"
+    policy = doc.get("omp_wait_policy") or "unset (OpenMP's default)"
     lines = [f"# A decode round, eager against compiled ({where}; torch {m['torch']}, {m['date']}; load "
-             f"average {doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end)", "",
+             f"average {doc['load_average']['start']} at the start, {doc['load_average']['end']} at the end; "
+             f"OMP_WAIT_POLICY {policy})", "",
              f"`{doc['how']}`", "",
              "| models | method | batch | mode | ops / round | launches / round | host ms / round | device ms / round "
-             "| tokens / round | tokens/s | vs eager | compile s (cache hits) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| rounds | tokens / round | tokens/s | tokens/s vs eager | round vs eager | compile s (cache hits) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["readings"]:
         dev = f"{r['device_ms_per_round']:.2f}" if r["device_ms_per_round"] is not None else "-"
         comp = f"{r['compile_s']} ({r['cache_hits']})" if r["compiles"] else "-"
         lines.append(f"| {r['models']} ({r['dtype']}) | {r['method']} | {r['batch']} | {r['mode']} "
                      f"| {r['ops_per_round']} | {r['graph_launches_per_round']:.0f} "
-                     f"| {r['host_ms_per_round']:.1f} | {dev} | {r['tokens_per_round']:.2f} | {r['tokens_per_s']:.0f} "
-                     f"| {r['vs_first_mode']:.2f}x | {comp} |")
+                     f"| {r['host_ms_per_round']:.1f} | {dev} | {r['rounds']} | {r['tokens_per_round']:.2f} "
+                     f"| {r['tokens_per_s']:.0f} | {r['vs_first_mode']:.2f}x | {r['round_vs_first_mode']:.2f}x "
+                     f"| {comp} |")
     return "\n".join(lines) + "\n\n" + doc["notes"] + "\n"
 
 
@@ -163,15 +196,17 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     modes = args.modes.split(",")
     load_start = round(os.getloadavg()[0], 2)
     readings = []
-    notes = ("Rounds timed in turns (one of each mode per turn) after the warm-up, on decoders kept "
-             "full from a queue; host ms is the median round, tokens/s the tokens committed over "
-             "all timed rounds, tokens / round their mean per round (where the modes' draws differ in "
-             "their last bits, speculative rows accept different lengths by chance: compare round "
-             "times there). Ops are counted on one round (engine.decoding.graphs.count_ops): "
+    notes = (f"Rounds timed in turns ({args.block} of one mode, then {args.block} of the next, each block "
+             "after one untimed round) after the warm-up, on decoders kept full from a queue; host ms is "
+             "the median round, tokens/s the tokens committed over all timed rounds, tokens / round their "
+             "mean per round, round vs eager the eager median round over this mode's. Each setting runs "
+             "at least --row-rounds row-rounds (rounds = row-rounds / batch where that is more than "
+             "--rounds): where the modes' numbers differ in their last bits, speculative rows accept "
+             "different lengths by chance, and tokens/s converges on the round time's ratio only over "
+             "many rows' rounds. Ops are counted on one round (engine.decoding.graphs.count_ops): "
              "eager, every op through torch's dispatcher; compiled, the ops the graph calls "
              "(matrix products, attention), its own fused kernels not being dispatched ops."
              + (" " + args.note if args.note else ""))
@@ -187,6 +222,7 @@ def main() -> None:
                                 f"{len(settings)} settings; the file holds those measured.")
         doc = {"benchmark": "a decode round, eager against compiled", "how": how_line(sys.argv),
                "machine": describe(args.device), "threads": args.threads,
+               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),  # left as found (see the docstring)
                "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
                "readings": readings, "complete": done, "notes": notes + left}
         if done:

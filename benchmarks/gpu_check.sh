@@ -31,7 +31,7 @@ OUT=${OUT:-work/gpu-check}
 BUDGET=${BUDGET:-580}
 TEST_BUDGET=${TEST_BUDGET:-200}  # the CUDA-graph tests compile their rounds
 ROUND_BUDGET=${ROUND_BUDGET:-200}
-ROUND_ARGS=${ROUND_ARGS:---device cuda --models llasa-1b-shape,kit --modes none,cudagraphs --batches 32,1,8 --rounds 20}
+ROUND_ARGS=${ROUND_ARGS:---device cuda --models llasa-1b-shape,kit --modes none,cudagraphs --batches 32,1,8 --rounds 20 --row-rounds 64}
 BENCH_ARGS=${BENCH_ARGS:---preset llasa-1b-shape --device cuda --batch 32 --scale 4 --threads 4 --workloads temps192,augment120}
 mkdir -p "$OUT"
 SECONDS=0
