@@ -154,6 +154,8 @@ class RoundRunner:
     def compile(self, decoder, plan: RoundPlan):
         """The round for `plan` through `torch.compile` (traced and compiled at its first call)."""
         use_compile_cache()
+        if decoder.device.type == "cpu":
+            warn_passive_openmp()
         if self.mode == "cudagraphs":
             for t in decoder.state.tensors():
                 torch._dynamo.mark_static_address(t)
@@ -165,6 +167,24 @@ class RoundRunner:
         self.stats.compiles += 1
         self.stats.plans.append(describe(plan))
         return Compiled(compiled, self, self.stats.plans[-1])
+
+
+_warned_passive = False
+
+
+def warn_passive_openmp() -> bool:
+    """Warn once per process where a round compiles for a CPU under `OMP_WAIT_POLICY=PASSIVE`: its
+    idle OpenMP threads sleep at once, so each of a compiled round's kernels wakes them again, and
+    the compiled round loses most of its lead over the eager one (docs/performance.md). Returns
+    whether it warned."""
+    global _warned_passive
+    if _warned_passive or os.environ.get("OMP_WAIT_POLICY", "").strip().upper() != "PASSIVE":
+        return False
+    _warned_passive = True
+    log.warning("compiled decode rounds on a CPU under OMP_WAIT_POLICY=PASSIVE: each of a round's kernels "
+                "wakes OpenMP's threads again and the compiled round loses most of its lead over the eager "
+                "one; leave OMP_WAIT_POLICY unset where nothing else uses these cores (docs/performance.md)")
+    return True
 
 
 def profiling() -> bool:

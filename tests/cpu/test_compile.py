@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import torch
 
 from engine import DecodingSettings, SynthesisItem, Synthesizer
 from engine.config import JobSpec
-from engine.decoding import rng
+from engine.decoding import graphs, rng
 from engine.decoding.round import RoundPlan, decode_round
 from engine.decoding.speculative import Request, SpeculativeDecoder
 from engine.decoding.verify import Block, ExactRule, PCGRule, SSDRule, TopKRule
@@ -174,12 +175,18 @@ def test_the_round_a_gpu_runs_reads_nothing_back_and_makes_no_host_tensor(small_
             assert traced(state, keys_read).shape == (4, 3), name
 
 
-def test_the_compiled_round_gives_the_eager_tokens(small_kit, kit_groups):
+def test_the_compiled_round_gives_the_eager_tokens(small_kit, kit_groups, caplog, monkeypatch):
     eager = load(small_kit, kit_groups, "none")
     compiled = load(small_kit, kit_groups, "inductor")
     assert compiled.runner.mode == "inductor" and compiled.target.model.compile_mode == "inductor"
     ref, _ = decode_mixed(eager)
-    out, rounds = decode_mixed(compiled)
+    # the suite runs under OMP_WAIT_POLICY=PASSIVE (conftest): a CPU round's first compile says what it costs
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setattr(graphs, "_warned_passive", False)
+    with caplog.at_level(logging.WARNING, logger="engine.decoding.graphs"):
+        out, rounds = decode_mixed(compiled)
+    assert len([r for r in caplog.records if "OMP_WAIT_POLICY=PASSIVE" in r.message]) == 1
+    assert not graphs.warn_passive_openmp()  # once per process
     assert out == ref and len(out) == 10 and all(out.values())
     stats = compiled.runner.stats
     assert stats.compiles == 1 and stats.graph_launches == rounds  # one graph: every row, every bucket
