@@ -132,8 +132,8 @@ def measure(synths: dict, method: str, batch: int, args) -> list[dict]:
     gc.collect()
     seconds = {m: [] for m in decoders}
     tokens = dict.fromkeys(decoders, 0)
-    launches = {m: synths[m].runner.stats.graph_launches for m in decoders}
-    device = {m: synths[m].runner.stats.device_s for m in decoders}
+    launches = dict.fromkeys(decoders, 0)  # over the timed rounds only
+    device = dict.fromkeys(decoders, 0.0)
     for s in synths.values():
         s.runner.time_device = args.device.startswith("cuda")
     done = 0
@@ -141,10 +141,14 @@ def measure(synths: dict, method: str, batch: int, args) -> list[dict]:
         n = min(args.block, rounds - done)
         for m, d in decoders.items():
             timed(d)  # untimed: the first round after the other mode's block runs on cold caches
+            stats = synths[m].runner.stats
             for _ in range(n):
+                before_launches, before_device = stats.graph_launches, stats.device_s
                 s, k = timed(d)
                 seconds[m].append(s)
                 tokens[m] += k
+                launches[m] += stats.graph_launches - before_launches
+                device[m] += stats.device_s - before_device
         done += n
     ops = {m: s.runner.stats.ops_per_round for m, s in synths.items()}  # counted on a plan's 2nd round
     out = []
@@ -153,9 +157,9 @@ def measure(synths: dict, method: str, batch: int, args) -> list[dict]:
         out.append({
             "method": method, "batch": batch, "mode": m, "rounds": rounds,
             "ops_per_round": ops[m],
-            "graph_launches_per_round": (stats.graph_launches - launches[m]) / rounds,
+            "graph_launches_per_round": launches[m] / rounds,
             "host_ms_per_round": 1e3 * statistics.median(seconds[m]),
-            "device_ms_per_round": (1e3 * (stats.device_s - device[m]) / rounds) if stats.device_s else None,
+            "device_ms_per_round": 1e3 * device[m] / rounds if stats.device_s else None,
             "tokens_per_round": tokens[m] / rounds,
             "tokens_per_s": tokens[m] / sum(seconds[m]),
             "compiles": stats.compiles - before[m]["compiles"],
