@@ -121,9 +121,12 @@ def test_a_round_traces_as_one_graph_for_each_rule_mix(small_kit, kit_groups):
 
 def on_meta(obj, memo: dict):
     """A copy of `obj` (a decoder's state or a plan, with the models, caches and groups they hold)
-    whose tensors are on the meta device: shapes, dtypes and strides, no values."""
-    if id(obj) in memo:
-        return memo[id(obj)]
+    whose tensors are on the meta device: shapes, dtypes and strides, no values. `memo` keeps each
+    original beside its copy: a temporary (a parameter's `.data`, a slice) freed while the memo
+    lives could hand its id to another object, which would then get the wrong copy."""
+    hit = memo.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
     if isinstance(obj, torch.nn.Parameter):
         out = torch.nn.Parameter(on_meta(obj.data, memo), requires_grad=False)
     elif isinstance(obj, torch.Tensor):
@@ -138,7 +141,7 @@ def on_meta(obj, memo: dict):
             object.__setattr__(out, k, on_meta(v, memo))  # frozen dataclasses too
     else:
         out = obj
-    memo[id(obj)] = out
+    memo[id(obj)] = (obj, out)
     return out
 
 
