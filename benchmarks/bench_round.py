@@ -51,7 +51,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--methods", default="ar,pcg", help="comma-separated acceptance rules (gamma 3)")
     ap.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--modes", default="none,inductor", help="compile modes side by side (the first is the base)")
-    ap.add_argument("--rounds", type=int, default=30, help="timed rounds per mode and setting")
+    ap.add_argument("--rounds", type=int, default=30,
+                    help="timed rounds per mode and setting, at least (--row-rounds may ask for more)")
     ap.add_argument("--row-rounds", type=int, default=512,
                     help="at least this many row-rounds per setting: rounds are raised to ROW_ROUNDS / batch "
                          "(a speculative row's acceptance varies along its trajectory, so a few rounds of one "
@@ -144,9 +145,9 @@ def measure(synths: dict, method: str, batch: int, args) -> list[dict]:
             stats = synths[m].runner.stats
             for _ in range(n):
                 before_launches, before_device = stats.graph_launches, stats.device_s
-                s, k = timed(d)
-                seconds[m].append(s)
-                tokens[m] += k
+                took, committed = timed(d)
+                seconds[m].append(took)
+                tokens[m] += committed
                 launches[m] += stats.graph_launches - before_launches
                 device[m] += stats.device_s - before_device
         done += n
