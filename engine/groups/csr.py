@@ -10,6 +10,7 @@ coarse distributions stay exact even when a size cap made groups asymmetric
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,7 +72,7 @@ def _transpose(indptr: torch.Tensor, members: torch.Tensor, num_tokens: int):
     order = torch.argsort(members * num_groups + group_of_entry)
     counts = torch.bincount(members, minlength=num_tokens)
     contain_indptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-    return contain_indptr, group_of_entry[order], group_of_entry
+    return contain_indptr, group_of_entry[order]
 
 
 class GroupIndex:
@@ -83,7 +84,6 @@ class GroupIndex:
         contain_indptr, contain: CSR of `S(t)`, the groups containing output id `t`.
         home: `[V_out]` group defined by each output id.
         n_contain: `[V_out]` N(t) = |S(t)|; `inv_n` its float32 inverse (the equal split).
-        member_group: `[nnz]` group of each member entry (dense sums in the exact fallback).
         max_size: largest group (host int; pads the vectorised gathers).
     """
 
@@ -99,7 +99,7 @@ class GroupIndex:
         home = torch.arange(n_speech) if groups.home is None else torch.from_numpy(
             groups.home.astype(np.int64))
         home = torch.cat([home, m + torch.arange(len(extra))])
-        contain_indptr, contain, member_group = _transpose(indptr, members, vocab_out)
+        contain_indptr, contain = _transpose(indptr, members, vocab_out)
         self.symmetric = bool(
             torch.equal(home, torch.arange(vocab_out))
             and torch.equal(contain_indptr, indptr)
@@ -113,7 +113,7 @@ class GroupIndex:
         if int(self.n_contain.min()) < 1:
             raise ValueError("some token lies in no group; every token must be in its own group")
         self.inv_n = (1.0 / self.n_contain.float()).to(device)
-        self.member_group = put(member_group)
+        self._membership: dict[torch.dtype, torch.Tensor] = {}  # `membership`, per dtype
         self.max_size = int(self.size.max())
         self.num_groups = len(indptr) - 1
         self.vocab_out = vocab_out
@@ -148,10 +148,25 @@ class GroupIndex:
         return (flat.reshape(ids.shape) * valid).sum(-1)
 
     def all_masses(self, probs: torch.Tensor) -> torch.Tensor:
-        """Coarse masses of every group: `probs` `[b, V]` -> `[b, M]` (one sparse sum)."""
-        vals = (probs * self.inv_n)[:, self.members]  # [b, nnz]
-        out = torch.zeros(probs.shape[0], self.num_groups, dtype=probs.dtype, device=probs.device)
-        return out.index_add_(1, self.member_group, vals)
+        """Coarse masses of every group: `probs` `[b, V]` -> `[b, M]`, one product with the
+        weighted membership matrix (`membership`): each group's members added in their order."""
+        return (self.membership(probs.dtype) @ probs.T).T.contiguous()
+
+    def membership(self, dtype: torch.dtype) -> torch.Tensor:
+        """`[M, V]` sparse CSR matrix, `w[k, t] = 1 / N(t)` for `t` in `G_k` (made once per dtype):
+        its product with probabilities gives the coarse masses, in less time than gathering every
+        member and adding it into its group (benchmarks/results/group_masses_cpu.md)."""
+        matrix = self._membership.get(dtype)
+        if matrix is None:
+            # 32-bit indices where they fit: the sparse product would convert 64-bit ones every call
+            index = torch.int32 if len(self.members) < 2**31 else torch.int64
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch marks sparse CSR support beta
+                matrix = torch.sparse_csr_tensor(self.indptr.to(index), self.members.to(index),
+                                                 self.inv_n[self.members].to(dtype),
+                                                 size=(self.num_groups, self.vocab_out))
+            self._membership[dtype] = matrix
+        return matrix
 
     def contains(self, group_ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Whether `tokens[...]` lies in `G_{group_ids[...]}`."""

@@ -201,3 +201,28 @@ def test_backend_resolution_without_a_gpu():
     assert resolve_backend("auto", cuda) == "torch"  # torch on the GPU beats faiss-cpu on the host
     assert resolve_backend("faiss", cuda) == "faiss-cpu"
     assert resolve_backend("torch", cpu) == "torch"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_group_mass_is_its_members_weighted_sum(dtype):
+    """`GroupIndex.all_masses` (a sparse product) against the definition, group by group:
+    `R_c(G_k) = sum over t in G_k of r(t) / N(t)` (1 / N(t) in float32), on capped groups (asymmetric, so N(t) is not
+    |G(t)|) with two non-speech ids beyond the speech tokens (their own singleton groups)."""
+    groups = build_groups(random_embeddings(n=500, seed=3), 0.35, max_group_size=12)
+    assert groups.truncated > 0
+    index = GroupIndex(groups, groups.num_tokens + 2)
+    assert not index.symmetric
+    probs = torch.softmax(torch.randn(3, groups.num_tokens + 2, generator=torch.Generator().manual_seed(0),
+                                      dtype=torch.float64), -1).to(dtype)
+    got = index.all_masses(probs)
+    assert got.dtype == dtype and got.shape == (3, index.num_groups) and got.is_contiguous()
+    inv_n = index.inv_n.double().numpy()  # 1 / N(t), the engine's float32 equal split
+    np.testing.assert_allclose(inv_n, 1.0 / index.n_contain.double().numpy(), rtol=1e-7)
+    rows = probs.double().numpy()
+    indptr, members = index.indptr.numpy(), index.members.numpy()
+    expected = np.stack([[(row[members[a:b]] * inv_n[members[a:b]]).sum() for a, b in zip(indptr[:-1], indptr[1:])]
+                         for row in rows])
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    np.testing.assert_allclose(got.double().numpy(), expected, rtol=tol, atol=tol * 1e-3)
+    # the coarse masses add up to 1 (to the float32 equal split's rounding)
+    np.testing.assert_allclose(got.double().sum(-1).numpy(), 1.0, rtol=1e-6)
