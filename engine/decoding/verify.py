@@ -364,8 +364,9 @@ class PCGRule(Rule):
         Returns:
             (token `[b]`, group label `[b]`).
         """
-        target_mass = self.groups.all_masses(target)  # [b, M]
-        residual = (target_mass - self.groups.all_masses(draft)).clamp_(min=0)
+        # both models' masses in one product: [2b, M]
+        target_mass, draft_mass = self.groups.all_masses(torch.cat([target, draft])).split(len(target))
+        residual = (target_mass - draft_mass).clamp_(min=0)
         empty = residual.sum(-1, keepdim=True) <= 0
         residual = torch.where(empty, target_mass, residual)
         label = sample_one(residual, rng.keyed_uniform(keys, pos, rng.FALLBACK_GROUP))  # [b]
