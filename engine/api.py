@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import statistics
 import threading
 import time
@@ -40,6 +41,8 @@ if TYPE_CHECKING:  # the gate's verifiers load only for a call that brings one
     from engine.metrics.gate import QualityGate
     from engine.text.items import SplitItems
 
+log = logging.getLogger(__name__)
+
 PILOT_GAMMA, PILOT_TOKENS = 4, 48  # `gamma: auto`'s pilot decode: draft length, tokens per row
 # `Synthesizer.warmup`'s texts: prompts of several lengths, so that admissions prefill several widths
 WARMUP_TEXTS = ("Warm-up.", "A second warm-up sentence, a little longer than the first.",
@@ -66,6 +69,9 @@ class Synthesizer:
             check_same_vocabulary(target, draft)
             if draft.model.device != target.model.device:
                 raise ValueError("draft and target must live on the same device")
+            shared = draft.model.share_tables(target.model)  # one copy where the draft's are the target's
+            if shared:
+                log.info("the draft uses the target's %s (the same values)", " and ".join(shared))
         self.target, self.draft = target, draft
         if self.device.type == "cpu":  # from now on this process's C allocator keeps what a round
             keep_freed_memory()  # frees (engine.models.malloc; PCG_SYNTH_MALLOC=default: as it is)

@@ -417,6 +417,25 @@ class LlamaLM(nn.Module):
                 layer.self_attn.fuse()
                 layer.mlp.fuse()
 
+    def share_tables(self, source: LlamaLM) -> list[str]:
+        """Use `source`'s output head and input embeddings where this model's hold the very same
+        values (a draft made of the target's layers keeps the target's, `draft init`): the two
+        models then keep one copy (Llasa-1B's are about 1 GB in bfloat16), and a round's draft and
+        target head products read the same weights, which a CPU's cache can keep between them. The
+        outputs are unchanged (the same values, stored the same way). For inference; returns what
+        was shared (`head`, `embeddings`)."""
+        shared = []
+        same = lambda a, b: (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device  # noqa: E731
+                             and torch.equal(a, b))
+        if (type(self.packed_head) is type(source.packed_head) and same(self.head, source.head)
+                and torch.equal(self.output_token_ids, source.output_token_ids)):
+            self.head, self.packed_head = source.head, source.packed_head
+            shared.append("head")
+        if same(self.model.embed_tokens.weight, source.model.embed_tokens.weight):
+            self.model.embed_tokens = source.model.embed_tokens
+            shared.append("embeddings")
+        return shared
+
     @property
     def prepacked(self) -> bool:
         return self.packed_head is not None

@@ -206,3 +206,33 @@ def test_repetition_penalty_changes_output_identically_for_draft_and_target(synt
     spec, _ = synth64.synthesize(TEXTS[:3], base.model_copy(
         update={"repetition_penalty": 1.5, "method": "exact"}), batch_size=2)
     assert codes_of(spec) == codes_of(penalised)
+
+
+def test_a_draft_keeps_the_targets_head_and_embeddings_once_and_decodes_the_same(kit_synth, kit_dir, kit_groups,
+                                                                                   monkeypatch):
+    """The kit's draft holds the target's head and input embeddings (the same values): the
+    synthesizer keeps one copy of each, prepacked head included, and decodes the tokens a pair
+    holding two copies decodes. A draft whose head differs keeps its own."""
+    from engine.models.llama import LlamaLM
+
+    target, draft = kit_synth.target.model, kit_synth.draft.model
+    assert draft.head is target.head and draft.packed_head is target.packed_head is not None
+    assert draft.model.embed_tokens is target.model.embed_tokens
+    monkeypatch.setattr(LlamaLM, "share_tables", lambda self, source: [])
+    apart = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="float32",
+                             batch_size=4)
+    monkeypatch.undo()
+    assert apart.draft.model.head is not apart.target.model.head
+    kit_synth.set_groups(kit_groups)
+    apart.set_groups(kit_groups)
+    for method in ("pcg", "exact"):
+        settings = DecodingSettings(method=method, theta=kit_groups.theta, max_new_tokens=40, seed=5)
+        a, _ = kit_synth.synthesize(TEXTS[:4], settings)
+        b, _ = apart.synthesize(TEXTS[:4], settings)
+        assert codes_of(a) == codes_of(b) and sum(len(r.codes) for r in a) > 40
+    # a head that differs in one value is not taken; the equal embeddings still are
+    own = apart.draft.model
+    with torch.no_grad():
+        own.head[7, 3] += 1.0
+    assert own.share_tables(apart.target.model) == ["embeddings"]
+    assert own.head is not apart.target.model.head and own.model.embed_tokens is apart.target.model.model.embed_tokens
