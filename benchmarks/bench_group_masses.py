@@ -8,8 +8,8 @@ million members; this script times, in turns, on the kit target's own distributi
 
 1. the masses of every group for `rows` distributions: `GroupIndex.all_masses` (the product of
    the weighted membership matrix, sparse CSR, with the probabilities) against the gather and
-   `index_add_` the engine used before (`gathered_masses` below), with the largest relative
-   difference between the two;
+   `index_add_` the engine used before (`GroupIndex.gathered_masses`, still its way off CPUs),
+   with the largest relative difference between the two;
 2. in a `pcg` decoder kept full (gamma 3, eager rounds), the time a round spends drawing those
    fallbacks (`SpeculativeDecoder.fix_fallbacks`), with each way in blocks of `--block` rounds
    in turns, and how many rows a round sends to the fallback.
@@ -31,17 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import ROOT, cpu_headline, describe, how_line, write_or_print  # noqa: E402
 
 
-def gathered_masses(groups, probs):
-    """Every group's mass the way the engine took it before the sparse product: each member's
-    weighted probability gathered (`[b, nnz]`), then added into its group with `index_add_`."""
-    import torch
-
-    member_group = torch.repeat_interleave(torch.arange(groups.num_groups, device=probs.device), groups.size)
-    vals = (probs * groups.inv_n)[:, groups.members]
-    out = torch.zeros(probs.shape[0], groups.num_groups, dtype=probs.dtype, device=probs.device)
-    return out.index_add_(1, member_group, vals)
-
-
 def timed_calls(fns: dict, reps: int) -> dict:
     """Median seconds of each callable, called in turns `reps` times."""
     times = {name: [] for name in fns}
@@ -55,8 +44,6 @@ def timed_calls(fns: dict, reps: int) -> dict:
 
 def decoder_fallbacks(synth, batch: int, blocks: int, block: int) -> dict:
     """Fallback time per round in a `pcg` decoder at `batch`, the two ways in turns."""
-    import types
-
     from bench_round import decoder_for, timed
 
     decoder = decoder_for(synth, "pcg", batch, batch * (blocks * block * 2 + 8))
@@ -68,7 +55,7 @@ def decoder_fallbacks(synth, batch: int, blocks: int, block: int) -> dict:
         fix(*args)
         spent["s"] += time.perf_counter() - start
     decoder.fix_fallbacks = fixing
-    ways = {"sparse product": None, "gather + index_add": types.MethodType(gathered_masses, groups)}
+    ways = {"sparse product": None, "gather + index_add": groups.gathered_masses}
     for _ in range(4):
         timed(decoder)
     totals = {name: {"rounds": 0, "round_s": [], "fix_s": 0.0, "fallback_rows": 0} for name in ways}
@@ -126,11 +113,11 @@ def main() -> None:
     masses = []
     for rows in map(int, args.rows.split(",")):
         probs = torch.softmax(torch.cat(logits)[:rows] / 0.8, -1)
-        expected = gathered_masses(groups, probs)
+        expected = groups.gathered_masses(probs)
         got = groups.all_masses(probs)
         diff = float(((got - expected).abs() / expected.abs().clamp(min=1e-30)).max())
         sec = timed_calls({"sparse product": lambda probs=probs: groups.all_masses(probs),
-                           "gather + index_add": lambda probs=probs: gathered_masses(groups, probs)}, args.reps)
+                           "gather + index_add": lambda probs=probs: groups.gathered_masses(probs)}, args.reps)
         masses.append({"rows": rows, "ms": {k: 1e3 * v for k, v in sec.items()},
                        "speedup": sec["gather + index_add"] / sec["sparse product"], "max_rel_diff": diff})
         print(masses[-1], flush=True)

@@ -114,6 +114,7 @@ class GroupIndex:
             raise ValueError("some token lies in no group; every token must be in its own group")
         self.inv_n = (1.0 / self.n_contain.float()).to(device)
         self._membership: dict[torch.dtype, torch.Tensor] = {}  # `membership`, per dtype
+        self._member_group: torch.Tensor | None = None  # each member entry's group (`all_masses` off CPUs)
         self.max_size = int(self.size.max())
         self.num_groups = len(indptr) - 1
         self.vocab_out = vocab_out
@@ -148,9 +149,23 @@ class GroupIndex:
         return (flat.reshape(ids.shape) * valid).sum(-1)
 
     def all_masses(self, probs: torch.Tensor) -> torch.Tensor:
-        """Coarse masses of every group: `probs` `[b, V]` -> `[b, M]`, one product with the
-        weighted membership matrix (`membership`): each group's members added in their order."""
-        return (self.membership(probs.dtype) @ probs.T).T.contiguous()
+        """Coarse masses of every group: `probs` `[b, V]` -> `[b, M]`, each group's members added
+        in their order. On a CPU one product with the weighted membership matrix (`membership`);
+        on other devices `gathered_masses` (the way CUDA was tested with; the sparse product is
+        measured on CPUs only)."""
+        if probs.device.type == "cpu":
+            return (self.membership(probs.dtype) @ probs.T).T.contiguous()
+        return self.gathered_masses(probs)
+
+    def gathered_masses(self, probs: torch.Tensor) -> torch.Tensor:
+        """`all_masses` by gathering every member's weighted probability `[b, nnz]` and adding it
+        into its group (`index_add_`)."""
+        if self._member_group is None:
+            self._member_group = torch.repeat_interleave(torch.arange(self.num_groups, device=self.size.device),
+                                                         self.size)
+        vals = (probs * self.inv_n)[:, self.members]  # [b, nnz]
+        out = torch.zeros(probs.shape[0], self.num_groups, dtype=probs.dtype, device=probs.device)
+        return out.index_add_(1, self._member_group, vals)
 
     def membership(self, dtype: torch.dtype) -> torch.Tensor:
         """`[M, V]` sparse CSR matrix, `w[k, t] = 1 / N(t)` for `t` in `G_k` (made once per dtype):

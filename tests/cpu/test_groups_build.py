@@ -205,7 +205,8 @@ def test_backend_resolution_without_a_gpu():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_every_group_mass_is_its_members_weighted_sum(dtype):
-    """`GroupIndex.all_masses` (a sparse product) against the definition, group by group:
+    """`GroupIndex.all_masses` (a sparse product on a CPU, `gathered_masses` elsewhere) against the
+    definition, group by group:
     `R_c(G_k) = sum over t in G_k of r(t) / N(t)` (1 / N(t) in float32), on capped groups (asymmetric, so N(t) is not
     |G(t)|) with two non-speech ids beyond the speech tokens (their own singleton groups)."""
     groups = build_groups(random_embeddings(n=500, seed=3), 0.35, max_group_size=12)
@@ -224,5 +225,7 @@ def test_every_group_mass_is_its_members_weighted_sum(dtype):
                          for row in rows])
     tol = 1e-6 if dtype == torch.float32 else 1e-12
     np.testing.assert_allclose(got.double().numpy(), expected, rtol=tol, atol=tol * 1e-3)
+    # the way other devices take them, the same sums
+    np.testing.assert_allclose(index.gathered_masses(probs).double().numpy(), expected, rtol=tol, atol=tol * 1e-3)
     # the coarse masses add up to 1 (to the float32 equal split's rounding)
     np.testing.assert_allclose(got.double().sum(-1).numpy(), 1.0, rtol=1e-6)
