@@ -151,8 +151,8 @@ class GroupIndex:
     def all_masses(self, probs: torch.Tensor) -> torch.Tensor:
         """Coarse masses of every group: `probs` `[b, V]` -> `[b, M]`, each group's members added
         in their order. On a CPU one product with the weighted membership matrix (`membership`);
-        on other devices `gathered_masses` (the way CUDA was tested with; the sparse product is
-        measured on CPUs only)."""
+        on other devices `gathered_masses` (the way CUDA was tested; the sparse product is measured
+        on CPUs only)."""
         if probs.device.type == "cpu":
             return (self.membership(probs.dtype) @ probs.T).T.contiguous()
         return self.gathered_masses(probs)

@@ -420,10 +420,9 @@ class LlamaLM(nn.Module):
     def share_tables(self, source: LlamaLM) -> list[str]:
         """Use `source`'s output head and input embeddings where this model's hold the very same
         values (a draft made of the target's layers keeps the target's, `draft init`): the two
-        models then keep one copy (Llasa-1B's are about 1 GB in bfloat16), and a round's draft and
-        target head products read the same weights, which a CPU's cache can keep between them. The
-        outputs are unchanged (the same values, stored the same way). For inference; returns what
-        was shared (`head`, `embeddings`)."""
+        models then keep one copy (Llasa-1B's are about 1 GB in bfloat16;
+        benchmarks/results/shared_tables_cpu.md). The outputs are unchanged (the same values,
+        stored the same way). For inference; returns what was shared (`head`, `embeddings`)."""
         shared = []
         same = lambda a, b: (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device  # noqa: E731
                              and torch.equal(a, b))
