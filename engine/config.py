@@ -178,7 +178,7 @@ class ModelsSpec(BaseModel):
         "How decode rounds run: each round (draft steps, target verify, warp, judge, commit) as "
         "one torch.compile graph, inductor (CPU or CUDA) or cudagraphs (CUDA only: inductor plus "
         "CUDA graph replay, one launch per round); none (eager, op by op); or auto: cudagraphs on "
-        "CUDA, none on a CPU (compiled rounds are shorter there, by a quarter to nearly half on "
+        "CUDA, none on a CPU (compiled rounds are shorter there, by a third to nearly half on "
         "small models and under a tenth at Llasa-1B's size, after a compile of 5-35 s per plan "
         "that short jobs do not win back: docs, performance; set inductor for long CPU jobs). "
         "Compiled code is cached on disk, so only the first worker of a "
