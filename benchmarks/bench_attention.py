@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import cpu_headline, describe, how_line, write_or_print  # noqa: E402
+from machine import cpu_headline, describe, how_line, median_in_turns, write_or_print  # noqa: E402
 
 # (label, batch, query heads, KV heads, positions, keys, head size)
 SHAPES = [
@@ -49,13 +47,8 @@ def timed(q, k, v, mask, reps: int) -> tuple[dict, dict]:
     with torch.inference_mode():
         ref = fns["sdpa"]().double()
         diff = {name: float((fn().double() - ref).abs().max()) for name, fn in fns.items() if name != "sdpa"}
-        times = {name: [] for name in fns}
-        for _ in range(reps):
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    return {name: 1e3 * statistics.median(t) for name, t in times.items()}, diff
+        seconds = median_in_turns(fns, reps)
+    return {name: 1e3 * t for name, t in seconds.items()}, diff
 
 
 def main() -> None:

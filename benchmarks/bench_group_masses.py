@@ -28,18 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import ROOT, cpu_headline, describe, how_line, write_or_print  # noqa: E402
-
-
-def timed_calls(fns: dict, reps: int) -> dict:
-    """Median seconds of each callable, called in turns `reps` times."""
-    times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+from machine import ROOT, cpu_headline, describe, how_line, median_in_turns, write_or_print  # noqa: E402
 
 
 def decoder_fallbacks(synth, batch: int, blocks: int, block: int) -> dict:
@@ -116,7 +105,7 @@ def main() -> None:
         expected = groups.gathered_masses(probs)
         got = groups.all_masses(probs)
         diff = float(((got - expected).abs() / expected.abs().clamp(min=1e-30)).max())
-        sec = timed_calls({"sparse product": lambda probs=probs: groups.all_masses(probs),
+        sec = median_in_turns({"sparse product": lambda probs=probs: groups.all_masses(probs),
                            "gather + index_add": lambda probs=probs: groups.gathered_masses(probs)}, args.reps)
         masses.append({"rows": rows, "ms": {k: 1e3 * v for k, v in sec.items()},
                        "speedup": sec["gather + index_add"] / sec["sparse product"], "max_rel_diff": diff})

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import ROOT, cpu_headline, describe, how_line, write_or_print  # noqa: E402
+from machine import ROOT, cpu_headline, describe, how_line, median_in_turns, write_or_print  # noqa: E402
 
 
 def kit_logits(kit: str, rounds: int):
@@ -100,13 +98,10 @@ def main() -> None:
                 limit = torch.tensor([top_p])
                 expected = nucleus_sorted(probs, top_p)
                 same = {name: torch.equal(fn(probs, limit) > 0, expected > 0) for name, fn in fns.items()}
-                times = {name: [] for name in fns}
-                for _ in range(args.reps):
-                    for name, fn in fns.items():
-                        start = time.perf_counter()
-                        fn(probs, limit)
-                        times[name].append(time.perf_counter() - start)
-                ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+                seconds = median_in_turns({name: lambda fn=fn, probs=probs, limit=limit: fn(probs, limit)
+                                           for name, fn in fns.items()},
+                                          args.reps)
+                ms = {name: 1e3 * t for name, t in seconds.items()}
                 same["values"] = torch.equal(nucleus(probs, limit), expected)
                 readings.append({"batch": batch, "positions": positions, "top_p": top_p, "ms": ms,
                                  "speedup": ms["sort"] / ms["heads"], "identical": same,

@@ -4,11 +4,15 @@ shared with `pcg-synth bench`)."""
 from __future__ import annotations
 
 import json
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.bench.machine import describe
 
-__all__ = ["ROOT", "cpu_headline", "describe", "kit_headline", "write_or_print", "write_result", "write_result_pair"]
+__all__ = ["ROOT", "cpu_headline", "describe", "kit_headline", "median_in_turns", "write_or_print", "write_result",
+           "write_result_pair"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,3 +72,14 @@ def how_line(argv: list[str]) -> str:
         elif not word.startswith(("--note=", "--notes=")):
             words.append(word)
     return ("" if words[0].startswith("python") else "python ") + " ".join(words)
+
+
+def median_in_turns(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median seconds of each callable, the callables called in turns, `reps` times each."""
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
