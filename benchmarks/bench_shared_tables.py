@@ -7,8 +7,8 @@ each (`LlamaLM.share_tables`). This script measures, each way:
 
 1. the resident memory of a process that loaded the preset's pair (one process per preset and
    way, after a garbage collection);
-2. on the kit, `pcg` rounds (gamma 3) of the two synthesizers in turns in one process, in blocks
-   of 8 timed rounds after one untimed round, eager and compiled: median round and tokens/s.
+2. on the kit, `pcg` rounds (gamma 3) of the two synthesizers in turns in one process, timed as
+   `bench_round.py` times modes, eager and compiled: median round and tokens/s.
 
     python benchmarks/bench_shared_tables.py --out benchmarks/results/shared_tables_cpu
 """
@@ -19,7 +19,6 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -58,27 +57,14 @@ def memory_child(preset: str, kit: str, shared: bool) -> None:
                       "embeddings_shared": draft.model.embed_tokens is target.model.embed_tokens}))
 
 
-def rounds(kit: str, mode: str, batch: int, blocks: int) -> dict:
-    """Median round and tokens/s of `pcg` decoders of the two synthesizers, in turns."""
-    from bench_round import decoder_for, timed
+def rounds(kit: str, mode: str, batch: int, row_rounds: int) -> dict:
+    """`pcg` rounds of the two synthesizers' decoders in turns (`bench_round.measure`: blocks of 8
+    timed rounds, each after one untimed round, at least `row_rounds` row-rounds)."""
+    from bench_round import measure
 
-    decoders = {way: decoder_for(load("tiny", kit, way == "one copy", mode), "pcg", batch, batch * (blocks * 9 + 12))
-                for way in ("one copy", "two copies")}
-    for decoder in decoders.values():
-        for _ in range(4):
-            timed(decoder)
-    gc.collect()
-    times = {way: [] for way in decoders}
-    tokens = dict.fromkeys(decoders, 0)
-    for _ in range(blocks):
-        for way, decoder in decoders.items():
-            timed(decoder)
-            for _ in range(8):
-                seconds, n = timed(decoder)
-                times[way].append(seconds)
-                tokens[way] += n
-    return {way: {"round_ms": 1e3 * statistics.median(t), "tokens_per_s": tokens[way] / sum(t), "rounds": len(t)}
-            for way, t in times.items()}
+    synths = {way: load("tiny", kit, way == "one copy", mode) for way in ("one copy", "two copies")}
+    timing = argparse.Namespace(rounds=30, row_rounds=row_rounds, warmup=4, block=8, device="cpu")
+    return {r["mode"]: r for r in measure(synths, "pcg", batch, timing)}
 
 
 def main() -> None:
@@ -88,7 +74,7 @@ def main() -> None:
     ap.add_argument("--presets", default="tiny,llasa-1b-shape", help="presets whose memory is measured")
     ap.add_argument("--batches", default="1,8,32", help="kit batches of the round comparison (empty: skip)")
     ap.add_argument("--modes", default="none,inductor")
-    ap.add_argument("--blocks", type=int, default=10, help="blocks of 8 timed rounds per way")
+    ap.add_argument("--row-rounds", type=int, default=512, help="row-rounds per way and setting, at least")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--memory-child", nargs=2, metavar=("PRESET", "WAY"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help="result stem: writes STEM.json and STEM.md")
@@ -112,7 +98,7 @@ def main() -> None:
     speed = []
     for mode in [m for m in args.modes.split(",") if m]:
         for batch in [int(b) for b in args.batches.split(",") if b]:
-            speed.append({"mode": mode, "batch": batch, "ways": rounds(args.kit, mode, batch, args.blocks)})
+            speed.append({"mode": mode, "batch": batch, "ways": rounds(args.kit, mode, batch, args.row_rounds)})
             print(speed[-1], flush=True)
     doc = {"benchmark": "a draft's head and embeddings kept once (the target's) against twice",
            "how": how_line(sys.argv), "machine": describe("cpu"), "threads": args.threads,
@@ -126,15 +112,16 @@ def main() -> None:
         lines.append(f"| {m['preset']} | {m['shared']['rss_mb']} | {m['apart']['rss_mb']} | "
                      f"{m['apart']['rss_mb'] - m['shared']['rss_mb']} |")
     if speed:
-        lines += ["", f"`pcg` rounds (gamma 3) on the kit, the two synthesizers' decoders in turns in one process "
-                  f"({args.blocks} blocks of 8 timed rounds each, after one untimed round):", "",
+        lines += ["", "`pcg` rounds (gamma 3) on the kit, the two synthesizers' decoders in turns in one process "
+                  "(blocks of 8 timed rounds, each after one untimed round, at least "
+                  f"{args.row_rounds} row-rounds a way):", "",
                   "| mode | batch | one copy: ms / round | two copies: ms / round | round, two / one | "
                   "one copy: tokens/s | two copies: tokens/s |", "|---|---|---|---|---|---|---|"]
         for s in speed:
             one, two = s["ways"]["one copy"], s["ways"]["two copies"]
-            lines.append(f"| {s['mode']} | {s['batch']} | {one['round_ms']:.2f} | {two['round_ms']:.2f} | "
-                         f"{two['round_ms'] / one['round_ms']:.2f}x | {one['tokens_per_s']:.0f} | "
-                         f"{two['tokens_per_s']:.0f} |")
+            one_ms, two_ms = one["host_ms_per_round"], two["host_ms_per_round"]
+            lines.append(f"| {s['mode']} | {s['batch']} | {one_ms:.2f} | {two_ms:.2f} | {two_ms / one_ms:.2f}x | "
+                         f"{one['tokens_per_s']:.0f} | {two['tokens_per_s']:.0f} |")
     write_or_print(args.out, doc, "\n".join(lines) + "\n")
 
 

@@ -423,9 +423,10 @@ class LlamaLM(nn.Module):
         models then keep one copy (Llasa-1B's are about 1 GB in bfloat16;
         benchmarks/results/shared_tables_cpu.md). The outputs are unchanged (the same values,
         stored the same way). For inference; returns what was shared (`head`, `embeddings`)."""
+        def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+            return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+
         shared = []
-        same = lambda a, b: (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device  # noqa: E731
-                             and torch.equal(a, b))
         if (type(self.packed_head) is type(source.packed_head) and same(self.head, source.head)
                 and torch.equal(self.output_token_ids, source.output_token_ids)):
             self.head, self.packed_head = source.head, source.packed_head
