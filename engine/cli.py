@@ -204,6 +204,12 @@ def export_results(args, kind: str | None, items, settings, results, codec, seve
                 print(f"[{settings.method}] no audio for {path}: the text failed (above)", file=sys.stderr)
 
 
+# `generate --method all`: each rule first decodes `Synthesizer.warmup`'s rows to this many tokens,
+# untimed. A process's first decode pays one-time costs (the kit's first `ar` run took about three
+# times its later ones), which would otherwise land on whichever rule runs first.
+COMPARE_WARMUP_TOKENS = 8
+
+
 def cmd_generate(args) -> int:
     method = args.method or decoding_default("method")
     methods = METHODS if method == "all" else [method]
@@ -249,6 +255,9 @@ def cmd_generate(args) -> int:
                              batch_size=args.batch_size)
     if clips:
         resolve_clips(items, clips, codec)
+    if len(all_settings) > 1:  # comparing rules: none is timed with the process's first-run costs
+        for settings in all_settings:
+            synth.warmup(settings.model_copy(update={"max_new_tokens": COMPARE_WARMUP_TOKENS}))
     runs = []
     for settings in all_settings:
         results, summary = synth.synthesize(items, settings, progress=not args.quiet, admission=args.admission,
@@ -290,7 +299,8 @@ def cmd_generate(args) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         doc = {"target": str(target), "draft": str(draft) if draft else None,
-               "device": str(synth.device), "runs": runs, "outlook": outlook}
+               "device": str(synth.device), "runs": runs, "outlook": outlook,
+               "warmup_tokens": COMPARE_WARMUP_TOKENS if len(all_settings) > 1 else 0}
         out.write_text(json.dumps(doc, indent=1))
         print(f"codes and statistics written to {out}")
     return 0
@@ -326,7 +336,7 @@ def add_generate(sub) -> None:
                                "text too long for --max-new-tokens and the model's context is cut into "
                                "chunks decoded beside the others, their audio joined back into its clip")
     add_settings_arguments(txt, TextSpec, include=["split", "normalize", "normalizer", "language"])
-    dec = p.add_argument_group("decoding (DecodingSettings; --method all: every rule in turn)")
+    dec = p.add_argument_group("decoding (DecodingSettings; --method all: every rule in turn, each warmed up first)")
     add_settings_arguments(dec, DecodingSettings, extra_choices={"method": ["all"]})
     out = p.add_argument_group("output")
     out.add_argument("--out", help="FILE.json: codes + statistics; FILE.parquet: an audio dataset; "

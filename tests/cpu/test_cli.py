@@ -28,7 +28,18 @@ def test_generate_max_speech_ratio_cuts_a_row_at_its_texts_budget_and_says_so(ki
     assert "raise --max-new-tokens or --max-speech-ratio" in notices
 
 
-def test_generate_all_methods_writes_codes_and_statistics(kit_dir, tmp_path, capsys):
+def test_generate_all_methods_writes_codes_and_statistics(kit_dir, tmp_path, capsys, monkeypatch):
+    from engine.api import Synthesizer
+    from engine.cli import COMPARE_WARMUP_TOKENS
+
+    calls = []  # (method, max_new_tokens, ids) of each real decode, in order
+    synthesize = Synthesizer.synthesize
+
+    def recorded(self, items, settings, *args, **kwargs):
+        calls.append((settings.method, settings.max_new_tokens,
+                      tuple(getattr(item, "id", None) for item in items)))
+        return synthesize(self, items, settings, *args, **kwargs)
+    monkeypatch.setattr(Synthesizer, "synthesize", recorded)
     texts = tmp_path / "texts.jsonl"
     texts.write_text('{"id": "a", "text": "Hello there."}\n{"id": "b", "text": "A second one.", "seed": 9}\n')
     out = tmp_path / "codes.json"
@@ -36,6 +47,10 @@ def test_generate_all_methods_writes_codes_and_statistics(kit_dir, tmp_path, cap
                  "--max-new-tokens", "24", "--device", "cpu", "--out", str(out), "--quiet"])
     assert code == 0
     printed, notices = capsys.readouterr()
+    # every rule decodes warm-up rows before any rule is timed, so the first pays no first-run costs
+    methods = ["ar", "exact", "pcg", "ssd", "topk"]
+    assert [(m, n) for m, n, _ in calls] == [(m, COMPARE_WARMUP_TOKENS) for m in methods] + [(m, 24) for m in methods]
+    assert all(ids[0].startswith("warmup-") for _, _, ids in calls[:5])
     for method in ("ar", "exact", "pcg", "ssd", "topk"):
         assert f"\n{method} " in printed
     doc = json.loads(out.read_text())
@@ -59,11 +74,19 @@ def test_generate_all_methods_writes_codes_and_statistics(kit_dir, tmp_path, cap
             assert summary["mean_accepted_length"] >= 1.0
     # comparing rules says what speed to expect: break-even from step times measured now, and the
     # kit's verdict (its 3-layer draft costs most of its 4-layer target's step)
+    assert doc["warmup_tokens"] == COMPARE_WARMUP_TOKENS
     outlook = doc["outlook"]
     assert outlook in printed and "pays only above" in outlook
     for method in ("exact", "pcg", "ssd", "topk"):
         assert f"  {method}: " in outlook and "x `ar`" in outlook
     assert "small fraction of the target" in outlook
+    # the warm-ups change no codes: a rule run alone decodes what it decoded among the others
+    alone = tmp_path / "pcg.json"
+    assert main(["generate", "--kit", str(kit_dir), "--texts-file", str(texts), "--method", "pcg",
+                 "--max-new-tokens", "24", "--device", "cpu", "--out", str(alone), "--quiet"]) == 0
+    assert json.loads(alone.read_text())["warmup_tokens"] == 0
+    assert [i["codes"] for i in json.loads(alone.read_text())["runs"][0]["items"]] == \
+        [i["codes"] for i in doc["runs"][2]["items"]]
 
 
 @pytest.mark.parametrize("args, message", [
