@@ -49,6 +49,10 @@ WARMUP_TEXTS = ("Warm-up.", "A second warm-up sentence, a little longer than the
                 "Three: the third warm-up sentence is longer again, so that its prompt is wider than the others.",
                 "Four.")
 
+# `Synthesizer.warmup_each`: new tokens per warm-up row before settings are compared. A process's
+# first decode pays one-time costs, which would otherwise land on whichever setting is timed first.
+COMPARE_WARMUP_TOKENS = 8
+
 
 class Synthesizer:
     """Holds a target (and optionally a draft) and decodes batches of utterances.
@@ -244,6 +248,14 @@ class Synthesizer:
         rows = batch + (batch + 1) // 2
         items = [SynthesisItem(text=WARMUP_TEXTS[i % len(WARMUP_TEXTS)], id=f"warmup-{i}") for i in range(rows)]
         return self.synthesize(items, settings, batch_size=batch)[0]
+
+    def warmup_each(self, settings: Sequence[DecodingSettings], batch_size: int | None = None,
+                    tokens: int = COMPARE_WARMUP_TOKENS) -> None:
+        """`warmup` for each of several settings, their rows cut to `tokens` new tokens: before
+        the settings are timed one after another, so that the first pays no more of the
+        process's first-run costs than the others."""
+        for s in settings:
+            self.warmup(s.model_copy(update={"max_new_tokens": tokens}), batch_size)
 
     def prepare(self, index: int, item: SynthesisItem | str, settings: DecodingSettings, key: object = None):
         """(result shell, request or None) for one item decoded with `settings` (the item's own

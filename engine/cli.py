@@ -204,12 +204,6 @@ def export_results(args, kind: str | None, items, settings, results, codec, seve
                 print(f"[{settings.method}] no audio for {path}: the text failed (above)", file=sys.stderr)
 
 
-# `generate --method all`: each rule first decodes `Synthesizer.warmup`'s rows to this many tokens,
-# untimed. A process's first decode pays one-time costs (the kit's first `ar` run took about three
-# times its later ones), which would otherwise land on whichever rule runs first.
-COMPARE_WARMUP_TOKENS = 8
-
-
 def cmd_generate(args) -> int:
     method = args.method or decoding_default("method")
     methods = METHODS if method == "all" else [method]
@@ -238,7 +232,7 @@ def cmd_generate(args) -> int:
         from engine.io.storage import Storage
 
         check_verifiers(quality, Storage())
-    from engine.api import Synthesizer  # torch: only once the arguments are known to be good
+    from engine.api import COMPARE_WARMUP_TOKENS, Synthesizer  # torch: only once the arguments are known to be good
 
     codec = gate = None
     if audio or clips or quality.enabled:  # first: a bad codec fails before the models load and the texts decode
@@ -256,8 +250,7 @@ def cmd_generate(args) -> int:
     if clips:
         resolve_clips(items, clips, codec)
     if len(all_settings) > 1:  # comparing rules: none is timed with the process's first-run costs
-        for settings in all_settings:
-            synth.warmup(settings.model_copy(update={"max_new_tokens": COMPARE_WARMUP_TOKENS}))
+        synth.warmup_each(all_settings)
     runs = []
     for settings in all_settings:
         results, summary = synth.synthesize(items, settings, progress=not args.quiet, admission=args.admission,

@@ -133,12 +133,17 @@ def run_protocol(synth: Synthesizer, codec, manifest: str, cfg: PaperConfig, out
     items, prompts = manifest_items(manifest, codec, cfg.limit)
     if not items:
         raise ValueError(f"{manifest}: no rows")
+    from engine.api import COMPARE_WARMUP_TOKENS
+
+    # every method warmed up first: the first one timed pays no more first-run costs than the rest
+    synth.warmup_each([cfg.settings(m, cfg.seeds[0]) for m in cfg.methods], cfg.batch_size)
     per_seed = {}
     for seed in cfg.seeds:
         per_seed[seed] = run_seed(synth, codec, items, prompts, cfg, seed, out, backends, progress)
     return {"benchmark": "paper protocol (pcg-synth paper-table)", "how": how,
             "machine": describe(synth.device), "models": models, "manifest": manifest,
-            "items": len(items), "settings": asdict(cfg), "backends": backends.describe(),
+            "items": len(items), "settings": asdict(cfg), "warmup_tokens": COMPARE_WARMUP_TOKENS,
+            "backends": backends.describe(),
             "rows": table_rows(per_seed, cfg.methods),
             "per_seed": {str(k): v for k, v in per_seed.items()}, "paper": PAPER_ROWS}
 

@@ -29,8 +29,7 @@ def test_generate_max_speech_ratio_cuts_a_row_at_its_texts_budget_and_says_so(ki
 
 
 def test_generate_all_methods_writes_codes_and_statistics(kit_dir, tmp_path, capsys, monkeypatch):
-    from engine.api import Synthesizer
-    from engine.cli import COMPARE_WARMUP_TOKENS
+    from engine.api import COMPARE_WARMUP_TOKENS, Synthesizer
 
     calls = []  # (method, max_new_tokens, ids) of each real decode, in order
     synthesize = Synthesizer.synthesize

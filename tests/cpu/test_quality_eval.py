@@ -7,6 +7,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from engine.api import COMPARE_WARMUP_TOKENS
 from engine.cli import main as pcg_synth
 
 
@@ -62,6 +63,7 @@ def test_paper_table_end_to_end_on_the_kit(kit_dir, kit_groups, tmp_path):
                     "--seeds", "0,1", "--max-new-tokens", "16", "--out", str(out), "--quiet"]) == 0
     doc = json.loads((out / "paper_table.json").read_text())
     assert list(doc["rows"]) == ["ar", "exact", "ssd", "pcg"] and doc["items"] == 2
+    assert doc["warmup_tokens"] == COMPARE_WARMUP_TOKENS  # every method warmed up before any is timed
     assert doc["rows"]["ar"]["speedup"] == {"mean": 1.0, "std": 0.0, "n": 2}
     for method, row in doc["rows"].items():
         for key in ("speedup", "wer", "cer", "similarity"):
