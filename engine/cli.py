@@ -251,7 +251,7 @@ def cmd_generate(args) -> int:
         resolve_clips(items, clips, codec)
     if len(all_settings) > 1:  # comparing rules: none is timed with the process's first-run costs
         synth.warmup_each(all_settings)
-    runs = []
+    runs, said, cut = [], set(), {}
     for settings in all_settings:
         results, summary = synth.synthesize(items, settings, progress=not args.quiet, admission=args.admission,
                                             quality=gate, text=text)
@@ -259,15 +259,10 @@ def cmd_generate(args) -> int:
                      "items": [{**r.to_dict(), "prompt_text": it.prompt_text, "prompt_codes": it.prompt_codes}
                                for r, it in zip(results, items)]})
         for r in results:
-            if r.error:
+            if r.error and (r.id, r.error) not in said:  # a text every rule refuses is said once
+                said.add((r.id, r.error))
                 print(f"item {r.id}: {r.error}", file=sys.stderr)
-        if summary.cut:
-            ratio = settings.max_speech_ratio
-            print(f"[{settings.method}] {summary.cut} of {counted(len(results), 'text')} reached the token limit "
-                  f"before the end of speech (max_new_tokens {settings.max_new_tokens} or an item's own, "
-                  + (f"max_speech_ratio {ratio} times the text's estimated time + 2 s, " if ratio else "")
-                  + "or the model's context): their audio is cut there; raise --max-new-tokens"
-                  + (" or --max-speech-ratio" if ratio else ""), file=sys.stderr)
+        cut[settings.method] = summary.cut
         if summary.quality:
             q = summary.quality
             print(f"[{settings.method}] quality gate: {q['passed']} passed, {q['rejected']} rejected, "
@@ -276,6 +271,17 @@ def cmd_generate(args) -> int:
         if audio:
             write_audio(args, kind, items, settings, results, codec, len(all_settings) > 1,
                         quality if quality.enabled else None)
+    if any(cut.values()):  # said once for all the rules: they share the limits
+        settings, texts = all_settings[0], counted(len(items), "text")
+        ratio = settings.max_speech_ratio
+        counts = (f"[{settings.method}] {cut[settings.method]} of {texts} reached the token limit before the "
+                  "end of speech" if len(cut) == 1 else
+                  f"texts that reached the token limit before the end of speech, of {len(items)}: "
+                  + ", ".join(f"{method} {n}" for method, n in cut.items() if n))
+        print(f"{counts} (max_new_tokens {settings.max_new_tokens} or an item's own, "
+              + (f"max_speech_ratio {ratio} times the text's estimated time + 2 s, " if ratio else "")
+              + "or the model's context): their audio is cut there; raise --max-new-tokens"
+              + (" or --max-speech-ratio" if ratio else ""), file=sys.stderr)
     summaries = [r["summary"] for r in runs]
     print(summary_table(summaries))
     outlook = None
