@@ -28,6 +28,7 @@ from engine.decoding.graphs import RoundRunner
 from engine.decoding.scheduler import DecodeScheduler
 from engine.decoding.speculative import Request, RowResult, SpeculativeDecoder
 from engine.decoding.verify import Rule, make_rule, rule_key, structure_key
+from engine.errors import field_errors
 from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
 from engine.groups.source import stored_speech_rows
@@ -439,7 +440,7 @@ def item_settings(item: SynthesisItem | str, settings: DecodingSettings) -> Deco
 def one_line(exc: Exception) -> str:
     errors = getattr(exc, "errors", None)
     if callable(errors):
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'item'}: {e['msg']}" for e in errors())
+        return field_errors(errors(), "item")
     return str(exc)
 
 

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from engine.cli_options import add_compile_arg, add_draft_weights_arg, add_settings_arguments, settings_from_args
 from engine.config import ADMISSIONS, METHODS, DecodingSettings, QualitySpec, TextSpec, accepted_keys, decoding_default
 from engine.console import counted
-from engine.errors import did_you_mean
+from engine.errors import did_you_mean, plain_message
 
 
 class UsageError(Exception):
@@ -33,7 +33,7 @@ def format_validation(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         field = ".".join(str(x) for x in err["loc"]) or "settings"
-        msg = err["msg"]
+        msg = plain_message(err["msg"])
         if err["type"] == "extra_forbidden" and err["loc"]:
             known = accepted_keys(exc.title, err["loc"][:-1])
             hint = did_you_mean(str(err["loc"][-1]), known)

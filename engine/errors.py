@@ -41,3 +41,18 @@ def did_you_mean(word: str, names: Iterable[str]) -> str:
     lowered = {n.lower(): n for n in names if n != word}
     found = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.8)
     return f" (did you mean {lowered[found[0]]!r}?)" if found else ""
+
+
+def field_errors(errors: Iterable[dict], whole: str) -> str:
+    """Pydantic's validation errors (`ValidationError.errors()`) as one line, `field: message` each
+    (`whole` names an error of the whole object), without the "Value error, " pydantic puts before
+    a validator's own message."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or whole}: {plain_message(e['msg'])}" for e in errors)
+
+
+def plain_message(msg: str) -> str:
+    """A validator's message as it raised it (pydantic adds "Value error, " or "Assertion failed, ")."""
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            return msg[len(prefix):]
+    return msg

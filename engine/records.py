@@ -10,6 +10,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 
 CODES_PER_SECOND = 50  # X-codec2: 16 kHz, 320 samples per code
+FAILED_EXAMPLES = 5  # failed rows named (id and error) in a shard's commit record and in a job's summary
 
 
 @dataclass

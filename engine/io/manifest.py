@@ -22,6 +22,7 @@ from pathlib import PurePosixPath
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.config import Method
+from engine.errors import field_errors
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 # file names a manifest may have: the formats, and the text ones gzipped (Parquet compresses itself)
@@ -206,7 +207,7 @@ def validate(raw: dict | str | BadLine, source: str) -> ManifestRow | RowError:
     try:
         return ManifestRow(**clean)
     except ValidationError as exc:
-        why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'row'}: {e['msg']}" for e in exc.errors())
+        why = field_errors(exc.errors(), "row")
         ident = raw.get("id")
         return RowError(source, None if ident is None else str(ident), why, str(raw.get("text", ""))[:200])
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from textwrap import shorten
 
 from engine.config import JobSpec
 from engine.console import counted
+from engine.records import FAILED_EXAMPLES
 from engine.runtime.plan import Plan
 
 
@@ -215,6 +217,10 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
                    "workers_reused": report.reused if report else 0, "failed": len(failed),
                    "capacity_waits": list(report.capacity_waits) if report else []},
         "failed_shards": failed,
+        "output_format": spec.output.format,
+        # the first failed rows (id, error, shard) in shard order; every error record is in the output
+        "failed_examples": [{**e, "shard": r["shard"]} for r in sorted(all_records, key=lambda r: r["shard"])
+                            for e in r.get("failed_rows", [])][:FAILED_EXAMPLES],
         "wall_s": round(wall_s, 3),
         "setup_s": round(setup_s, 3),
         "throughput": {"tokens_per_s": round(run_tokens / synth_s, 2) if run_records else None,
@@ -277,6 +283,7 @@ def summary_table(s: dict) -> str:
         ("job", f"{s['job']} -> {s['output']}"),
         ("method", method),
         ("rows", rows_line),
+        *([("failed rows", failed_rows_line(s))] if s.get("failed_examples") else []),
         ("shards", f"{sh['committed']}/{sh['total']} committed ({sh['committed_before']} before this run, "
                    f"{counted(sh['retries'], 'retry', 'retries')}, {sh['failed']} failed)"),
         ("audio", f"{s['audio_seconds']:.1f} s ({s['audio_hours']:.4f} h)"),
@@ -330,6 +337,19 @@ def summary_table(s: dict) -> str:
                                            f"{where['device']} gpus={where['gpu_ids']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+ERROR_WIDTH = 100  # characters of an error the summary table shows (summary.json keeps it whole)
+
+
+def failed_rows_line(s: dict) -> str:
+    """The summary's first failed rows, each `id: error` (cut to one line), and where all are."""
+    examples = s["failed_examples"]
+    named = "; ".join(f"{e['id']}: {shorten(e['error'], ERROR_WIDTH, placeholder=' ...')}" for e in examples)
+    more = s["rows_failed"] - len(examples)
+    where = ("`errors/*.jsonl`" if s.get("output_format") != "hf-parquet"
+             else "the `error` column of `data/*.parquet`")
+    return named + (f"; and {more} more" if more > 0 else "") + f" (every error record: {where})"
 
 
 # ---- the line a job that did not end well ends with --------------------------------------------

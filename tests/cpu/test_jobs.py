@@ -59,7 +59,7 @@ def test_quickstart_job_end_to_end(local_ray, kit_dir, tmp_path, groups_cache, k
     rows = read_output(spec)
     assert sorted(r["id"] for r in rows) == sorted(m["id"] for m in manifest)  # each row once
     by_id = {r["id"]: r for r in rows}
-    assert "text is empty" in by_id["qs-empty"]["error"] and by_id["qs-empty"]["audio"] is None
+    assert by_id["qs-empty"]["error"].endswith("text: text is empty") and by_id["qs-empty"]["audio"] is None
     assert by_id["qs-clone"]["prompt_id"] is not None
     assert json.loads(by_id["qs-warm"]["settings"])["temperature"] == 1.0
     assert by_id["qs-warm"]["seed"] == 42
@@ -67,6 +67,10 @@ def test_quickstart_job_end_to_end(local_ray, kit_dir, tmp_path, groups_cache, k
     assert len(good) == len(manifest) - 1 and all(audio_ok(r) for r in good)
     assert all(r["method"] == "pcg" for r in rows)
     assert summary["rows_ok"] == len(good) and summary["rows_failed"] == 1
+    # the failed row named in the summary, with where every error record is
+    assert [(e["id"], e["error"]) for e in summary["failed_examples"]] == [("qs-empty", by_id["qs-empty"]["error"])]
+    assert (f"qs-empty: {by_id['qs-empty']['error']} (every error record: the `error` column of "
+            "`data/*.parquet`)") in summary_table(summary)
     # rows that ran to max_new_tokens (the kit ends some rows by then, not all): counted, and said
     assert summary["rows_cut"] == sum(r["finish_reason"] == "length" for r in rows) > 0
     assert f"{summary['rows_cut']} rows reached the token limit" in summary_table(summary)
@@ -193,6 +197,9 @@ def test_bad_rows_become_error_records(local_ray, kit_dir, tmp_path):
     assert "context" in errors["long"] and "65535" in errors["codes"] and "nope.wav" in errors["clip"]
     assert "id" in errors[f"!{manifest}:4"]
     assert summary["rows_ok"] == 2 and summary["rows_failed"] == 6
+    named = summary["failed_examples"]  # the first five, as recorded, in shard order
+    assert len(named) == 5 and all(errors[e["id"]] == e["error"] for e in named)
+    assert len({e["id"] for e in named}) == 5 and "; and 1 more (every error record" in summary_table(summary)
     # the dry run's error rows are the job's, the text too long for the context aside (it needs
     # the tokenizer): same lines, the job's message containing the dry run's
     assert report["rows_failing"] == 5 and report["rows_ok"] == 3  # "long" counted as ok

@@ -216,6 +216,10 @@ def test_each_format_from_a_job_loads_with_its_reader_and_resumes(hook, kit_dir,
         assert two["codes"] and len(two["codes"]) == two["num_codes"]
     errors = [json.loads(line) for p in sorted((out / "errors").glob("*.jsonl")) for line in p.read_text().splitlines()]
     assert len(errors) == 1 and "audio" not in errors[0] and errors[0]["error"]
+    # the summary names the failed row and where its record is
+    assert [(e["id"], e["error"]) for e in summary["failed_examples"]] == [(errors[0]["id"], errors[0]["error"])]
+    assert f"{errors[0]['id']}: " in summary_table(summary) and "every error record: `errors/*.jsonl`" in \
+        summary_table(summary)
     records = {p.stem: json.loads(p.read_text()) for p in (out / "_commits").glob("*.json")}
     assert all(r["format"] == fmt and r["files"] for r in records.values())
     # resume: shard 1 as a worker that died before its commit left it (its files gone), and the

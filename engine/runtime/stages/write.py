@@ -35,7 +35,7 @@ from engine.io.dataset import (
 )
 from engine.io.formats import write_shard
 from engine.io.storage import Storage, join
-from engine.records import aggregate
+from engine.records import FAILED_EXAMPLES, aggregate
 from engine.runtime.plan import Layout
 from engine.runtime.stages.codec import CodecStage
 from engine.runtime.stages.row import Row, ShardTask
@@ -132,12 +132,15 @@ class WriteStage:
             self.storage.write_bytes(self.rejects(shard), self.table_bytes(rejected))
         ok = sum(all(id(out) in voiced for out in self.outputs(row)) for row in task.rows)
         rows_rejected = sum(row.rejected for row in task.rows)
+        failed = [row for row in task.rows
+                  if not row.rejected and not all(id(out) in voiced for out in self.outputs(row))]
         stats = aggregate([s for row in task.rows for s in row.work()])  # every attempt decoded
         measured = figures()
         profile = measured.pop("profile", None)
         record = {
             "shard": shard.id, "manifest": shard.manifest, "rows": shard.rows, "ok": ok,
             "failed": shard.rows - ok - rows_rejected, "rejected": rows_rejected,
+            "failed_rows": [{"id": row.result.id, "error": row_error(row)} for row in failed[:FAILED_EXAMPLES]],
             "cut": sum(out.result.cut for out in kept),  # rows written whose audio stops at the token limit
             "audio_seconds": round(files.audio_seconds, 3), "generated_tokens": stats.generated_tokens,
             "rounds": stats.rounds, "emitted": stats.emitted, "reached": stats.reached,
@@ -187,3 +190,8 @@ class WriteStage:
         uri = self.layout.profile(f"{name}.json")
         self.storage.write_bytes(uri, json.dumps(profile, indent=1).encode())
         return uri
+
+
+def row_error(row: Row) -> str:
+    """Why a manifest row has no audio: its own error, or its first failing part's."""
+    return next((r.result.error for r in (row, *row.parts) if r.result.error), "no audio")
