@@ -148,6 +148,21 @@ def output_kind(out: str | None, texts: int = 1) -> str | None:
     return kind
 
 
+def check_writable(folder: str | Path, flag: str) -> None:
+    """Make `folder` (and its parents) and write and delete a probe file there, so that an output
+    this process cannot write is refused before anything is decoded.
+
+    Raises:
+        UsageError: the folder cannot be made or written (naming `flag`, the option it came from).
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".pcg-synth-probe-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot write in {folder}: {exc.strerror or exc}") from None
+
+
 def per_method(path: Path, method: str, several: bool) -> Path:
     """`out.parquet` -> `out.pcg.parquet` when several methods write."""
     return path.with_name(f"{path.stem}.{method}{path.suffix}") if several else path
@@ -213,6 +228,9 @@ def cmd_generate(args) -> int:
     text = settings_from_args(args, TextSpec)
     items, clips = read_items(args)
     kind = output_kind(args.out, len(items))
+    if args.kit and not (Path(args.kit) / "target").is_dir():
+        raise UsageError(f"--kit {args.kit}: not a tiny kit (no target/ in it); build one with "
+                         f"`pcg-synth kit build {args.kit}`")
     target = args.target or (Path(args.kit) / "target" if args.kit else None)
     draft = args.draft or (Path(args.kit) / "draft" if args.kit else None)
     codec_dir = args.codec or (Path(args.kit) / "codec" if args.kit else None)
@@ -244,6 +262,10 @@ def cmd_generate(args) -> int:
         from engine.models.device import resolve_device
 
         gate = QualityGate.load(quality, codec, device=str(resolve_device(args.device)))
+    for flag, given, folder in (("--out", args.out, args.out and Path(args.out).parent),
+                                ("--wav-dir", args.wav_dir, args.wav_dir)):
+        if folder:  # an output this process cannot write fails before the models load
+            check_writable(folder, f"{flag} {given}")
     synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
                              compile=args.compile, draft_weights=args.draft_weights,
                              batch_size=args.batch_size)
@@ -564,6 +586,10 @@ def run_command(argv: list[str] | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
     except (JobFailed, GroupBuildError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file the system refused mid-way (disk full, permissions): one line
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         stopped = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"

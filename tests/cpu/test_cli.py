@@ -111,6 +111,9 @@ def test_unknown_method_and_missing_model_are_reported(tmp_path, capsys):
     code = main(["generate", "--target", str(tmp_path / "nope"), "--method", "ar", "--text", "hi"])
     assert code == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["generate", "--kit", str(tmp_path / "no-kit"), "--text", "hi"]) == 2
+    assert capsys.readouterr().err == (f"error: --kit {tmp_path / 'no-kit'}: not a tiny kit (no target/ in it); "
+                                       f"build one with `pcg-synth kit build {tmp_path / 'no-kit'}`\n")
 
 
 def test_audio_output_without_a_working_codec_is_refused_before_the_models_load(tmp_path, capsys):
@@ -123,6 +126,18 @@ def test_audio_output_without_a_working_codec_is_refused_before_the_models_load(
     assert main([*base, "--wav-dir", str(tmp_path / "wav"), "--codec", str(tmp_path / "no-codec")]) == 2
     assert f"codec directory {tmp_path / 'no-codec'} does not exist" in capsys.readouterr().err
     assert not (tmp_path / "wav").exists()
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_models_load(kit_dir, tmp_path, capsys):
+    blocker = tmp_path / "a-file"  # a folder cannot be made under a file, whoever runs the test
+    blocker.write_text("")
+    target = tmp_path / "not-a-model"  # were it loaded first, its own error would be the one reported
+    target.mkdir()
+    for flag, path in (("--out", blocker / "codes.json"), ("--wav-dir", blocker / "clips")):
+        assert main(["generate", "--target", str(target), "--codec", str(kit_dir / "codec"), "--method", "ar",
+                     "--text", "hi", flag, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {flag} {path}: cannot write in ") and err.count("\n") == 1, err
 
 
 def test_mismatched_draft_vocabulary_is_refused(kit_dir, tmp_path, capsys):
