@@ -486,7 +486,7 @@ def cmd_convert(args) -> int:
         return 0
     print(f"{done['dest']}: {args.to}{' (tarred)' if args.tarred else ''}, {counted(done['shards'], 'shard')} "
           f"({done['converted']} converted now, {done['skipped']} already), {done['with_audio']} clips, "
-          f"{done['audio_seconds']:.1f} s of audio, {done['failed']} error rows (in errors/)")
+          f"{done['audio_seconds']:.1f} s of audio, {counted(done['failed'], 'error row')} (in errors/)")
     for uri in done["files"]:
         print(f"  {uri}")
     return 0
