@@ -98,14 +98,18 @@ class Synthesizer:
              dtype: str = "auto", compile: str = "auto", draft_weights: str = "native",
              **kwargs) -> Synthesizer:
         """Load target (and draft) from local Hugging Face directories; `compile` as in
-        `ModelsSpec.compile` (both models: `auto` resolved once, for the pair), `draft_weights` as
-        `load_model`'s `weights`."""
+        `ModelsSpec.compile` (both models: `auto` resolved once, for the pair; under `auto` a round
+        whose graph fails to compile runs eagerly, with a warning, and so do the rounds after it),
+        `draft_weights` as `load_model`'s `weights`."""
         device = resolve_device(device)
+        auto = compile == "auto"
         compile = resolve_compile(compile, device, draft_weights if draft is not None else "native")
         tgt = load_model(target, device=device, dtype=dtype, compile=compile)
         drf = (load_model(draft, device=device, dtype=dtype, compile=compile, weights=draft_weights)
                if draft is not None else None)
-        return cls(tgt, drf, **kwargs)
+        synth = cls(tgt, drf, **kwargs)
+        synth.runner.fallback = auto  # auto's graphs that fail to compile give way to eager rounds
+        return synth
 
     @property
     def device(self) -> torch.device:

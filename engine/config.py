@@ -181,6 +181,8 @@ class ModelsSpec(BaseModel):
         "CUDA, none on a CPU (compiled rounds are shorter there, by a third to nearly half on "
         "small models and under a tenth at Llasa-1B's size, after a compile of 5-35 s per plan "
         "that short jobs do not win back: docs, performance; set inductor for long CPU jobs). "
+        "Under auto a round whose graph fails to compile runs eagerly, warned (summary.json: "
+        "rounds.compile_failed); an explicit mode makes it an error. "
         "Compiled code is cached on disk, so only the first worker of a "
         "machine compiles; prefills stay eager."))
     draft_weights: DraftWeights = Field("native", description=(

@@ -66,6 +66,7 @@ class RoundStats:
     cache_hits: int = 0  # of those, inductor's on-disk cache served the compiled code
     ops_per_round: int | None = None  # ops dispatched by a round (`count_ops`), the last counted
     plans: list[str] = field(default_factory=list)
+    compile_failed: str | None = None  # why rounds fell back to eager (`RoundRunner.fallback`)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -91,6 +92,8 @@ class RoundRunner:
         self.stats = RoundStats(mode=mode)
         self.time_device = False  # CUDA events around each round (set by the caller that reports them)
         self.sync_check = False  # CUDA: a host sync inside a compiled round raises (a test's check)
+        # a round's graph that fails to compile: run eagerly, warned (`compile: auto`), or raise
+        self.fallback = False
 
     @classmethod
     def for_model(cls, model) -> RoundRunner:
@@ -116,18 +119,10 @@ class RoundRunner:
             events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             events[0].record()
         start = time.perf_counter()
-        if self.mode == "none":
+        out = self.graph_round(decoder, plan, cuda) if self.mode != "none" else None
+        if out is None:
             with torch.inference_mode():
                 out = decode_round(state, plan)
-        else:
-            graph = self.graph(decoder, plan)
-            keys_read = decoder.keys_read[: plan.kv_len]  # the bucket, as a dynamic size
-            torch._dynamo.mark_dynamic(keys_read, 0)
-            if self.mode == "cudagraphs":
-                torch.compiler.cudagraph_mark_step_begin()  # the last round's outputs are read already
-            with torch.no_grad(), sync_checked(cuda and self.sync_check):  # a graph writing the
-                out = graph(state, keys_read)  # caches cannot run in inference mode
-            self.stats.graph_launches += 1
         if events is not None:
             events[1].record()
         host = out.cpu().numpy()  # the round's one read-back (copies out of a replayed graph)
@@ -136,6 +131,37 @@ class RoundRunner:
         if events is not None:
             self.stats.device_s += events[0].elapsed_time(events[1]) / 1e3
         return host
+
+    def graph_round(self, decoder, plan: RoundPlan, cuda: bool) -> torch.Tensor | None:
+        """The round through its graph; None where the graph failed to compile and the runner
+        falls back (`fallback`): this round and every later one then run eagerly. A failed
+        compile has run nothing of the round, so the eager round starts from the same state."""
+        try:
+            graph = self.graph(decoder, plan)
+            keys_read = decoder.keys_read[: plan.kv_len]  # the bucket, as a dynamic size
+            torch._dynamo.mark_dynamic(keys_read, 0)
+            if self.mode == "cudagraphs":
+                torch.compiler.cudagraph_mark_step_begin()  # the last round's outputs are read already
+            with torch.no_grad(), sync_checked(cuda and self.sync_check):  # a graph writing the
+                out = graph(decoder.state, keys_read)  # caches cannot run in inference mode
+        except torch._dynamo.exc.TorchDynamoException as exc:  # tracing or compiling, not running
+            if not self.fallback:
+                raise
+            self.give_up(exc)
+            return None
+        self.stats.graph_launches += 1
+        return out
+
+    def give_up(self, exc: Exception) -> None:
+        """Run eagerly from now on, after a graph that did not compile (warned once, recorded in
+        `stats.compile_failed`)."""
+        reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+        log.warning("decode rounds run eagerly: a round's graph did not compile (%s). models.compile auto "
+                    "falls back so; set models.compile none to skip the attempt, or inductor/cudagraphs "
+                    "to make it an error", reason)
+        self.mode = self.stats.mode = "none"
+        self.stats.compile_failed = reason
+        self.graphs.clear()
 
     def graph(self, decoder, plan: RoundPlan):
         """The compiled round for `plan` at `decoder`'s shapes (compiled on first use). Decoders

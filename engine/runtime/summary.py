@@ -251,7 +251,9 @@ def round_figures(records: list[dict]) -> dict | None:
     total = {k: sum(w[k] for w in last.values())
              for k in ("rounds", "graph_launches", "host_s", "device_s", "compiles", "compile_s", "cache_hits")}
     rounds = max(total["rounds"], 1)
+    failed = sorted({w["compile_failed"] for w in last.values() if w.get("compile_failed")})
     return {"modes": sorted({w["mode"] for w in last.values()}), **{k: round(v, 3) for k, v in total.items()},
+            "compile_failed": failed,
             "host_ms_per_round": round(1e3 * total["host_s"] / rounds, 3),
             "device_ms_per_round": round(1e3 * total["device_s"] / rounds, 3) if total["device_s"] else None}
 
@@ -305,6 +307,8 @@ def summary_table(s: dict) -> str:
                     f"({r['cache_hits']} from the compile cache)" if r["compiles"] else "")
         rows.append(("rounds", f"{'/'.join(r['modes'])}: {r['rounds']} rounds, host {r['host_ms_per_round']} ms"
                                f"{device} per round, {r['graph_launches']} graph launches{compiled}"))
+        for reason in r.get("compile_failed", []):
+            rows.append(("warning", f"rounds ran eagerly: a round's graph did not compile ({reason})"))
     if q := s.get("quality"):
         where = "dropped" if q["on_reject"] == "drop" else "in rejects/"
         rows.append(("quality", f"{q['passed']} passed, {q['rejected']} rejected ({where}), {q['regenerated']} "

@@ -220,7 +220,9 @@ class ShardProcessor:
                                     self.synth.target.model.compile_mode, threads=self.stream.torch_threads)
         return {"worker": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "node": node, "gpu_ids": [str(g) for g in gpus], "device": self.device,
-                "torch_threads": self.stream.torch_threads, "numerics": self._numerics,
+                "torch_threads": self.stream.torch_threads,
+                # the rounds' mode as run: eager where `compile: auto`'s graphs failed to compile
+                "numerics": {**self._numerics, "compile": self.synth.runner.mode},
                 # not part of the numerics (same results), but of the speed on a CPU: README, Streaming
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                 "malloc": malloc_described(),

@@ -252,6 +252,58 @@ def test_a_second_process_loads_the_compiled_round_from_the_cache(small_kit, kit
     assert runs[1]["cache_hits"] == 1  # the second process found the first one's code
 
 
+def test_a_round_whose_graph_does_not_compile_runs_eagerly_under_auto_and_fails_when_asked(small_kit, tmp_path):
+    """Under `compile: auto` a round whose graph fails to compile (here for real: inductor is given
+    no working C++ compiler, in a fresh compile cache) runs eagerly, warned and recorded, and gives
+    the eager tokens; an explicit `inductor` makes it an error. Auto is eager on a CPU, so the
+    script makes it mean inductor, as it means CUDA graphs on a GPU."""
+    script = tmp_path / "fallback.py"
+    script.write_text(
+        "import json, logging, sys\n"
+        "import torch._inductor.config as config\n"
+        "import engine.models.device as device\n"
+        "from engine import DecodingSettings, Synthesizer\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "config.cpp.cxx = ('/nonexistent/c++',)\n"
+        "device.CPU_AUTO_COMPILE = 'inductor'\n"
+        "kit, texts = sys.argv[1], ['Hi.', 'Hello there.']\n"
+        "settings = DecodingSettings(method='exact', gamma=2, max_new_tokens=12, seed=5)\n"
+        "def load(compile):\n"
+        "    return Synthesizer.load(kit + '/target', draft=kit + '/draft', device='cpu', dtype='float64',\n"
+        "                            batch_size=2, compile=compile)\n"
+        "eager = [r.codes for r in load('none').synthesize(texts, settings)[0]]\n"
+        "auto = load('auto')\n"
+        "codes = [r.codes for r in auto.synthesize(texts, settings)[0]]\n"
+        "try:\n"
+        "    load('inductor').synthesize(texts, settings)\n"
+        "    strict = 'ran'\n"
+        "except Exception as exc:\n"
+        "    strict = type(exc).__name__\n"
+        "print(json.dumps({'same': codes == eager, 'stats': auto.runner.stats.to_dict(), 'strict': strict}))\n")
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = subprocess.run([sys.executable, str(script), str(small_kit)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["same"] and out["strict"] == "InductorError"
+    stats = out["stats"]
+    assert stats["mode"] == "none" and stats["compiles"] == 1 and stats["graph_launches"] == 0
+    assert stats["rounds"] > 0 and "C++ compiler" in stats["compile_failed"]
+    assert done.stderr.count("decode rounds run eagerly: a round's graph did not compile") == 1
+
+
+def test_a_jobs_summary_says_which_workers_rounds_fell_back_to_eager():
+    from engine.runtime.summary import round_figures
+
+    def stats(mode, failed=None):
+        return graphs.RoundStats(mode=mode, rounds=10, host_s=0.1, compiles=1, compile_failed=failed).to_dict()
+    records = [{"worker": "w0", "round_stats": stats("inductor")},
+               {"worker": "w1", "round_stats": stats("none", "InductorError: no C++ compiler")}]
+    figures = round_figures(records)
+    assert figures["modes"] == ["inductor", "none"] and figures["rounds"] == 20
+    assert figures["compile_failed"] == ["InductorError: no C++ compiler"]
+    assert round_figures(records[:1])["compile_failed"] == []
+
+
 def test_compile_settings_are_checked(small_kit):
     from engine.models.loading import load_model
 
