@@ -148,21 +148,6 @@ def output_kind(out: str | None, texts: int = 1) -> str | None:
     return kind
 
 
-def check_writable(folder: str | Path, flag: str) -> None:
-    """Make `folder` (and its parents) and write and delete a probe file there, so that an output
-    this process cannot write is refused before anything is decoded.
-
-    Raises:
-        UsageError: the folder cannot be made or written (naming `flag`, the option it came from).
-    """
-    try:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".pcg-synth-probe-"):
-            pass
-    except OSError as exc:
-        raise UsageError(f"{flag}: cannot write in {folder}: {exc.strerror or exc}") from None
-
-
 def per_method(path: Path, method: str, several: bool) -> Path:
     """`out.parquet` -> `out.pcg.parquet` when several methods write."""
     return path.with_name(f"{path.stem}.{method}{path.suffix}") if several else path
@@ -243,12 +228,11 @@ def cmd_generate(args) -> int:
         raise UsageError(("writing audio" if audio else "items naming voice-prompt clips" if clips
                           else "the quality gate (it listens to the audio)")
                          + " needs an X-codec2 checkpoint: give --codec DIR (or --kit DIR)")
-    from engine.runtime.preflight import check_normalizer_installed, check_verifiers
+    from engine.io.storage import Storage
+    from engine.runtime.preflight import check_normalizer_installed, check_verifiers, check_writable
 
     check_normalizer_installed(text)  # a missing normaliser or verifier fails before anything loads
     if quality.enabled:
-        from engine.io.storage import Storage
-
         check_verifiers(quality, Storage())
     from engine.api import COMPARE_WARMUP_TOKENS, Synthesizer  # torch: only once the arguments are known to be good
 
@@ -265,7 +249,7 @@ def cmd_generate(args) -> int:
     for flag, given, folder in (("--out", args.out, args.out and Path(args.out).parent),
                                 ("--wav-dir", args.wav_dir, args.wav_dir)):
         if folder:  # an output this process cannot write fails before the models load
-            check_writable(folder, f"{flag} {given}")
+            check_writable(Storage(), str(Path(folder).absolute()), f"{flag} {given}: cannot write under {folder}")
     synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
                              compile=args.compile, draft_weights=args.draft_weights,
                              batch_size=args.batch_size)

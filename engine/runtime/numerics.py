@@ -86,11 +86,12 @@ def device_name(device: str) -> str:
     return cpu_name()
 
 
-def actual(device: str, dtype, compile: str = "none", threads: int | None = None) -> dict:
+def actual(device: str, dtype, threads: int | None = None) -> dict:
     """The environment this process decodes in (a worker's, for its commit records; `threads`:
-    its decoding thread's torch threads, default the calling thread's)."""
+    its decoding thread's torch threads, default the calling thread's), but for `compile`: the
+    worker adds its rounds' mode as run, which a failed compile can change."""
     import torch
 
     return {"device": device.split(":")[0], "device_name": device_name(device),
             "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
-            "threads": threads or torch.get_num_threads(), "compile": compile, "numerics": NUMERICS_VERSION}
+            "threads": threads or torch.get_num_threads(), "numerics": NUMERICS_VERSION}

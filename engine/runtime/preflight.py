@@ -129,12 +129,21 @@ def preflight(spec: JobSpec, storage: Storage, create: bool = True) -> None:
         if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
             raise ValueError(f"output.uri: cannot write under {spec.output.uri} ({folder} is not a writable folder)")
         return
-    probe = root + "/_probe"
+    check_writable(storage, root, f"output.uri: cannot write under {spec.output.uri}")
+
+
+def check_writable(storage: Storage, root: str, refusal: str) -> None:
+    """Write and delete a probe file under `root` (a folder or prefix, made where missing).
+
+    Raises:
+        ValueError: `refusal`, with the reason, where it cannot be written.
+    """
+    probe = root.rstrip("/") + "/_probe"
     try:
         storage.write_bytes(probe, b"")
         storage.delete(probe)
     except (StorageError, OSError) as exc:
-        raise ValueError(f"output.uri: cannot write under {spec.output.uri} ({exc})") from None
+        raise ValueError(f"{refusal} ({exc})") from None
 
 
 def recorded_job(spec: JobSpec, plan: Plan, storage: Storage, layout: Layout, now: dict,

@@ -216,8 +216,7 @@ class ShardProcessor:
         if self._numerics is None:
             from engine.runtime.numerics import actual
 
-            self._numerics = actual(self.device, self.synth.target.model.dtype,
-                                    self.synth.target.model.compile_mode, threads=self.stream.torch_threads)
+            self._numerics = actual(self.device, self.synth.target.model.dtype, threads=self.stream.torch_threads)
         return {"worker": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "node": node, "gpu_ids": [str(g) for g in gpus], "device": self.device,
                 "torch_threads": self.stream.torch_threads,

@@ -137,7 +137,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_models_load(kit_
         assert main(["generate", "--target", str(target), "--codec", str(kit_dir / "codec"), "--method", "ar",
                      "--text", "hi", flag, str(path)]) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"error: {flag} {path}: cannot write in ") and err.count("\n") == 1, err
+        assert err.startswith(f"error: {flag} {path}: cannot write under ") and err.count("\n") == 1, err
 
 
 def test_mismatched_draft_vocabulary_is_refused(kit_dir, tmp_path, capsys):

@@ -130,10 +130,10 @@ class WriteStage:
         files = write_shard(self.storage, self.spec.output, shard.id, tables, self.schema)
         if rejected and self.spec.quality.on_reject == "rejects":
             self.storage.write_bytes(self.rejects(shard), self.table_bytes(rejected))
-        ok = sum(all(id(out) in voiced for out in self.outputs(row)) for row in task.rows)
+        silent = [row for row in task.rows if not all(id(out) in voiced for out in self.outputs(row))]
+        ok = len(task.rows) - len(silent)
         rows_rejected = sum(row.rejected for row in task.rows)
-        failed = [row for row in task.rows
-                  if not row.rejected and not all(id(out) in voiced for out in self.outputs(row))]
+        failed = [row for row in silent if not row.rejected]
         stats = aggregate([s for row in task.rows for s in row.work()])  # every attempt decoded
         measured = figures()
         profile = measured.pop("profile", None)
