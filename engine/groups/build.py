@@ -8,10 +8,16 @@ of the threshold are then decided on a canonical float64 cosine of the same floa
 (`exact_cosines`), which does not depend on the backend's summation order. Away from the
 threshold the float32 error (< 2e-4 for unit vectors at D = 2048, ~1e-6 in practice) cannot
 change a decision. The same holds for the cut at `max_group_size` (`cap.py`).
+
+Code ranges (`ranges`, e.g. Orpheus's seven frame positions of 4,096 ids): each range's rows are
+searched against that range's rows only (`search.RangeSearcher`) and query slices never cross a
+range's end, so a group never mixes ranges, the cap ranks same-range candidates only, and every
+range's groups are exactly those of building that range alone (ids offset by its first row).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,8 +27,8 @@ from tqdm.auto import tqdm
 from engine.console import bar_disabled
 from engine.groups.cap import apply_cap
 from engine.groups.csr import SpeechGroups
-from engine.groups.options import check_cap, check_theta
-from engine.groups.search import Candidates, Searcher, exact_cosines, make_searcher
+from engine.groups.options import check_cap, check_ranges, check_theta
+from engine.groups.search import Candidates, Searcher, exact_cosines, make_range_searcher
 from engine.models.device import resolve_device
 
 EXACT_BAND = 1e-3  # cosines this close to a decision boundary are recomputed in float64
@@ -77,7 +83,8 @@ class Slice:
 
 def search_slice(searcher: Searcher, x: np.ndarray, lo: int, hi: int, theta: float,
                  max_group_size: int | None) -> Slice:
-    """Decide the groups of query rows `lo..hi-1` against the whole table."""
+    """Decide the groups of query rows `lo..hi-1` against the rows `searcher` searches (the
+    whole table, or the query rows' code range)."""
     kept = threshold(x, searcher(lo, hi, theta - EXACT_BAND), lo, hi, theta)
     full_sizes = np.bincount(kept.rows - lo, minlength=hi - lo).astype(np.int32)
     truncated = 0
@@ -89,8 +96,12 @@ def search_slice(searcher: Searcher, x: np.ndarray, lo: int, hi: int, theta: flo
     return Slice(lo, hi, indptr, kept.cols[order].astype(np.int32), full_sizes, truncated)
 
 
-def slice_bounds(num_tokens: int, slice_rows: int = SLICE_ROWS) -> list[tuple[int, int]]:
-    return [(lo, min(lo + slice_rows, num_tokens)) for lo in range(0, num_tokens, slice_rows)]
+def slice_bounds(num_tokens: int, slice_rows: int = SLICE_ROWS,
+                 ranges: Sequence[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+    """Query slices of at most `slice_rows` rows, none crossing the end of a code range."""
+    return [(lo, min(lo + slice_rows, start + size))
+            for start, size in check_ranges(ranges, num_tokens)
+            for lo in range(start, start + size, slice_rows)]
 
 
 def pairs_to_csr(rows: np.ndarray, cols: np.ndarray, num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,9 +116,10 @@ def member_dtype(num_tokens: int) -> np.dtype:
     return np.dtype(np.uint16) if num_tokens <= 65536 else np.dtype(np.int32)
 
 
-def assemble(slices: list[Slice], num_tokens: int, theta: float,
-             max_group_size: int | None) -> SpeechGroups:
-    """Merge slice fragments (any order) into one CSR.
+def assemble(slices: list[Slice], num_tokens: int, theta: float, max_group_size: int | None,
+             ranges: Sequence[tuple[int, int]] | None = None) -> SpeechGroups:
+    """Merge slice fragments (any order) into one CSR; `meta["ranges"]` records the code ranges
+    (`[start, size]` lists) the slices were searched within.
 
     Uncapped groups are symmetrised (union with the transpose); with exact decisions this adds
     nothing, and `meta["symmetrised_pairs"]` reports it if it ever does. Capped groups may be
@@ -131,7 +143,8 @@ def assemble(slices: list[Slice], num_tokens: int, theta: float,
     return SpeechGroups(indptr=indptr, members=members.astype(member_dtype(num_tokens)), theta=theta,
                         num_tokens=num_tokens, max_group_size=max_group_size,
                         truncated=sum(s.truncated for s in slices), full_sizes=full_sizes,
-                        meta={"symmetrised_pairs": added})
+                        meta={"symmetrised_pairs": added,
+                              "ranges": [[start, size] for start, size in check_ranges(ranges, num_tokens)]})
 
 
 def build_groups(
@@ -142,6 +155,7 @@ def build_groups(
     progress: bool = False,
     backend: str = "auto",
     device: str | torch.device | None = None,
+    ranges: Sequence[tuple[int, int]] | None = None,
 ) -> SpeechGroups:
     """Groups for every row of `embeddings` `[V, D]`, in this process.
 
@@ -154,17 +168,21 @@ def build_groups(
         progress: show a progress bar.
         backend: `auto` (faiss where importable, GPU build only with a GPU), `faiss` or `torch`.
         device: where the search runs (`None`/`auto`: CUDA where available).
+        ranges: code ranges, `(first row, size)` pairs tiling `0..V-1` in order: a group holds
+            rows of one range only (None: one range, every row).
 
     Raises:
-        ValueError: theta outside (0, 1], a bad cap, a zero row, an unknown backend.
+        ValueError: theta outside (0, 1], a bad cap, a zero row, an unknown backend, ranges that
+            do not tile the rows.
     """
     theta, max_group_size = check_theta(theta), check_cap(max_group_size)
     x = unit_rows(embeddings)
-    searcher = make_searcher(x, backend, resolve_device(device), block)
-    bounds = slice_bounds(x.shape[0])
+    ranges = check_ranges(ranges, x.shape[0])
+    searcher = make_range_searcher(x, ranges, backend, resolve_device(device), block)
+    bounds = slice_bounds(x.shape[0], ranges=ranges)
     slices = [search_slice(searcher, x, lo, hi, theta, max_group_size)
               for lo, hi in tqdm(bounds, desc=f"groups theta={theta:g}", unit="slice",
                                  disable=bar_disabled(progress))]
-    groups = assemble(slices, x.shape[0], theta, max_group_size)
+    groups = assemble(slices, x.shape[0], theta, max_group_size, ranges)
     groups.meta["backend"] = searcher.name
     return groups

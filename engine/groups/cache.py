@@ -1,4 +1,5 @@
-"""Content-addressed groups cache: (embeddings, theta, cap, dedup, format version) -> one file.
+"""Content-addressed groups cache: (embeddings, theta, cap, dedup, code ranges, family, format
+version) -> one file.
 
 A synthesis job calls `get_groups`; it loads the cached file or builds and stores it. Storage
 is anything with `exists/get/put` of bytes by key (`BlobStore`); `LocalDirStore` is the local
@@ -11,13 +12,14 @@ import hashlib
 import json
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from engine.groups.build import build_groups, check_cap, check_theta
+from engine.groups.build import build_groups, check_cap, check_ranges, check_theta
 from engine.groups.csr import SpeechGroups
 from engine.groups.source import embeddings_sha256
 from engine.groups.store import FORMAT_VERSION, GroupFileError, deduplicate, from_bytes, to_bytes
@@ -67,10 +69,18 @@ def default_cache_dir() -> Path:
     return cache_dir() / "groups"
 
 
-def cache_key(embeddings_hash: str, theta: float, max_group_size: int | None, dedup: bool) -> str:
-    """The file name for one request: a hash of everything the groups depend on."""
+def cache_key(embeddings_hash: str, theta: float, max_group_size: int | None, dedup: bool,
+              ranges: Sequence[tuple[int, int]] | None = None, family: str | None = None) -> str:
+    """The file name for one request: a hash of everything the groups depend on, and the family
+    they are for. Several code ranges and a family enter the request only when given, so a
+    one-range request without a family keeps the key it had before either existed (and its
+    cached file)."""
     request = {"embeddings_sha256": embeddings_hash, "theta": float(theta),
                "max_group_size": max_group_size, "dedup": bool(dedup), "format_version": FORMAT_VERSION}
+    if ranges is not None and len(ranges) > 1:
+        request["ranges"] = [[int(start), int(size)] for start, size in ranges]
+    if family is not None:
+        request["family"] = family
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:40] + ".safetensors"
 
 
@@ -85,12 +95,16 @@ def build_with_metadata(
     device: str | None = None,
     progress: bool = False,
     embeddings_hash: str | None = None,
+    ranges: Sequence[tuple[int, int]] | None = None,
+    family: str | None = None,
 ) -> SpeechGroups:
     """Build groups and record their provenance in `meta` (ready for `store.to_bytes`).
 
     Args:
         workers: 0 builds in this process; N >= 1 uses N Ray workers (`distributed.py`).
         embeddings_hash: the precomputed `embeddings_sha256(embeddings)`, if known.
+        ranges: code ranges a group never mixes (`build.build_groups`; None: one range).
+        family: the target's model family (`SpeechLayout.family`), recorded; None for bare rows.
         Others: as `build.build_groups`.
     """
     start = time.perf_counter()
@@ -98,13 +112,13 @@ def build_with_metadata(
         from engine.groups.distributed import build_groups_distributed
 
         groups = build_groups_distributed(embeddings, theta, max_group_size, workers=workers,
-                                          backend=backend, progress=progress)
+                                          backend=backend, progress=progress, ranges=ranges)
     else:
         groups = build_groups(embeddings, theta, max_group_size, progress=progress, backend=backend,
-                              device=device)
+                              device=device, ranges=ranges)
     if dedup:
         groups = deduplicate(groups)
-    groups.meta.update(source=source, embeddings_shape=list(embeddings.shape),
+    groups.meta.update(family=family, source=source, embeddings_shape=list(embeddings.shape),
                        embeddings_sha256=embeddings_hash or embeddings_sha256(embeddings),
                        build_seconds=round(time.perf_counter() - start, 3))
     return groups
@@ -121,6 +135,8 @@ def get_groups(
     store: BlobStore | None = None,
     backend: str = "auto",
     workers: int = 0,
+    ranges: Sequence[tuple[int, int]] | None = None,
+    family: str | None = None,
 ) -> SpeechGroups:
     """Groups for `embeddings` `[V, D]` from the cache, built and stored only when absent.
 
@@ -135,17 +151,22 @@ def get_groups(
         dedup: store identical groups once (changes N(t); docs/pcg.md section 2).
         store: any `BlobStore` (e.g. object storage) instead of a local directory.
         backend, workers: how to build on a miss (see `build_with_metadata`).
+        ranges: the target's code ranges (`SpeechLayout.ranges`): no group mixes two; part of the
+            key. None: one range.
+        family: the target's family (`SpeechLayout.family`): recorded, part of the key, and a
+            cached file for another family is refused (then rebuilt).
 
     Returns:
         The groups; `meta["cache"]` is `"hit"` or `"miss"` and `meta["cache_path"]` says where.
         A corrupt or mislabelled cached entry is rebuilt and replaced, with a warning.
     """
     theta, max_group_size = check_theta(theta), check_cap(max_group_size)
+    ranges = check_ranges(ranges, len(embeddings))
     store = store or LocalDirStore(cache_dir or default_cache_dir())
     emb_hash = embeddings_sha256(embeddings)
-    key = cache_key(emb_hash, theta, max_group_size, dedup)
-    expect = {"embeddings_sha256": emb_hash, "theta": theta, "max_group_size": max_group_size,
-              "dedup": bool(dedup)}
+    key = cache_key(emb_hash, theta, max_group_size, dedup, ranges, family)
+    expect = {"family": family, "ranges": ranges, "embeddings_sha256": emb_hash, "theta": theta,
+              "max_group_size": max_group_size, "dedup": bool(dedup)}
     if store.exists(key):
         try:
             groups = from_bytes(store.get(key), store.where(key), expect)
@@ -154,7 +175,8 @@ def get_groups(
         except GroupFileError as exc:
             warnings.warn(f"{exc}; rebuilding this cache entry", stacklevel=2)
     groups = build_with_metadata(embeddings, theta, max_group_size, dedup, source, backend,
-                                 workers, progress=progress, embeddings_hash=emb_hash)
+                                 workers, progress=progress, embeddings_hash=emb_hash, ranges=ranges,
+                                 family=family)
     store.put(key, to_bytes(groups))
     groups.meta.update(cache="miss", cache_path=store.where(key))
     return groups

@@ -5,32 +5,54 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from engine.groups.options import BACKENDS, SOURCES, check_cap, check_theta
+from engine.groups.options import BACKENDS, SOURCES, check_cap, check_theta, parse_ranges
 
 if TYPE_CHECKING:
     import torch
 
 
-def read_embeddings(args) -> tuple[torch.Tensor, str]:
-    """(speech rows, what they are) from `--target DIR` or `--embeddings FILE.npy`."""
+class Rows(NamedTuple):
+    """Code-token rows to group, and the layout they come with."""
+
+    embeddings: torch.Tensor  # [V, D]
+    described: str  # what they are, for people
+    family: str | None  # the checkpoint's family; None for bare rows
+    ranges: list[tuple[int, int]] | None  # code ranges; None: one range
+
+
+def code_ranges_arg(args) -> list[tuple[int, int]] | None:
+    """`--ranges`, parsed (only with `--embeddings`: a checkpoint's come from its tokenizer)."""
+    if not getattr(args, "ranges", None):
+        return None
+    if not args.embeddings:
+        raise ValueError("--ranges goes with --embeddings; a --target checkpoint's code ranges are read "
+                         "from its tokenizer")
+    return parse_ranges(args.ranges)
+
+
+def read_embeddings(args) -> Rows:
+    """The rows from `--target DIR` (with its family and code ranges) or `--embeddings FILE.npy`
+    (with `--ranges`, else one range)."""
     import numpy as np
     import torch
 
-    from engine.groups.source import load_speech_embeddings
+    from engine.groups.source import load_speech_rows
 
+    ranges = code_ranges_arg(args)
     if args.embeddings:
         path = Path(args.embeddings)
         if not path.is_file():
             raise ValueError(f"--embeddings {path} does not exist")
         try:
-            return torch.from_numpy(np.load(path, allow_pickle=False)), str(path)
+            return Rows(torch.from_numpy(np.load(path, allow_pickle=False)), str(path), None, ranges)
         except (ValueError, OSError) as exc:
             raise ValueError(f"--embeddings {path}: not a .npy matrix ({exc})") from None
     if not args.target:
         raise ValueError("give --target DIR (a checkpoint) or --embeddings FILE.npy")
-    return load_speech_embeddings(args.target, args.source), f"{args.target} ({args.source})"
+    rows, layout = load_speech_rows(args.target, args.source)
+    return Rows(rows, f"{args.target} ({layout.family}, {args.source})", layout.family, layout.ranges)
 
 
 def add_source_args(p: argparse.ArgumentParser) -> None:
@@ -39,6 +61,9 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--embeddings", help="or a [tokens, dim] matrix saved with numpy.save")
     src.add_argument("--source", default="input_embeddings", choices=SOURCES,
                      help="which table of the checkpoint (tied models: the same rows)")
+    src.add_argument("--ranges", help="code ranges of the --embeddings rows, sizes in order (e.g. 7x4096 or "
+                                      "4096,8192): a group never mixes ranges (default: one range; a "
+                                      "--target checkpoint's ranges come from its tokenizer)")
     src.add_argument("--backend", default="auto", choices=BACKENDS,
                      help="auto: faiss where installed (GPU build only with a GPU), else torch")
     src.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (in-process search)")
@@ -49,29 +74,29 @@ def cmd_build(args) -> int:
     from engine.groups.cache import LocalDirStore, build_with_metadata, cache_key, default_cache_dir
     from engine.groups.source import embeddings_sha256
     from engine.groups.stats import format_stats, group_stats
-    from engine.groups.store import to_bytes
+    from engine.groups.store import describe_ranges, to_bytes
     from engine.io.storage import write_atomic
 
     theta, cap = check_theta(args.theta), check_cap(args.max_group_size)  # before any loading
     if args.workers < 0:
         raise ValueError(f"--workers must be >= 0; got {args.workers}")
-    embeddings, described = read_embeddings(args)
-    emb_hash = embeddings_sha256(embeddings)
-    groups = build_with_metadata(embeddings, theta, cap, args.dedup, args.source, args.backend,
+    rows = read_embeddings(args)
+    emb_hash = embeddings_sha256(rows.embeddings)
+    groups = build_with_metadata(rows.embeddings, theta, cap, args.dedup, args.source, args.backend,
                                  args.workers, args.device, progress=not args.quiet,
-                                 embeddings_hash=emb_hash)
+                                 embeddings_hash=emb_hash, ranges=rows.ranges, family=rows.family)
     data = to_bytes(groups)
     if args.out:
         out = Path(args.out)
         write_atomic(out, data)
     else:
         store = LocalDirStore(args.cache_dir or default_cache_dir())
-        key = cache_key(emb_hash, theta, cap, args.dedup)
+        key = cache_key(emb_hash, theta, cap, args.dedup, groups.code_ranges, rows.family)
         store.put(key, data)
         out = store.path(key)
     meta = groups.meta
-    print(f"groups of {described}: theta {theta:g}, cap {cap}, backend {meta['backend']}, "
-          f"{meta['build_seconds']:.1f} s")
+    print(f"groups of {rows.described}: theta {theta:g}, cap {cap}, {describe_ranges(groups.code_ranges)}, "
+          f"backend {meta['backend']}, {meta['build_seconds']:.1f} s")
     print(format_stats(group_stats(groups)))
     print(f"written to {out} ({len(data)} bytes)")
     return 0
@@ -79,7 +104,7 @@ def cmd_build(args) -> int:
 
 def cmd_stats(args) -> int:
     from engine.groups.stats import format_stats
-    from engine.groups.store import load_groups
+    from engine.groups.store import describe_ranges, load_groups
 
     path = Path(args.path)
     groups = load_groups(path)
@@ -88,7 +113,8 @@ def cmd_stats(args) -> int:
         print(json.dumps({**meta, "file_bytes": path.stat().st_size}, indent=1))
         return 0
     title = (f"{path}: format v{meta['format_version']}, theta {meta['theta']:g}, cap "
-             f"{meta['max_group_size']}, dedup {meta['dedup']}, source {meta['source']}, "
+             f"{meta['max_group_size']}, dedup {meta['dedup']}, family {meta['family'] or 'unknown'}, "
+             f"{describe_ranges(meta['ranges'])}, source {meta['source']}, "
              f"embeddings {tuple(meta['embeddings_shape'])} sha256 {meta['embeddings_sha256'][:16]}..., "
              f"{path.stat().st_size} bytes")
     print(format_stats(meta["stats"], title))
@@ -99,9 +125,10 @@ def cmd_sweep(args) -> int:
     from engine.groups.sweep import format_sweep, parse_thetas, sweep
 
     thetas = parse_thetas(args.thetas)
-    embeddings, described = read_embeddings(args)
-    rows = sweep(embeddings, thetas, args.backend, args.device, progress=not args.quiet)
-    print(json.dumps(rows, indent=1) if args.json else f"groups of {described}\n{format_sweep(rows)}")
+    source = read_embeddings(args)
+    rows = sweep(source.embeddings, thetas, args.backend, args.device, progress=not args.quiet,
+                 ranges=source.ranges)
+    print(json.dumps(rows, indent=1) if args.json else f"groups of {source.described}\n{format_sweep(rows)}")
     return 0
 
 

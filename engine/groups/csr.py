@@ -43,6 +43,17 @@ class SpeechGroups:
     def sizes(self) -> np.ndarray:
         return np.diff(self.indptr)
 
+    @property
+    def code_ranges(self) -> list[tuple[int, int]]:
+        """`(first id, size)` of the code ranges the groups were built within (`meta["ranges"]`;
+        groups made without it: one range)."""
+        return [(int(start), int(size)) for start, size in self.meta.get("ranges", [[0, self.num_tokens]])]
+
+    def mixes_ranges(self, ranges: list[tuple[int, int]]) -> bool:
+        """Whether some group holds ids of two of the code `ranges` (`(first id, size)` pairs): such
+        groups would let PCG stand one frame position's code in for another's."""
+        return mixes_ranges(self.indptr, self.members, ranges)
+
     def group(self, k: int) -> np.ndarray:
         return self.members[self.indptr[k]:self.indptr[k + 1]]
 
@@ -63,6 +74,14 @@ class SpeechGroups:
     @classmethod
     def singletons(cls, num_tokens: int) -> SpeechGroups:
         return cls.from_lists([[t] for t in range(num_tokens)], theta=1.0)
+
+
+def mixes_ranges(indptr: np.ndarray, members: np.ndarray, ranges: list[tuple[int, int]]) -> bool:
+    """Whether a group of the CSR (members sorted within each group) holds ids of two `ranges`:
+    its first and last member lie in its lowest and highest range."""
+    starts = np.array([start for start, _ in ranges], dtype=np.int64)
+    in_range = np.searchsorted(starts, members.astype(np.int64), side="right")  # [nnz] 1 + range of each member
+    return bool(len(members)) and bool((in_range[indptr[:-1]] != in_range[indptr[1:] - 1]).any())
 
 
 def _transpose(indptr: torch.Tensor, members: torch.Tensor, num_tokens: int):

@@ -1,8 +1,8 @@
 """Distributed build: Ray actors, one per GPU (`num_gpus=1`) where the cluster has GPUs, else CPU
 workers. Each actor holds the whole unit-row table (one object-store copy, shared) and searches
-disjoint slices of query rows; the driver merges the slices with the same `assemble` as a
-single-process build, so the result is identical. A slice whose actor dies is retried on a
-fresh actor, up to `max_attempts` times.
+disjoint slices of query rows (none crossing a code range's end, each searched within its range);
+the driver merges the slices with the same `assemble` as a single-process build, so the result is
+identical. A slice whose actor dies is retried on a fresh actor, up to `max_attempts` times.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import deque
+from collections.abc import Sequence
 
 import numpy as np
 import ray
@@ -24,13 +25,14 @@ from engine.groups.build import (
     Slice,
     assemble,
     check_cap,
+    check_ranges,
     check_theta,
     search_slice,
     slice_bounds,
     unit_rows,
 )
 from engine.groups.csr import SpeechGroups
-from engine.groups.search import make_searcher
+from engine.groups.search import make_range_searcher
 
 
 class SliceWorker:
@@ -41,9 +43,11 @@ class SliceWorker:
         table: `[V, D]` float32 unit rows (read-only, from the object store).
         backend: `auto` | `faiss` | `torch`, resolved on the worker's own device.
         threads: CPU threads for torch and faiss (Ray's CPU allotment).
+        ranges: the checked code ranges (None: one range); a slice is searched within its range.
     """
 
-    def __init__(self, table: np.ndarray, backend: str, threads: int) -> None:
+    def __init__(self, table: np.ndarray, backend: str, threads: int,
+                 ranges: Sequence[tuple[int, int]] | None = None) -> None:
         torch.set_num_threads(threads)
         try:
             import faiss
@@ -55,7 +59,7 @@ class SliceWorker:
         self.x = table
         with warnings.catch_warnings():  # object-store arrays are read-only; we never write them
             warnings.simplefilter("ignore", UserWarning)
-            self.searcher = make_searcher(table, backend, device)
+            self.searcher = make_range_searcher(table, check_ranges(ranges, table.shape[0]), backend, device)
 
     def backend_name(self) -> str:
         return self.searcher.name
@@ -146,6 +150,7 @@ def build_groups_distributed(
     cpus_per_worker: int = 1,
     progress: bool = False,
     worker_cls: type = SliceWorker,
+    ranges: Sequence[tuple[int, int]] | None = None,
 ) -> SpeechGroups:
     """Groups for every row of `embeddings` `[V, D]`, built by Ray actors.
 
@@ -154,21 +159,22 @@ def build_groups_distributed(
         slice_rows: query rows per task (smaller slices balance better and lose less on a crash).
         max_attempts: tries per slice before giving up.
         worker_cls: the actor class (a `SliceWorker`); Ray initialises locally if needed.
-        Others: as `build.build_groups`.
+        Others: as `build.build_groups` (`ranges` included: the same groups).
 
     Raises:
-        ValueError: bad theta, cap or backend. RuntimeError: a slice kept failing.
+        ValueError: bad theta, cap, ranges or backend. RuntimeError: a slice kept failing.
     """
     theta, max_group_size = check_theta(theta), check_cap(max_group_size)
     x = unit_rows(embeddings)
+    ranges = check_ranges(ranges, x.shape[0])  # before any worker starts
     started = ensure_ray()
     pool = None
     try:
         count, options = worker_plan(workers, cpus_per_worker)
-        bounds = slice_bounds(x.shape[0], slice_rows)
+        bounds = slice_bounds(x.shape[0], slice_rows, ranges)
         table = ray.put(x)
         actor_cls = ray.remote(worker_cls).options(**options)
-        pool = SlicePool(lambda: actor_cls.remote(table, backend, cpus_per_worker),
+        pool = SlicePool(lambda: actor_cls.remote(table, backend, cpus_per_worker, ranges),
                          min(count, len(bounds)), max_attempts)
         slices = pool.run(bounds, theta, max_group_size, progress)
         name = ray.get(pool.actors[0].backend_name.remote())
@@ -177,6 +183,6 @@ def build_groups_distributed(
             pool.close()
         if started:
             ray.shutdown()
-    groups = assemble(slices, x.shape[0], theta, max_group_size)
+    groups = assemble(slices, x.shape[0], theta, max_group_size, ranges)
     groups.meta.update(backend=name, workers=len(pool.actors), retries=pool.retries)
     return groups

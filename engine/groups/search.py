@@ -11,10 +11,16 @@ torch builds give identical groups. Backends:
   (`faiss.contrib.exhaustive_search.range_search_gpu`).
 - `torch`: one float32 matmul per block of query rows against the whole table, on any device
   (the GPU backend where faiss has no GPU build).
+
+With code ranges (Orpheus: one range of ids per frame position) `RangeSearcher` gives each range
+its own backend over that range's rows only, so no candidate ever crosses a range: the
+threshold, the cap and the symmetrisation downstream then see same-range pairs only.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -137,6 +143,15 @@ class TorchSearcher:
                           np.concatenate(sims).astype(np.float64))
 
 
+@functools.cache
+def gpu_resources():
+    """One faiss GPU resources object per process, shared by every index (each reserves scratch
+    memory on the GPU; a build within code ranges holds one index per range)."""
+    import faiss
+
+    return faiss.StandardGpuResources()
+
+
 class FaissSearcher:
     """Exact inner-product range search over an `IndexFlatIP` (faiss-cpu or faiss GPU)."""
 
@@ -148,7 +163,7 @@ class FaissSearcher:
         self.cpu_index.add(self.x)
         self.gpu_index = None
         if gpu:  # only reached when faiss_gpu_available() said yes
-            self.resources = faiss.StandardGpuResources()
+            self.resources = gpu_resources()
             self.gpu_index = faiss.index_cpu_to_gpu(self.resources, 0, self.cpu_index)
         self.name = "faiss-gpu" if gpu else "faiss-cpu"
 
@@ -175,3 +190,34 @@ def make_searcher(x: np.ndarray, backend: str = "auto", device: str | torch.devi
     if resolved == "torch":
         return TorchSearcher(x, device, block)
     return FaissSearcher(x, gpu=resolved == "faiss-gpu")
+
+
+class RangeSearcher:
+    """One backend per code range, each over its range's rows only; a query slice must lie inside
+    one range. Candidates come back in table ids (the range's first row added back).
+
+    Args:
+        x: `[V, D]` float32 unit rows.
+        ranges: `(first row, size)` pairs tiling `0..V-1` (`options.check_ranges`).
+        make: builds a backend over a block of rows (`make_searcher` with its settings).
+    """
+
+    def __init__(self, x: np.ndarray, ranges: Sequence[tuple[int, int]], make) -> None:
+        self.ranges = [(int(start), int(size)) for start, size in ranges]
+        self.searchers = [make(x[start:start + size]) for start, size in self.ranges]  # views, no copies
+        self.starts = np.array([start for start, _ in self.ranges], dtype=np.int64)
+        self.name = self.searchers[0].name
+
+    def __call__(self, lo: int, hi: int, floor: float) -> Candidates:
+        k = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        start, size = self.ranges[k]
+        if hi > start + size:
+            raise ValueError(f"query rows {lo}..{hi - 1} cross the end of code range {start}..{start + size - 1}")
+        c = self.searchers[k](lo - start, hi - start, floor)
+        return Candidates(c.rows + start, c.cols + start, c.sims)
+
+
+def make_range_searcher(x: np.ndarray, ranges: Sequence[tuple[int, int]], backend: str = "auto",
+                        device: str | torch.device = "cpu", block: int = 1024) -> RangeSearcher:
+    """`make_searcher` for each code range of `x` (checked ranges; see `RangeSearcher`)."""
+    return RangeSearcher(x, ranges, lambda rows: make_searcher(rows, backend, device, block))

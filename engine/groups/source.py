@@ -1,5 +1,5 @@
-"""Speech-token embedding rows straight from a checkpoint directory, without loading the model:
-only the 65,536 speech rows of one tensor are read (safetensors slices)."""
+"""Code-token embedding rows straight from a checkpoint directory, without loading the model:
+only the family's code rows of one tensor are read (safetensors slices)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from engine.families import SpeechLayout, detect
 from engine.groups.options import SOURCES
 from engine.io.storage import model_dir
-from engine.models.llasa import LlasaLayout
 from engine.models.loading import (
     WEIGHT_SUFFIXES,
     ModelLoadError,
@@ -45,23 +45,39 @@ def find_tensor_file(path: Path, name: str) -> Path:
     raise ModelLoadError(f"{path}: no tensor {name!r} in its safetensors files")
 
 
-def load_speech_embeddings(checkpoint: str | Path, source: str = "input_embeddings") -> torch.Tensor:
-    """`[65536, hidden]` speech rows of a Llasa checkpoint, in the checkpoint's dtype, on CPU.
+def checkpoint_layout(path: Path, config: dict) -> SpeechLayout:
+    """The token layout of the checkpoint directory `path` (its family detected from its tokenizer).
 
-    The speech rows are located through the tokenizer (`LlasaLayout.from_tokenizer`), never by
-    assumed constants.
+    Raises:
+        UnknownFamily: a tokenizer of no known family.
+    """
+    tokenizer = load_tokenizer(path)
+    return detect(tokenizer, str(path)).layout(tokenizer, model_vocab_size=config["vocab_size"])
+
+
+def load_speech_embeddings(checkpoint: str | Path, source: str = "input_embeddings") -> torch.Tensor:
+    """`[codes, hidden]` code rows of a speech LM checkpoint, in the checkpoint's dtype, on CPU.
+
+    The rows are located through the tokenizer (`checkpoint_layout`), never by assumed constants.
 
     Raises:
         ModelLoadError: missing directory, config, weights or tensor (a ValueError).
-        ValueError: not a Llasa tokenizer, or an unknown source.
+        ValueError: a tokenizer of no known family, or an unknown source.
     """
+    return load_speech_rows(checkpoint, source)[0]
+
+
+def load_speech_rows(checkpoint: str | Path,
+                     source: str = "input_embeddings") -> tuple[torch.Tensor, SpeechLayout]:
+    """`load_speech_embeddings` and the checkpoint's layout (its family and code ranges, which
+    the groups are built within)."""
     path = model_dir(checkpoint)  # a directory, Hub model id or URI
     config = read_config(path)
-    layout = LlasaLayout.from_tokenizer(load_tokenizer(path), model_vocab_size=config["vocab_size"])
-    return stored_speech_rows(path, config, layout, source)
+    layout = checkpoint_layout(path, config)
+    return stored_speech_rows(path, config, layout, source), layout
 
 
-def stored_speech_rows(path: Path, config: dict, layout: LlasaLayout,
+def stored_speech_rows(path: Path, config: dict, layout: SpeechLayout,
                        source: str = "input_embeddings") -> torch.Tensor:
     """The speech rows of the local checkpoint directory `path` (its `config`, its tokenizer's
     `layout`), as stored: `load_speech_embeddings` once the directory is resolved and read."""
@@ -69,10 +85,10 @@ def stored_speech_rows(path: Path, config: dict, layout: LlasaLayout,
     with safe_open(str(find_tensor_file(path, name)), framework="pt") as f:
         table = f.get_slice(name)
         rows = table.get_shape()[0]
-        end = layout.first_speech + layout.num_speech
+        end = layout.first_code + layout.num_codes
         if rows < end:
             raise ModelLoadError(f"{path}: {name} has {rows} rows; the speech tokens need {end}")
-        return table[layout.first_speech:end]
+        return table[layout.first_code:end]
 
 
 def embeddings_sha256(embeddings: torch.Tensor | np.ndarray) -> str:
@@ -124,11 +140,16 @@ def read_rows(storage, uri: str, name: str, start: int, stop: int) -> torch.Tens
 
 
 def speech_embeddings_of(storage, ref: str, source: str = "input_embeddings") -> torch.Tensor:
-    """The speech rows of the checkpoint `ref` as `load_speech_embeddings` gives them, without
-    fetching its weights when it lives in object storage: the small files (config, tokenizer)
-    are copied to a temporary directory and the rows are read from the weights file by ranged
-    reads (safetensors header, then exactly those rows). Local paths and Hub models are read in
-    place (`load_speech_embeddings`).
+    """`speech_rows_of` without the layout."""
+    return speech_rows_of(storage, ref, source)[0]
+
+
+def speech_rows_of(storage, ref: str, source: str = "input_embeddings") -> tuple[torch.Tensor, SpeechLayout]:
+    """The speech rows of the checkpoint `ref` as `load_speech_embeddings` gives them, and its
+    layout (family and code ranges, for the groups), without fetching its weights when it lives
+    in object storage: the small files (config, tokenizer) are copied to a temporary directory
+    and the rows are read from the weights file by ranged reads (safetensors header, then
+    exactly those rows). Local paths and Hub models are read in place (`load_speech_rows`).
 
     Raises:
         ModelLoadError: as `load_speech_embeddings`; StorageError: unreadable objects.
@@ -138,7 +159,7 @@ def speech_embeddings_of(storage, ref: str, source: str = "input_embeddings") ->
     from engine.io.storage import hub_ref, is_remote, join
 
     if hub_ref(ref) is not None or not is_remote(ref):
-        return load_speech_embeddings(model_dir(ref, storage), source)
+        return load_speech_rows(model_dir(ref, storage), source)
     prefix = str(ref).rstrip("/") + "/"
     objects = [u for u in storage.list(ref) if u.startswith(prefix)]
     small = [u for u in objects if not u.lower().endswith(WEIGHT_SUFFIXES)]
@@ -150,15 +171,15 @@ def speech_embeddings_of(storage, ref: str, source: str = "input_embeddings") ->
         path = Path(tmp)
         config = read_config(path)
         name = tensor_name(config, source)
-        layout = LlasaLayout.from_tokenizer(load_tokenizer(path), model_vocab_size=config["vocab_size"])
+        layout = checkpoint_layout(path, config)
     index = join(ref.rstrip("/"), "model.safetensors.index.json")
     files = sorted(u for u in objects if u.lower().endswith(".safetensors"))
     if index in objects:
         mapped = json.loads(storage.read_bytes(index))["weight_map"].get(name)
         files = [join(ref.rstrip("/"), mapped)] if mapped else files
-    end = layout.first_speech + layout.num_speech
+    end = layout.first_code + layout.num_codes
     for uri in files:
-        rows = read_rows(storage, uri, name, layout.first_speech, end)
+        rows = read_rows(storage, uri, name, layout.first_code, end)
         if rows is not None:
-            return rows
+            return rows, layout
     raise ModelLoadError(f"{ref}: no tensor {name!r} in its safetensors files")

@@ -11,8 +11,14 @@ Tensors (speech-local ids, docs/pcg.md section 2):
     contain         [nnz]   int32
 Metadata (`__metadata__["pcg_synth_groups"]`, JSON): format, format_version, theta,
 max_group_size, truncated, metric, dedup, source, embeddings_sha256, embeddings_shape, backend,
-stats, and content_sha256 (a hash of every tensor and the metadata, checked on load; safetensors
-has no checksum of its own).
+family (the target's model family, or null when the rows came without one), ranges (the code
+ranges `[start, size]` the groups were built within: no group mixes two), stats, and
+content_sha256 (a hash of every tensor and the metadata, checked on load; safetensors has no
+checksum of its own).
+
+`family` and `ranges` came without a version bump: a file written before them lacks both and
+reads as family null, one range over every token, which is how it was built, so it still serves
+a one-range (Llasa) target; readers that predate them ignore them.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from engine.groups.csr import SpeechGroups
+from engine.groups.csr import SpeechGroups, mixes_ranges
+from engine.groups.options import check_ranges
 from engine.groups.stats import group_stats
 from engine.io.storage import write_atomic
 
@@ -34,6 +41,7 @@ FORMAT = "pcg-synth/speech-groups"
 FORMAT_VERSION = 1
 META_KEY = "pcg_synth_groups"
 PROVENANCE = ("source", "embeddings_sha256", "embeddings_shape", "backend")
+LAYOUT = ("family", "ranges")  # checked first by `from_bytes`: the message a wrong target gets
 
 
 class GroupFileError(ValueError):
@@ -108,6 +116,8 @@ def to_bytes(groups: SpeechGroups) -> bytes:
             "metric": "cosine", "dedup": groups.home is not None,
             "num_tokens": groups.num_tokens,
             **{k: groups.meta[k] for k in PROVENANCE},
+            "family": groups.meta.get("family"),
+            "ranges": [[start, size] for start, size in groups.code_ranges],
             "symmetrised_pairs": groups.meta.get("symmetrised_pairs", 0),
             "stats": group_stats(groups)}
     meta["content_sha256"] = content_sha256(tensors, meta)
@@ -152,12 +162,62 @@ def check_structure(t: dict[str, np.ndarray], meta: dict, name: str) -> None:
         elif not (np.array_equal(reverse[0], t["contain_indptr"])
                   and np.array_equal(reverse[1], t["contain"])):
             problems.append("reverse index disagrees with the members")
+    if not problems:
+        problems = range_problems(indptr, members, file_ranges(meta), n)
     if problems:
         raise GroupFileError(f"{name}: corrupt groups file ({problems[0]})")
 
 
+def range_problems(indptr: np.ndarray, members: np.ndarray, ranges: list, num_tokens: int) -> list[str]:
+    """The code ranges must tile the tokens and no group may mix two."""
+    try:
+        bounds = check_ranges(ranges, num_tokens)
+    except (ValueError, TypeError):
+        return [f"code ranges {ranges} do not tile 0..{num_tokens - 1}"]
+    return ["a group mixes code ranges"] if mixes_ranges(indptr, members, bounds) else []
+
+
+def file_ranges(meta: dict) -> list[list[int]]:
+    """The file's code ranges; a file written before ranges were recorded has one."""
+    return meta.get("ranges") or [[0, meta.get("num_tokens", 0)]]
+
+
+def describe_ranges(ranges: list) -> str:
+    """`1 range of 65,536 codes`, `7 ranges of 4,096 codes`, `2 ranges of 10, 20 codes`."""
+    try:
+        sizes = [int(size) for _, size in ranges]
+    except (TypeError, ValueError):
+        return f"code ranges {ranges!r}"  # a malformed file; its structure check names it corrupt
+    counts = f"{sizes[0]:,}" if len(set(sizes)) == 1 else ", ".join(f"{n:,}" for n in sizes)
+    return f"{len(sizes)} range{'s' if len(sizes) != 1 else ''} of {counts} codes"
+
+
+def check_layout(meta: dict, expect: dict, name: str) -> None:
+    """The file's family and code ranges against `expect`'s, where it gives them. A file without a
+    family (built from bare rows, or before families were recorded) passes on its ranges alone."""
+    have_family, have_ranges = meta.get("family"), file_ranges(meta)
+    want_family, want_ranges = expect.get("family"), expect.get("ranges")
+    want_ranges = None if want_ranges is None else [[int(start), int(size)] for start, size in want_ranges]
+    if (have_family is None or want_family is None or have_family == want_family) \
+            and (want_ranges is None or have_ranges == want_ranges):
+        return
+    if have_family is None:
+        have = "a target of unknown family"
+    else:
+        have = f"{'an' if have_family[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} {have_family} target"
+    want = want_family or "this target"
+    if want_ranges is not None:
+        want += f" ({describe_ranges(want_ranges)})"
+    raise GroupFileError(f"{name}: built for {have} ({describe_ranges(have_ranges)}), not {want}: build "
+                         "groups for this target (`pcg-synth groups build --target`)")
+
+
 def check_expected(meta: dict, expect: dict | None, name: str) -> None:
-    for key, want in (expect or {}).items():
+    expect = expect or {}
+    check_layout(meta, expect, name)
+    for key, want in expect.items():
+        if key in LAYOUT:
+            continue
         if meta.get(key) != want:
             raise GroupFileError(f"{name}: built for {key}={meta.get(key)!r}, but {want!r} was "
                                  "asked for (a file for other embeddings or settings)")
@@ -169,7 +229,9 @@ def from_bytes(data: bytes, name: str = "<bytes>", expect: dict | None = None) -
     Args:
         data: the file's bytes.
         name: what to call it in errors (a path or URI).
-        expect: metadata that must match, e.g. `{"embeddings_sha256": ..., "theta": 0.4}`.
+        expect: metadata that must match, e.g. `{"embeddings_sha256": ..., "theta": 0.4}`;
+            `family` and `ranges` (`[(start, size), ...]`) are checked before the rest, so a file
+            for another family's target says so (a file without a family passes on its ranges).
 
     Raises:
         GroupFileError: unreadable, corrupt, another format version, or `expect` mismatched.
@@ -185,6 +247,7 @@ def from_bytes(data: bytes, name: str = "<bytes>", expect: dict | None = None) -
     check_structure(t, meta, name)
     home = t["home"].astype(np.int64) if "home" in t else None
     info = {k: v for k, v in meta.items() if k != "content_sha256"}
+    info.update(family=meta.get("family"), ranges=file_ranges(meta))
     return SpeechGroups(indptr=t["indptr"], members=t["members"], theta=meta["theta"],
                         num_tokens=meta["num_tokens"], home=home,
                         max_group_size=meta["max_group_size"], truncated=meta["truncated"],

@@ -3,13 +3,23 @@ was best on LLaSA-8B; the right point depends on the target's embeddings)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from engine.console import bar_disabled
-from engine.groups.build import EXACT_BAND, check_theta, member_dtype, slice_bounds, threshold, unit_rows
-from engine.groups.search import make_searcher
+from engine.groups.build import (
+    EXACT_BAND,
+    check_ranges,
+    check_theta,
+    member_dtype,
+    slice_bounds,
+    threshold,
+    unit_rows,
+)
+from engine.groups.search import make_range_searcher
 from engine.models.device import resolve_device
 
 
@@ -36,20 +46,23 @@ def size_summary(theta: float, sizes: np.ndarray) -> dict:
 
 
 def sweep(embeddings: torch.Tensor | np.ndarray, thetas: list[float], backend: str = "auto",
-          device: str | torch.device | None = None, progress: bool = False) -> list[dict]:
+          device: str | torch.device | None = None, progress: bool = False,
+          ranges: Sequence[tuple[int, int]] | None = None) -> list[dict]:
     """Uncapped group sizes `|G(t)|` at every theta, searching once at the lowest.
 
-    Sizes equal those of `build_groups` at the same theta (same exact decisions).
+    Sizes equal those of `build_groups` at the same theta and code `ranges` (same exact decisions).
 
     Returns:
         One `size_summary` dict per theta, in the order given.
     """
     thetas = [check_theta(t) for t in thetas]
     x = unit_rows(embeddings)
-    searcher = make_searcher(x, backend, resolve_device(device))
+    ranges = check_ranges(ranges, x.shape[0])
+    searcher = make_range_searcher(x, ranges, backend, resolve_device(device))
     sizes = {t: np.zeros(x.shape[0], dtype=np.int64) for t in thetas}
     floor = min(thetas) - EXACT_BAND
-    for lo, hi in tqdm(slice_bounds(x.shape[0]), desc="sweep", unit="slice", disable=bar_disabled(progress)):
+    bounds = slice_bounds(x.shape[0], ranges=ranges)
+    for lo, hi in tqdm(bounds, desc="sweep", unit="slice", disable=bar_disabled(progress)):
         cand = searcher(lo, hi, floor)
         for theta in thetas:
             kept = threshold(x, cand, lo, hi, theta)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.groups.build import EXACT_BAND, build_groups, unit_rows
-from engine.groups.csr import GroupIndex
+from engine.groups.csr import GroupIndex, SpeechGroups
 from engine.groups.search import make_searcher
 from engine.groups.sweep import parse_thetas, sweep
 
@@ -229,3 +229,88 @@ def test_every_group_mass_is_its_members_weighted_sum(dtype):
     np.testing.assert_allclose(index.gathered_masses(probs).double().numpy(), expected, rtol=tol, atol=tol * 1e-3)
     # the coarse masses add up to 1 (to the float32 equal split's rounding)
     np.testing.assert_allclose(got.double().sum(-1).numpy(), 1.0, rtol=1e-6)
+
+
+# ---- code ranges (Orpheus: one range of ids per frame position) ------------------------------
+
+RANGES = [(0, 700), (700, 500)]  # unequal sizes: a wrong offset cannot line up by chance
+
+
+def clustered_across_ranges(d: int = 16, seed: int = 4) -> np.ndarray:
+    """Both ranges' rows are noisy copies of the same 25 centres: each row's nearest neighbours
+    lie in both ranges, so a search that crossed a range would find members there."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((25, d))
+    rows = centres[rng.integers(0, 25, sum(size for _, size in RANGES))] + 0.6 * rng.standard_normal((1200, d))
+    return rows.astype(np.float32)
+
+
+def range_of(ids: np.ndarray) -> np.ndarray:
+    return np.searchsorted([start for start, _ in RANGES], ids, side="right") - 1
+
+
+def crossing_groups(groups) -> int:
+    return sum(len(set(range_of(groups.group(t).astype(np.int64)))) > 1 for t in range(groups.num_groups))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cap", [None, 6])
+def test_groups_stay_within_their_code_range(backend, cap):
+    """Each range's groups are those of its rows built alone (ids offset); with a cap the nearest
+    members are taken within the range, not the nearest overall then filtered."""
+    emb = clustered_across_ranges()
+    unranged = build_groups(emb, 0.5, cap, backend=backend)
+    assert crossing_groups(unranged) > 100, "the data should tempt a search across ranges"
+    ranged = build_groups(emb, 0.5, cap, backend=backend, ranges=RANGES)
+    assert crossing_groups(ranged) == 0
+    assert unranged.mixes_ranges(RANGES) and not ranged.mixes_ranges(RANGES)
+    assert not SpeechGroups.singletons(1200).mixes_ranges(RANGES)
+    assert ranged.meta["ranges"] == [[0, 700], [700, 500]] and ranged.code_ranges == RANGES
+    truncated = 0
+    for start, size in RANGES:
+        alone = build_groups(emb[start:start + size], 0.5, cap, backend=backend)
+        np.testing.assert_array_equal(ranged.indptr[start:start + size + 1] - ranged.indptr[start], alone.indptr)
+        np.testing.assert_array_equal(ranged.members[ranged.indptr[start]:ranged.indptr[start + size]],
+                                      alone.members.astype(np.int64) + start)
+        if cap is not None:
+            np.testing.assert_array_equal(ranged.full_sizes[start:start + size], alone.full_sizes)
+        assert alone.sizes.mean() > 3, "non-trivial groups expected in each range"
+        truncated += alone.truncated
+    assert ranged.truncated == truncated
+    if cap is None:
+        assert GroupIndex(ranged, ranged.num_tokens + 1).symmetric
+    else:
+        assert ranged.truncated > 0 and ranged.sizes.max() == cap
+
+
+def test_no_ranges_is_one_range_bit_for_bit():
+    emb = clustered_across_ranges()
+    for cap in (None, 6):
+        plain, one = build_groups(emb, 0.5, cap), build_groups(emb, 0.5, cap, ranges=[(0, 1200)])
+        for name in ("indptr", "members", "full_sizes"):
+            a, b = getattr(plain, name), getattr(one, name)
+            assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), name
+        assert plain.truncated == one.truncated and plain.meta == one.meta
+
+
+@pytest.mark.parametrize("ranges,message", [
+    ([], "no range given"),
+    ([(0, 700), (700, 400)], "they cover 1100 rows"),
+    ([(0, 700), (700, 600)], "they cover 1300 rows"),
+    ([(0, 700), (701, 499)], r"range 1 is \(701, 499\), expected to start at 700"),
+    ([(700, 500), (0, 700)], r"range 0 is \(700, 500\), expected to start at 0"),
+    ([(0, 0), (0, 1200)], r"range 0 is \(0, 0\)"),
+    ([(0, 700.0), (700, 500)], "must be integers"),
+    ([(0, 700, 1)], r"a \(start, size\) pair"),
+])
+def test_ranges_that_do_not_tile_the_rows_are_a_clear_error(ranges, message):
+    with pytest.raises(ValueError, match=message):
+        build_groups(clustered_across_ranges(), 0.5, ranges=ranges)
+
+
+def test_sweep_within_ranges_matches_ranged_builds():
+    emb = clustered_across_ranges()
+    (row,) = sweep(emb, [0.5], backend="torch", ranges=RANGES)
+    sizes = build_groups(emb, 0.5, ranges=RANGES).sizes
+    assert row["nnz"] == int(sizes.sum()) < int(build_groups(emb, 0.5).sizes.sum())
+    assert row["singletons"] == int((sizes == 1).sum())

@@ -14,6 +14,7 @@ from engine.cli import main
 from engine.groups.build import build_groups, unit_rows
 from engine.groups.cache import get_groups
 from engine.groups.source import load_speech_embeddings
+from engine.groups.store import load_groups
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -40,8 +41,10 @@ def test_build_from_checkpoint_with_two_workers_fills_the_cache(kit_dir, kit_syn
     assert code == 0, out
     assert "tokens 65536" in out and "truncated 0" in out and "written to" in out
     assert not ray.is_initialized(), "the CLI must shut down the cluster it started"
-    hit = get_groups(kit_synth.speech_embeddings(), 0.4, cache_dir=tmp_path)
-    assert hit.meta["cache"] == "hit"
+    layout = kit_synth.layout  # what the API passes: the checkpoint's family and code ranges
+    hit = get_groups(kit_synth.speech_embeddings(), 0.4, cache_dir=tmp_path, ranges=layout.ranges,
+                     family=layout.family)
+    assert hit.meta["cache"] == "hit" and hit.meta["family"] == "llasa" and hit.code_ranges == [(0, 65536)]
     assert hit.num_tokens == 65536 and hit.members.dtype == np.uint16
     # A few groups against brute force on the model's rows.
     x = unit_rows(kit_synth.speech_embeddings()).astype(np.float64)
@@ -51,6 +54,7 @@ def test_build_from_checkpoint_with_two_workers_fills_the_cache(kit_dir, kit_syn
     code, out, _ = run(capsys, "stats", hit.meta["cache_path"])
     assert code == 0
     assert "theta 0.4" in out and "source input_embeddings" in out and "size histogram" in out
+    assert "family llasa, 1 range of 65,536 codes" in out and "per code range" not in out
     assert f"singletons {int((hit.sizes == 1).sum())}" in out
 
 
@@ -74,7 +78,7 @@ def test_a_bfloat16_synthesizer_groups_the_stored_rows(kit_dir, kit_synth):
     synth = Synthesizer.load(kit_dir / "target", device="cpu", dtype="bfloat16")
     stored = load_speech_embeddings(kit_dir / "target")
     assert stored.dtype == torch.float32
-    first = synth.target.layout.first_speech
+    first = synth.target.layout.first_code
     rounded = synth.target.model.model.embed_tokens.weight[first: first + len(stored)]
     assert rounded.dtype == torch.bfloat16 and not torch.equal(rounded.float(), stored)  # the old source
     assert torch.equal(synth.speech_embeddings(), stored)
@@ -118,6 +122,10 @@ def test_sweep_prints_one_row_per_theta(small_npy, capsys):
      "model directory /nonexistent/ckpt does not exist"),
     (["sweep", "--embeddings", "x.npy", "--thetas", "0.3,abc"], "thetas must be comma-separated"),
     (["stats", "/nonexistent/g.safetensors"], "groups file /nonexistent/g.safetensors does not exist"),
+    (["build", "--target", "/nonexistent/ckpt", "--ranges", "7x4096", "--theta", "0.4"],
+     "--ranges goes with --embeddings; a --target checkpoint's code ranges are read from its tokenizer"),
+    (["sweep", "--embeddings", "x.npy", "--ranges", "7x", "--thetas", "0.4"],
+     "ranges must be positive sizes in order, e.g. 7x4096"),
 ])
 def test_user_errors_are_one_line(capsys, argv, message):
     code, out, err = run(capsys, *argv)
@@ -135,3 +143,53 @@ def test_stats_on_a_corrupt_file_is_one_line(small_npy, tmp_path, capsys):
     path.write_bytes(bytes(data))
     code, _, err = run(capsys, "stats", str(path))
     assert code == 2 and err == f"error: {path}: corrupt groups file (content hash mismatch)\n"
+
+
+def test_build_within_ranges_then_stats_per_range(small_npy, tmp_path, capsys):
+    out_path = tmp_path / "g.safetensors"
+    code, out, _ = run(capsys, "build", "--embeddings", small_npy, "--ranges", "500,300", "--theta", "0.3",
+                       "--out", str(out_path), "--quiet")
+    assert code == 0 and "2 ranges of 500, 300 codes" in out
+    expected = build_groups(np.load(small_npy), 0.3, ranges=[(0, 500), (500, 300)])
+    assert load_groups(out_path).code_ranges == [(0, 500), (500, 300)]
+    np.testing.assert_array_equal(load_groups(out_path).members, expected.members)
+    code, out, _ = run(capsys, "stats", str(out_path))
+    lines = out.splitlines()
+    assert code == 0 and "family unknown, 2 ranges of 500, 300 codes" in lines[0]
+    per_range = lines[lines.index("per code range:") + 2:]
+    assert [line.split()[:2] for line in per_range] == [["0..499", "500"], ["500..799", "300"]]
+    for line, (start, size) in zip(per_range, [(0, 500), (500, 300)]):
+        assert float(line.split()[2]) == pytest.approx(expected.sizes[start:start + size].mean(), abs=0.005)
+    code, out, err = run(capsys, "build", "--embeddings", small_npy, "--ranges", "500,200", "--theta", "0.3",
+                         "--out", str(out_path), "--quiet")
+    assert code == 2 and "code ranges must tile 0..799 contiguously, in order; they cover 700 rows" in err
+
+
+def test_sweep_within_ranges(small_npy, capsys):
+    code, out, _ = run(capsys, "sweep", "--embeddings", small_npy, "--ranges", "2x400", "--thetas", "0.3",
+                       "--json", "--quiet")
+    (row,) = json.loads(out)
+    sizes = build_groups(np.load(small_npy), 0.3, ranges=[(0, 400), (400, 400)]).sizes
+    assert code == 0 and row["nnz"] == int(sizes.sum()) < int(build_groups(np.load(small_npy), 0.3).sizes.sum())
+
+
+@pytest.mark.slow  # builds the Orpheus kit: 7-60 s on 2 cores (shared with test_orpheus.py)
+def test_build_from_an_orpheus_checkpoint_groups_each_frame_position(orpheus_kit_dir, tmp_path, capsys):
+    """`--target` takes the family and its seven code ranges from the checkpoint's tokenizer."""
+    from engine.groups.store import GroupFileError, from_bytes
+
+    out_path = tmp_path / "orpheus.safetensors"
+    code, out, _ = run(capsys, "build", "--target", str(orpheus_kit_dir / "target"), "--theta", "0.4",
+                       "--out", str(out_path), "--quiet")
+    assert code == 0 and "(orpheus, input_embeddings)" in out and "7 ranges of 4,096 codes" in out
+    groups = load_groups(out_path, expect={"family": "orpheus", "ranges": [(p * 4096, 4096) for p in range(7)]})
+    assert groups.meta["family"] == "orpheus" and groups.num_tokens == 28672
+    position = groups.members.astype(np.int64) // 4096
+    rows = np.repeat(np.arange(28672) // 4096, groups.sizes)
+    np.testing.assert_array_equal(position, rows)  # every member in its token's frame position
+    assert groups.sizes.mean() > 1.0, "some groups should hold more than their token"
+    code, out, _ = run(capsys, "stats", str(out_path))
+    assert code == 0 and "family orpheus, 7 ranges of 4,096 codes" in out and "24576..28671" in out
+    with pytest.raises(GroupFileError, match=r"built for an orpheus target \(7 ranges of 4,096 codes\), not llasa "
+                                             r"\(1 range of 28,672 codes\)"):
+        from_bytes(out_path.read_bytes(), str(out_path), {"family": "llasa", "ranges": [(0, 28672)]})

@@ -35,6 +35,22 @@ def test_two_workers_equal_local_build(local_ray, emb, cap):
     assert local.sizes.mean() > 3 and (cap is None or local.truncated > 0)
 
 
+@pytest.mark.parametrize("cap", [None, 12])
+def test_two_workers_equal_local_build_within_code_ranges(local_ray, emb, cap):
+    """Slices of 256 rows would cross the end of the first range (700) if they were not cut there."""
+    ranges = [(0, 700), (700, 800)]
+    local = build_groups(emb, 0.35, cap, ranges=ranges)
+    spread = build_groups_distributed(emb, 0.35, cap, workers=2, slice_rows=256, ranges=ranges)
+    assert_same(spread, local)
+    assert spread.meta["ranges"] == [[0, 700], [700, 800]]
+    def second_range(groups, t: int) -> set:
+        return set((groups.group(t).astype(np.int64) >= 700).tolist())
+
+    assert all(second_range(local, t) == {t >= 700} for t in range(1500))
+    unranged = build_groups(emb, 0.35, cap)
+    assert any(second_range(unranged, t) == {False, True} for t in range(1500)), "ranges should matter here"
+
+
 def test_dead_worker_slice_is_retried(local_ray, emb, tmp_path):
     marker = str(tmp_path / "crash-once")
     open(marker, "w").close()
@@ -69,3 +85,5 @@ def test_slice_that_always_kills_its_worker_gives_up(local_ray, emb):
 def test_errors_before_any_worker_starts(local_ray, emb):
     with pytest.raises(ValueError, match=r"theta must lie in \(0, 1\]"):
         build_groups_distributed(emb, 0.0, workers=2)
+    with pytest.raises(ValueError, match="code ranges must tile 0..1499"):
+        build_groups_distributed(emb, 0.35, workers=2, ranges=[(0, 700), (700, 700)])

@@ -14,6 +14,7 @@ from engine.groups import store
 from engine.groups.cache import LocalDirStore, build_with_metadata, cache_key, default_cache_dir, get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
 from engine.groups.source import embeddings_sha256
+from engine.groups.stats import group_stats
 from engine.groups.store import GroupFileError, deduplicate, from_bytes, load_groups, save_groups, to_bytes
 
 
@@ -200,3 +201,116 @@ def test_embeddings_hash_is_dtype_independent_and_content_sensitive(emb):
     changed[3, 2] += 1e-3
     assert embeddings_sha256(changed) != embeddings_sha256(emb)
     assert embeddings_sha256(emb.reshape(300, 32)) != embeddings_sha256(emb)
+
+
+# ---- family and code ranges ------------------------------------------------------------------
+
+TWO = [(0, 250), (250, 350)]
+
+
+def without_layout(data: bytes) -> bytes:
+    """`data` as a writer from before families and code ranges wrote it: neither key in the
+    metadata, a content hash over what is left (an intact old file)."""
+    (n,) = struct.unpack("<Q", data[:8])
+    meta = json.loads(json.loads(data[8:8 + n])["__metadata__"][store.META_KEY])
+    del meta["family"], meta["ranges"]
+    tensors = store.st_load(data)
+    meta["content_sha256"] = store.content_sha256(tensors, meta)
+    return store.st_save(tensors, metadata={store.META_KEY: json.dumps(meta, sort_keys=True)})
+
+
+def resealed(data: bytes, **changes) -> bytes:
+    """Metadata edited and the content hash recomputed: a file a faulty writer made."""
+    (n,) = struct.unpack("<Q", data[:8])
+    meta = json.loads(json.loads(data[8:8 + n])["__metadata__"][store.META_KEY])
+    meta.update(changes)
+    tensors = store.st_load(data)
+    meta["content_sha256"] = store.content_sha256(tensors, meta)
+    return store.st_save(tensors, metadata={store.META_KEY: json.dumps(meta, sort_keys=True)})
+
+
+def test_round_trip_keeps_family_and_ranges(emb, tmp_path):
+    built = build_with_metadata(emb, 0.4, 8, ranges=TWO, family="orpheus")
+    loaded = load_groups(save_groups(built, tmp_path / "g.st"),
+                         expect={"family": "orpheus", "ranges": TWO, "theta": 0.4})
+    assert same_groups(built, loaded)
+    assert loaded.meta["family"] == "orpheus" and loaded.meta["ranges"] == [[0, 250], [250, 350]]
+    assert loaded.code_ranges == TWO
+    plain = from_bytes(to_bytes(build_with_metadata(emb, 0.4)))
+    assert plain.meta["family"] is None and plain.meta["ranges"] == [[0, 600]]
+
+
+def test_another_familys_file_is_refused_naming_both(emb):
+    llasa = to_bytes(build_with_metadata(emb, 0.4, family="llasa"))
+    other_rows = embeddings_sha256(embeddings(seed=9))  # wrong as well: the family is what the user hears
+    with pytest.raises(GroupFileError, match=r"^g\.st: built for a llasa target \(1 range of 600 codes\), not "
+                                             r"orpheus \(2 ranges of 250, 350 codes\)"):
+        from_bytes(llasa, "g.st", expect={"embeddings_sha256": other_rows, "family": "orpheus", "ranges": TWO})
+    with pytest.raises(GroupFileError, match=r"built for a llasa target \(1 range of 600 codes\), not orpheus:"):
+        from_bytes(llasa, "g.st", expect={"family": "orpheus"})
+    orpheus = to_bytes(build_with_metadata(emb, 0.4, ranges=[(0, 300), (300, 300)], family="orpheus"))
+    with pytest.raises(GroupFileError, match=r"built for an orpheus target \(2 ranges of 300 codes\), not "
+                                             r"this target \(1 range of 600 codes\)"):
+        from_bytes(orpheus, "g.st", expect={"ranges": [(0, 600)]})
+    assert from_bytes(llasa, "g.st", expect={"family": "llasa", "ranges": [(0, 600)]}).meta["family"] == "llasa"
+
+
+def test_an_old_file_without_family_or_ranges_serves_one_range(emb):
+    old = without_layout(to_bytes(build_with_metadata(emb, 0.4)))
+    expect = {"family": "llasa", "ranges": [(0, 600)], "embeddings_sha256": embeddings_sha256(emb), "theta": 0.4}
+    loaded = from_bytes(old, "old.st", expect)
+    assert loaded.meta["family"] is None and loaded.meta["ranges"] == [[0, 600]] and loaded.code_ranges == [(0, 600)]
+    assert "family" not in json.loads(old[8:8 + struct.unpack("<Q", old[:8])[0]])["__metadata__"][store.META_KEY]
+    with pytest.raises(GroupFileError, match=r"old\.st: built for a target of unknown family \(1 range of 600 "
+                                             r"codes\), not orpheus \(2 ranges of 250, 350 codes\)"):
+        from_bytes(old, "old.st", {**expect, "family": "orpheus", "ranges": TWO})
+
+
+def test_ranges_that_groups_cross_or_that_do_not_tile_are_corrupt(emb):
+    data = to_bytes(build_with_metadata(emb, 0.4))  # one range: its groups cross 250
+    with pytest.raises(GroupFileError, match=r"g\.st: corrupt groups file \(a group mixes code ranges\)"):
+        from_bytes(resealed(data, ranges=[[0, 250], [250, 350]]), "g.st")
+    with pytest.raises(GroupFileError, match=r"corrupt groups file \(code ranges \[\[0, 250\]\] do not tile 0..599"):
+        from_bytes(resealed(data, ranges=[[0, 250]]), "g.st")
+    assert from_bytes(resealed(data, family="llasa")).meta["family"] == "llasa"  # the helper alone breaks nothing
+
+
+def test_stats_per_code_range(emb):
+    groups = build_with_metadata(emb, 0.55, 6, ranges=TWO, family="orpheus")
+    stats = from_bytes(to_bytes(groups)).meta["stats"]
+    sizes = groups.sizes
+    assert [(r["start"], r["size"]) for r in stats["ranges"]] == TWO
+    for r, (start, size) in zip(stats["ranges"], TWO):
+        part = sizes[start:start + size]
+        assert r["mean_size"] == pytest.approx(part.mean(), abs=1e-4) and r["max_size"] == part.max()
+        assert r["singletons"] == int((part == 1).sum())
+        assert r["truncated"] == int((groups.full_sizes[start:start + size] > 6).sum())
+    assert sum(r["truncated"] for r in stats["ranges"]) == stats["truncated"] == groups.truncated > 0
+    assert sum(r["singletons"] for r in stats["ranges"]) == stats["singletons"] > 0
+    assert stats["ranges"][0]["mean_size"] != stats["ranges"][1]["mean_size"]
+    assert "ranges" not in group_stats(build_with_metadata(emb, 0.55))
+
+
+def test_cache_keys_differ_by_ranges_and_family(emb, tmp_path):
+    h = embeddings_sha256(emb)
+    keys = {cache_key(h, 0.4, None, False, ranges, family)
+            for ranges in (None, TWO, [(0, 300), (300, 300)]) for family in (None, "llasa", "orpheus")}
+    assert len(keys) == 9
+    # one range is the default: the key (and the cached file) of a request without ranges
+    assert cache_key(h, 0.4, None, False, [(0, 600)]) == cache_key(h, 0.4, None, False)
+    first = get_groups(emb, 0.4, cache_dir=tmp_path, ranges=TWO, family="orpheus")
+    again = get_groups(emb, 0.4, cache_dir=tmp_path, ranges=TWO, family="orpheus")
+    assert (first.meta["cache"], again.meta["cache"]) == ("miss", "hit") and same_groups(first, again)
+    assert again.meta["family"] == "orpheus" and again.code_ranges == TWO
+    assert get_groups(emb, 0.4, cache_dir=tmp_path).meta["cache"] == "miss"
+    assert [f.name for f in sorted(tmp_path.iterdir(), key=lambda f: f.stat().st_mtime_ns)] == \
+        [cache_key(h, 0.4, None, False, TWO, "orpheus"), cache_key(h, 0.4, None, False)]
+
+
+def test_cache_rebuilds_an_entry_of_another_family(emb, tmp_path):
+    key = cache_key(embeddings_sha256(emb), 0.4, None, False, TWO, "orpheus")
+    (tmp_path / key).write_bytes(to_bytes(build_with_metadata(emb, 0.4, ranges=TWO, family="llasa")))
+    with pytest.warns(UserWarning, match=r"built for a llasa target \(2 ranges of 250, 350 codes\), not orpheus "
+                                         r"\(2 ranges of 250, 350 codes\).*; rebuilding"):
+        groups = get_groups(emb, 0.4, cache_dir=tmp_path, ranges=TWO, family="orpheus")
+    assert groups.meta["cache"] == "miss" and from_bytes((tmp_path / key).read_bytes()).meta["family"] == "orpheus"
