@@ -17,33 +17,45 @@ class CodecError(ValueError):
 
 @runtime_checkable
 class Codec(Protocol):
-    """Speech codes <-> 16 kHz mono waveforms.
+    """Speech codes <-> mono waveforms at the codec's rate. Codes come in frames of `frame_codes`
+    (X-codec2: 1; SNAC as Orpheus lays it out: 7), each `frame_samples` samples of audio.
 
     Attributes:
         sample_rate: samples per second of every waveform in and out.
-        hop_length: samples per code (a decoded item has exactly `len(codes) * hop_length`).
+        frame_codes: codes per frame (an item's codes are whole frames).
+        frame_samples: samples per frame (a decoded item has exactly `samples(codec, len(codes))`).
         codebook_size: codes are integers in `[0, codebook_size)`.
         fingerprint: identifies the weights (part of voice-prompt cache keys).
     """
 
     sample_rate: int
-    hop_length: int
+    frame_codes: int
+    frame_samples: int
     codebook_size: int
 
     @property
     def fingerprint(self) -> str: ...
 
     def decode(self, codes: Sequence[CodesLike]) -> list[np.ndarray]:
-        """One float32 waveform `[len(codes[i]) * hop_length]` per item, in input order."""
+        """One float32 waveform `[samples(codec, len(codes[i]))]` per item, in input order."""
         ...
 
     def encode(self, waveforms: Sequence[np.ndarray]) -> list[list[int]]:
-        """One code list per float32 16 kHz mono waveform `[N]`."""
+        """One code list (whole frames) per float32 mono waveform `[N]` at `sample_rate`."""
         ...
 
 
-def as_code_array(codes: CodesLike, codebook_size: int, name: str = "codes") -> np.ndarray:
-    """Check one item's codes and return them as `int64 [T]`.
+def samples(codec: Codec, num_codes: int) -> int:
+    """Audio samples of `num_codes` codes (whole frames) decoded by `codec`."""
+    return num_codes // codec.frame_codes * codec.frame_samples
+
+
+def seconds(codec: Codec, num_codes: int) -> float:
+    return samples(codec, num_codes) / codec.sample_rate
+
+
+def as_code_array(codes: CodesLike, codebook_size: int | None, name: str = "codes") -> np.ndarray:
+    """Check one item's codes and return them as `int64 [T]` (`codebook_size` None: any code >= 0).
 
     Raises:
         CodecError: empty, not one-dimensional, not integers, or outside `[0, codebook_size)`.
@@ -55,11 +67,11 @@ def as_code_array(codes: CodesLike, codebook_size: int, name: str = "codes") -> 
         raise CodecError(f"{name}: no codes to decode (empty)")
     if not np.issubdtype(arr.dtype, np.integer):
         raise CodecError(f"{name}: codes must be integers, got dtype {arr.dtype}")
-    bad = np.flatnonzero((arr < 0) | (arr >= codebook_size))
+    bad = np.flatnonzero((arr < 0) | (arr >= (codebook_size or np.iinfo(np.int64).max)))
     if bad.size:
         i = int(bad[0])
-        raise CodecError(f"{name}: code {int(arr[i])} at position {i} is outside [0, {codebook_size}) "
-                         f"({bad.size} such codes)")
+        where = f"outside [0, {codebook_size})" if codebook_size else "negative"
+        raise CodecError(f"{name}: code {int(arr[i])} at position {i} is {where} ({bad.size} such codes)")
     return arr.astype(np.int64, copy=False)
 
 

@@ -109,7 +109,7 @@ def load_decoder_weights(parts: DecoderParts, path: Path) -> None:
 
 
 class Xcodec2Codec:
-    """X-codec2 speech codes <-> 16 kHz mono audio (implements `engine.codec.base.Codec`).
+    """X-codec2 speech codes <-> mono audio at its rate (16 kHz; implements `engine.codec.base.Codec`).
 
     Args:
         parts: the decode path, already placed on its device.
@@ -128,6 +128,7 @@ class Xcodec2Codec:
         self.max_batch, self.max_batch_codes = max_batch, max_batch_codes
         self.sample_rate = int(config.sampling_rate)
         self.hop_length = int(config.hop_length)
+        self.frame_codes, self.frame_samples = 1, self.hop_length  # one code a frame
         self.codebook_size = int(np.prod(config.quantization_levels))
         self._encoder = None
         self._fingerprint: str | None = None
