@@ -33,9 +33,11 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine.codec.xcodec2 import Xcodec2Codec  # noqa: E402
-from engine.records import CODES_PER_SECOND  # noqa: E402
+from engine.families.llasa import FAMILY as LLASA  # noqa: E402
 
 from machine import describe, write_result  # noqa: E402
+
+CODES_PER_SECOND = LLASA.codes_per_second  # the X-codec2 codes Llasa emits
 
 
 def sync(device: torch.device) -> None:
@@ -54,10 +56,10 @@ def time_batch(codec: Xcodec2Codec, batch: int, n_codes: int, repeats: int) -> d
         audio = codec.decode_batch(codes)  # includes the copy to host memory
         sync(codec.device)
         times.append(time.perf_counter() - start)
-    assert audio.shape == (batch, n_codes * codec.hop_length)
+    assert audio.shape == (batch, n_codes * codec.frame_samples)
     median = statistics.median(times)
     audio_s = batch * n_codes / CODES_PER_SECOND
-    row = {"batch": batch, "codes_per_item": n_codes, "audio_s_per_item": n_codes / CODES_PER_SECOND,
+    row = {"batch": batch, "codes_per_item": n_codes, "audio_s_per_item": round(n_codes / CODES_PER_SECOND, 6),
            "repeats": repeats, "median_s": round(median, 5), "min_s": round(min(times), 5),
            "audio_s_per_s": round(audio_s / median, 2)}
     if codec.device.type == "cuda":

@@ -100,11 +100,12 @@ def temps48_rows(n: int = 48) -> list[dict]:
 
 def lengths48_rows(n: int = 48) -> list[dict]:
     from engine.decoding.admission import expected_tokens
+    from engine.families.llasa import FAMILY as LLASA
 
     rows = []
     for r in temps48_rows(n):
         r = {**r, "id": r["id"].replace("t48", "l48"), "temperature": 1.2}
-        rows.append({**r, "max_new_tokens": expected_tokens(r["text"], 10**6)})
+        rows.append({**r, "max_new_tokens": expected_tokens(r["text"], 10**6, LLASA.codes_per_second)})
     return rows
 
 

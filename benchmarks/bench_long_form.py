@@ -55,15 +55,16 @@ def long_texts(n: int, sentences_per_text: int) -> list[dict]:
 
 def chunk_rows(rows: list[dict], kit: Path, max_new_tokens: int) -> list[dict]:
     """The chunks the long-form job decodes, as rows of their own with the chunks' seeds."""
-    from engine.config import LLASA_CONTEXT, TextSpec
-    from engine.models.llasa import LlasaLayout, LlasaPrompter
+    from engine.config import TextSpec
+    from engine.families.llasa import CONTEXT as LLASA_CONTEXT
+    from engine.families.llasa import FAMILY, LlasaPrompter
     from engine.models.loading import load_tokenizer
     from engine.text.chunks import chunk_id, chunk_seeds
     from engine.text.prepare import TextPlanner
 
     tokenizer = load_tokenizer(kit / "target")
-    prompter = LlasaPrompter(tokenizer, LlasaLayout.from_tokenizer(tokenizer))
-    planner = TextPlanner(TextSpec(split="auto"), prompter.build, LLASA_CONTEXT)
+    prompter = LlasaPrompter(tokenizer, FAMILY.layout(tokenizer))
+    planner = TextPlanner(TextSpec(split="auto"), prompter.build, LLASA_CONTEXT, FAMILY.codes_per_second)
     out = []
     for row in rows:
         plan = planner(row["text"], max_new_tokens).plan

@@ -87,7 +87,7 @@ def decoder_for(synth, method: str, batch: int, rows: int):
     from engine import DecodingSettings
     from engine.bench.runner import BENCH_TEXTS
 
-    settings = DecodingSettings(method=method, gamma=3, max_new_tokens=400, seed=1)
+    settings = synth.settings(DecodingSettings(method=method, gamma=3, max_new_tokens=400, seed=1))
     if method == "pcg":
         synth.groups(settings.theta)
     decoder = synth.make_decoder(settings, batch)
@@ -118,12 +118,14 @@ def timed(decoder) -> tuple[float, int]:
     return took["s"], took["tokens"]
 
 
-def measure(synths: dict, method: str, batch: int, args) -> list[dict]:
-    """Each mode's figures per round for one setting, measured in turns."""
+def measure(synths: dict, method: str, batch: int, args, make=None) -> list[dict]:
+    """Each mode's figures per round for one setting, measured in turns. `make(mode, synth, method,
+    batch, rows)` builds a mode's decoder (default: `decoder_for`)."""
     rounds = max(args.rounds, -(-args.row_rounds // batch))
     # rows enough that the queue never runs dry, however short they turn out
     extra = args.warmup + -(-rounds // args.block)  # the untimed rounds
-    decoders = {m: decoder_for(s, method, batch, batch * (8 + extra + rounds)) for m, s in synths.items()}
+    make = make or (lambda mode, *rest: decoder_for(*rest))
+    decoders = {m: make(m, s, method, batch, batch * (8 + extra + rounds)) for m, s in synths.items()}
     before = {m: dict(s.runner.stats.to_dict()) for m, s in synths.items()}
     for _ in range(args.warmup):
         for d in decoders.values():

@@ -29,11 +29,11 @@ from engine.decoding.scheduler import DecodeScheduler
 from engine.decoding.speculative import Request, RowResult, SpeculativeDecoder
 from engine.decoding.verify import Rule, make_rule, rule_key, structure_key
 from engine.errors import field_errors
+from engine.families import family_settings
 from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
 from engine.groups.source import stored_speech_rows
 from engine.models.device import resolve_compile, resolve_device
-from engine.models.llasa import DEFAULT_DATE_STRING, LLASA_CONTEXT, LlasaPrompter
 from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
 from engine.models.malloc import keep_freed_memory
 from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate, attempt_seed, item_seed
@@ -62,12 +62,12 @@ class Synthesizer:
         target: the loaded target model.
         draft: the loaded draft model; needed by every method except `ar`.
         batch_size: rows decoded together (continuous batching refills finished rows).
-        max_context: longest sequence, prompt included (Llasa was trained with 2048).
-        date_string: the date pinned into the chat template.
+        max_context: longest sequence, prompt included (None: the family's context, e.g. the
+            2,048 tokens Llasa was trained with).
     """
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, batch_size: int = 8,
-                 max_context: int = LLASA_CONTEXT, date_string: str = DEFAULT_DATE_STRING) -> None:
+                 max_context: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
         if draft is not None:
@@ -80,8 +80,9 @@ class Synthesizer:
         self.target, self.draft = target, draft
         if self.device.type == "cpu":  # from now on this process's C allocator keeps what a round
             keep_freed_memory()  # frees (engine.models.malloc; PCG_SYNTH_MALLOC=default: as it is)
-        self.batch_size, self.max_context = batch_size, max_context
-        self.prompter = LlasaPrompter(target.tokenizer, target.layout, date_string)
+        self.family, self.layout = target.family, target.layout
+        self.batch_size, self.max_context = batch_size, max_context or self.family.context
+        self.prompter = self.family.prompter(target.tokenizer, target.layout)
         self._groups: dict[tuple, GroupIndex] = {}
         self._gamma: dict[tuple, tuple] = {}  # (structure, batch) -> the pilot's measurements
         self._rules: dict[tuple, Rule] = {}
@@ -96,16 +97,17 @@ class Synthesizer:
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
              dtype: str = "auto", compile: str = "auto", draft_weights: str = "native",
-             **kwargs) -> Synthesizer:
+             family: str = "auto", **kwargs) -> Synthesizer:
         """Load target (and draft) from local Hugging Face directories; `compile` as in
         `ModelsSpec.compile` (both models: `auto` resolved once, for the pair; under `auto` a round
         whose graph fails to compile runs eagerly, with a warning, and so do the rounds after it),
-        `draft_weights` as `load_model`'s `weights`."""
+        `draft_weights` as `load_model`'s `weights`, `family` as `ModelsSpec.family`."""
         device = resolve_device(device)
         auto = compile == "auto"
         compile = resolve_compile(compile, device, draft_weights if draft is not None else "native")
-        tgt = load_model(target, device=device, dtype=dtype, compile=compile)
-        drf = (load_model(draft, device=device, dtype=dtype, compile=compile, weights=draft_weights)
+        tgt = load_model(target, device=device, dtype=dtype, compile=compile, family=family)
+        drf = (load_model(draft, device=device, dtype=dtype, compile=compile, weights=draft_weights,
+                          family=tgt.family.name)
                if draft is not None else None)
         synth = cls(tgt, drf, **kwargs)
         synth.runner.fallback = auto  # auto's graphs that fail to compile give way to eager rounds
@@ -116,13 +118,13 @@ class Synthesizer:
         return self.target.model.device
 
     def speech_embeddings(self) -> torch.Tensor:
-        """`[65536, hidden]` input-embedding rows of the speech tokens (the groups' source), as the
+        """`[codes, hidden]` input-embedding rows of the code tokens (the groups' source), as the
         checkpoint stores them: a model loaded in another dtype (float32 weights decoded in
         bfloat16) takes its groups from the stored values, so they are the groups a job's driver
         builds from the same checkpoint, whatever `dtype` this synthesizer runs in."""
         layout = self.target.layout
         table = self.target.model.model.embed_tokens.weight
-        rows = table[layout.first_speech: layout.first_speech + layout.num_speech].detach()
+        rows = table[layout.first_code: layout.first_code + layout.num_codes].detach()
         if (self.target.path / "config.json").is_file():
             stored = stored_speech_rows(self.target.path, self.target.config, layout)
             if stored.dtype != rows.dtype:
@@ -130,7 +132,13 @@ class Synthesizer:
         return rows
 
     def set_groups(self, groups: SpeechGroups) -> None:
-        """Use prebuilt groups for their (theta, cap) instead of building them."""
+        """Use prebuilt groups for their (theta, cap) instead of building them.
+
+        Raises:
+            ValueError: a group mixes the family's code ranges (another family's groups)."""
+        if groups.num_tokens != self.layout.num_codes or groups.mixes_ranges(self.layout.ranges):
+            raise ValueError(f"these groups were not built for this target's code ranges ({self.family.name}: "
+                             f"{self.layout.cycle} x {self.layout.codebook} codes)")
         key = (groups.theta, groups.max_group_size)
         self._groups[key] = GroupIndex(groups, self.target.layout.vocab_out, self.device)
         for rule in [k for k in self._rules if k[0] == "pcg" and k[1:3] == key]:
@@ -142,7 +150,8 @@ class Synthesizer:
         from the target's embeddings only when absent."""
         key = (theta, max_group_size)
         if key not in self._groups:
-            self.set_groups(get_groups(self.speech_embeddings(), theta, max_group_size))
+            self.set_groups(get_groups(self.speech_embeddings(), theta, max_group_size, ranges=self.layout.ranges,
+                                       family=self.layout.family))
         return self._groups[key]
 
     def rule(self, settings: DecodingSettings) -> Rule | None:
@@ -161,9 +170,9 @@ class Synthesizer:
             if self.draft is None:
                 raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
             return SpeculativeDecoder(self.target.model, self.draft.model, settings.gamma, batch,
-                                      self.max_context, self.target.layout.eos_out, self.runner)
+                                      self.max_context, self.layout.output_space(), self.runner)
         return SpeculativeDecoder(self.target.model, None, 0, batch, self.max_context,
-                                  self.target.layout.eos_out, self.runner)
+                                  self.layout.output_space(), self.runner)
 
     def decoder(self, settings: DecodingSettings, batch_size: int | None = None) -> SpeculativeDecoder:
         """The decoder for `settings` (concrete gamma): one per structure (draft or not, gamma)
@@ -219,7 +228,7 @@ class Synthesizer:
         probe = [Request(key=i, prompt_ids=r.prompt_ids, seed=r.seed, max_new_tokens=PILOT_TOKENS, warp=r.warp,
                          rule=rule) for i, r in enumerate(requests[: min(8, batch)])]
         decoder = SpeculativeDecoder(self.target.model, self.draft.model, PILOT_GAMMA, min(8, batch),
-                                     self.max_context, self.target.layout.eos_out, RoundRunner("none"))
+                                     self.max_context, self.layout.output_space(), RoundRunner("none"))
         rows, hosts = [], []
         decoder.submit(probe)
         with ForwardClock(self.target.model, self.draft.model) as clock:
@@ -262,6 +271,12 @@ class Synthesizer:
         for s in settings:
             self.warmup(s.model_copy(update={"max_new_tokens": tokens}), batch_size)
 
+    def settings(self, settings: DecodingSettings | None = None) -> DecodingSettings:
+        """`settings` (default: `DecodingSettings()`) with the model family's sampling defaults in
+        the fields they leave unset (`families.family_settings`: Orpheus's temperature 0.6, top-p
+        0.8, repetition penalty 1.3)."""
+        return family_settings(settings or DecodingSettings(), self.family)
+
     def prepare(self, index: int, item: SynthesisItem | str, settings: DecodingSettings, key: object = None):
         """(result shell, request or None) for one item decoded with `settings` (the item's own
         sampling settings are applied by `item_settings` first): bad items become error results,
@@ -273,31 +288,33 @@ class Synthesizer:
         result = SynthesisResult(id=item_id, text=item.text or "", seed=seed)
         try:
             request = self.request(item.text, settings, seed, index if key is None else key,
-                                   item.prompt_text, item.prompt_codes)
+                                   item.prompt_text, item.prompt_codes, item.voice)
         except ValueError as exc:
             result.error = str(exc)
             return result, None
         return result, request
 
     def request(self, text: str, settings: DecodingSettings, seed: int, key: object,
-                prompt_text: str | None = None, prompt_codes: list[int] | None = None) -> Request:
-        """The decoder's request for one text (with a voice prompt's transcript and codes) decoded
-        with `settings` and `seed`: its prompt ids, token budget and admission priority.
+                prompt_text: str | None = None, prompt_codes: list[int] | None = None,
+                voice: str | None = None) -> Request:
+        """The decoder's request for one text (with a voice prompt's transcript and codes, or a
+        named voice) decoded with `settings` and `seed`: its prompt ids, token budget and
+        admission priority.
 
         Raises:
             ValueError: a text or voice prompt the prompter refuses, or a prompt that fills the
                 model's context.
         """
-        ids = self.prompter.build(text, prompt_text, prompt_codes)
+        ids = self.prompter.build(text, prompt_text, prompt_codes, voice)
         if len(ids) >= self.max_context:
             raise ValueError(f"prompt is {len(ids)} tokens; the model's context is {self.max_context} "
                              "(shorten the text or the voice prompt)")
         budget = settings.max_new_tokens
         if settings.max_speech_ratio is not None:
-            budget = min(budget, speech_budget(text or "", settings.max_speech_ratio))
+            budget = min(budget, speech_budget(text or "", settings.max_speech_ratio, self.family.codes_per_second))
         return Request(key=key, prompt_ids=ids, seed=seed, max_new_tokens=budget,
-                       history_out=list(prompt_codes or []), warp=settings.warp,
-                       priority=expected_tokens(text or "", budget))
+                       history_out=self.layout.out_ids(prompt_codes or []), warp=settings.warp,
+                       priority=expected_tokens(text or "", budget, self.family.codes_per_second))
 
     def session(self, batch_size: int | None = None, stream: bool = False,
                 admission: Admission = "longest_first") -> DecodeSession:
@@ -308,7 +325,7 @@ class Synthesizer:
 
     def _start(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None,
                batch_size: int | None, admission: Admission, quality: QualityGate | None = None) -> _Call:
-        settings = settings or DecodingSettings()
+        settings = self.settings(settings)
         if settings.speculative and self.draft is None:
             raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
         session = self.session(batch_size, admission=admission)
@@ -343,8 +360,8 @@ class Synthesizer:
         from engine.text.items import SplitItems
         from engine.text.prepare import TextPlanner
 
-        return SplitItems(items, settings or DecodingSettings(), TextPlanner(text, self.prompter.build,
-                                                                              self.max_context))
+        planner = TextPlanner(text, self.prompter.build, self.max_context, self.family.codes_per_second)
+        return SplitItems(items, settings or DecodingSettings(), planner)
 
     def stream(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None = None,
                batch_size: int | None = None, admission: Admission = "longest_first",
@@ -417,7 +434,8 @@ class Synthesizer:
                              stats=stats, gamma_choice=choice.to_dict() if choice else None,
                              decode_rounds=session.scheduler.rounds,
                              slot_rounds=session.scheduler.slot_rounds, batch_size=session.batch,
-                             cut=sum(r.cut for r in results), quality=call.counts())
+                             cut=sum(r.cut for r in results), quality=call.counts(),
+                             codes_per_second=self.family.codes_per_second)
         return results, summary
 
 
@@ -578,7 +596,7 @@ class _Call:
     def finished(self, request: Request, row: RowResult) -> list[tuple[int, SynthesisResult]]:
         """The results a finished row completes (index, result)."""
         res = self.results[request.key]
-        res.codes, res.finish_reason, res.stats = row.tokens, row.finish_reason, row.stats
+        res.codes, res.finish_reason, res.stats = row.codes, row.finish_reason, row.stats
         return [(request.key, res)]
 
     def counts(self) -> dict | None:
@@ -621,7 +639,7 @@ class _GatedCall(_Call):
         item, settings, _ = self.items[index]
         seed = attempt_seed(self.results[index].seed, number)
         return settings, self.synth.request(item.text, settings, seed, (index, number), item.prompt_text,
-                                            item.prompt_codes)
+                                            item.prompt_codes, item.voice)
 
     def first(self, index, item, settings, request):
         from engine.codec.prompts import prompts_of
@@ -637,9 +655,9 @@ class _GatedCall(_Call):
 
         prompt = self.items[index][2]
         wave, why = None, no_codes(row.finish_reason)
-        if row.tokens:
+        if row.codes:
             try:
-                wave = self.gate.audio(row.tokens)
+                wave = self.gate.audio(row.codes)
             except CodecError as exc:
                 why = str(exc)
         hyp = self.gate.transcribe([wave])[0] if wave is not None else None
@@ -669,7 +687,7 @@ class _GatedCall(_Call):
             self.session.submit([self.request(index, self.expected[index])], ahead=True)
             return []
         kept = tried[verdict.kept.attempt][1]
-        res.codes, res.finish_reason, res.stats = kept.tokens, kept.finish_reason, kept.stats
+        res.codes, res.finish_reason, res.stats = kept.codes, kept.finish_reason, kept.stats
         res.seed, res.quality = verdict.kept.seed, verdict
         return [(index, res)]
 

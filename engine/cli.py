@@ -16,7 +16,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.cli_options import add_compile_arg, add_draft_weights_arg, add_settings_arguments, settings_from_args
+from engine.cli_options import (
+    add_compile_arg,
+    add_draft_weights_arg,
+    add_family_arg,
+    add_settings_arguments,
+    settings_from_args,
+)
 from engine.config import ADMISSIONS, METHODS, DecodingSettings, QualitySpec, TextSpec, accepted_keys, decoding_default
 from engine.console import counted
 from engine.errors import did_you_mean, plain_message
@@ -48,9 +54,9 @@ def format_validation(exc: ValidationError) -> str:
 def cmd_kit_build(args) -> int:
     from engine.kit import KitSpec, build_kit
 
-    out = build_kit(args.dir, KitSpec(seed=args.seed), force=args.force)
+    out = build_kit(args.dir, KitSpec(seed=args.seed), force=args.force, family=args.family)
     manifest = json.loads((out / "kit.json").read_text())
-    print(f"tiny kit written to {out} (sha256 {manifest['sha256'][:16]}...)")
+    print(f"tiny {manifest['family']} kit written to {out} (sha256 {manifest['sha256'][:16]}...)")
     for part in ("target", "draft", "codec"):
         print(f"  {part:7s} {out / part}")
     return 0
@@ -212,6 +218,8 @@ def cmd_generate(args) -> int:
     quality = settings_from_args(args, QualitySpec)
     text = settings_from_args(args, TextSpec)
     items, clips = read_items(args)
+    for item in items:  # --voice: the named voice of every text that names none
+        item.voice = item.voice or args.voice
     kind = output_kind(args.out, len(items))
     if args.kit and not (Path(args.kit) / "target").is_dir():
         raise UsageError(f"--kit {args.kit}: not a tiny kit (no target/ in it); build one with "
@@ -227,7 +235,8 @@ def cmd_generate(args) -> int:
     if (audio or clips or quality.enabled) and codec_dir is None:
         raise UsageError(("writing audio" if audio else "items naming voice-prompt clips" if clips
                           else "the quality gate (it listens to the audio)")
-                         + " needs an X-codec2 checkpoint: give --codec DIR (or --kit DIR)")
+                         + " needs the model's codec (X-codec2 for Llasa, SNAC for Orpheus): give --codec DIR "
+                           "(or --kit DIR)")
     from engine.io.storage import Storage
     from engine.runtime.preflight import check_normalizer_installed, check_verifiers, check_writable
 
@@ -238,9 +247,9 @@ def cmd_generate(args) -> int:
 
     codec = gate = None
     if audio or clips or quality.enabled:  # first: a bad codec fails before the models load and the texts decode
-        from engine.codec.xcodec2 import Xcodec2Codec
+        from engine.codec.load import load_codec
 
-        codec = Xcodec2Codec.load(codec_dir, device=args.device, encoder_device=args.device)
+        codec = load_codec(codec_dir, device=args.device, encoder_device=args.device)
     if quality.enabled:
         from engine.metrics.gate import QualityGate
         from engine.models.device import resolve_device
@@ -251,8 +260,10 @@ def cmd_generate(args) -> int:
         if folder:  # an output this process cannot write fails before the models load
             check_writable(Storage(), str(Path(folder).absolute()), f"{flag} {given}: cannot write under {folder}")
     synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
-                             compile=args.compile, draft_weights=args.draft_weights,
+                             compile=args.compile, draft_weights=args.draft_weights, family=args.family,
                              batch_size=args.batch_size)
+    if codec is not None:
+        synth.family.check_codec(codec, f"--codec {codec_dir}")
     if clips:
         resolve_clips(items, clips, codec)
     if len(all_settings) > 1:  # comparing rules: none is timed with the process's first-run costs
@@ -313,18 +324,21 @@ def cmd_generate(args) -> int:
 
 def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="synthesize speech codes for texts on this machine",
-                       description="Decode texts into X-codec2 codes with a target and a draft "
+                       description="Decode texts into speech codes (X-codec2 for Llasa, SNAC for Orpheus) "
+                                   "with a target and a draft "
                                    "model; prints per-method statistics; --out writes the codes (JSON), an "
                                    "audio dataset (Parquet) or one text's clip (WAV/FLAC).")
     src = p.add_argument_group("models")
     src.add_argument("--kit", help="a tiny kit directory (uses its target and draft)")
     src.add_argument("--target", help="target checkpoint (Hugging Face Llama format): a directory, a Hub "
-                                      "model id such as HKUSTAudio/Llasa-1B[@revision], or an s3:// / gs:// / ... URI")
+                                      "model id such as HKUSTAudio/Llasa-1B[@revision] or "
+                                      "canopylabs/orpheus-3b-0.1-ft, or an s3:// / gs:// / ... URI")
     src.add_argument("--draft", help="draft checkpoint, same forms as --target (same vocabulary as the target)")
-    src.add_argument("--codec", help="X-codec2 checkpoint, same forms (e.g. HKUSTAudio/xcodec2-hf; for audio "
-                                     "output and clips)")
+    src.add_argument("--codec", help="the family's codec checkpoint, same forms (HKUSTAudio/xcodec2-hf for Llasa, "
+                                     "hubertsiuzdak/snac_24khz for Orpheus; for audio output and clips)")
     src.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     src.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    add_family_arg(src)
     add_compile_arg(src)
     add_draft_weights_arg(src)
     src.add_argument("--batch-size", type=int, default=8, help="texts decoded together (continuous batching)")
@@ -333,8 +347,10 @@ def add_generate(sub) -> None:
                           "speech first, default) or arrival (input order); outputs are the same")
     inp = p.add_argument_group("input")
     inp.add_argument("--text", action="append", help="a text to speak (repeatable)")
+    inp.add_argument("--voice", help="a named voice of the model for every text that names none (Orpheus's -ft "
+                                     "checkpoints: tara, leah, jess, leo, dan, mia, zac, zoe; Llasa has none)")
     inp.add_argument("--texts-file", help="one text per line, or .jsonl items {id, text, prompt_text, "
-                                          "prompt_codes | prompt_audio (a clip path), seed} with "
+                                          "prompt_codes | prompt_audio (a clip path), voice, seed} with "
                                           "optional per-item temperature, top_p, top_k, "
                                           "repetition_penalty, max_new_tokens")
     txt = p.add_argument_group("texts (a job's `text:` section; docs/guides/long-texts-and-formats.md): a "
@@ -519,6 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("dir", help="where to write the kit")
     kb.add_argument("--seed", type=int, default=0, help="the seed every weight is drawn from")
     kb.add_argument("--force", action="store_true", help="replace an existing kit")
+    kb.add_argument("--family", default="llasa", choices=["llasa", "orpheus"],
+                    help="the model family: llasa (target, draft, X-codec2; the quickstart's) or orpheus "
+                         "(target and draft in Orpheus's token layout, SNAC 24 kHz)")
     kb.set_defaults(func=cmd_kit_build)
     add_generate(sub)
     add_jobs(sub)

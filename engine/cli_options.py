@@ -106,6 +106,16 @@ def add_compile_arg(group) -> None:
     group.add_argument("--compile", default=field.default, choices=COMPILE_MODES, help=field.description)
 
 
+def add_family_arg(group) -> None:
+    """`--family`, from the job spec's `models.family` (choices, default, help)."""
+    from typing import get_args
+
+    from engine.config import FamilyName, ModelsSpec
+
+    field = ModelsSpec.model_fields["family"]
+    group.add_argument("--family", default=field.default, choices=get_args(FamilyName), help=field.description)
+
+
 def add_draft_weights_arg(group) -> None:
     """`--draft-weights`, from the job spec's `models.draft_weights` (choices, default, help)."""
     from engine.config import DRAFT_WEIGHTS, ModelsSpec

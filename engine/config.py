@@ -59,13 +59,17 @@ class DecodingSettings(BaseModel):
         "PCG: thinning trials for the recovered token before the exact dense fallback."))
     beta: float = Field(0.3, ge=0.0, description="SSD: added to the acceptance ratio.")
     topk: int = Field(50, ge=1, description="topk: accept a draft token inside the target's top-k.")
-    temperature: float = Field(0.8, ge=0.0, description="0 is greedy; Llasa's card uses 0.8.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass (1 = off).")
+    temperature: float = Field(0.8, ge=0.0, description=(
+        "0 is greedy. Unset, the model family's default: Llasa 0.8 (its card), Orpheus 0.6."))
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description=(
+        "Nucleus sampling mass (1 = off). Unset, the model family's default: Llasa 1, Orpheus 0.8."))
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
-    repetition_penalty: float = Field(1.0, gt=0.0, description="CTRL-style penalty (1 = off).")
+    repetition_penalty: float = Field(1.0, gt=0.0, description=(
+        "CTRL-style penalty (1 = off). Unset, the model family's default: Llasa 1, Orpheus 1.3 (its "
+        "authors: stable speech needs >= 1.1)."))
     max_new_tokens: int = Field(2000, ge=1, description=(
-        "Speech tokens to generate at most (50 per second of audio); the context limit may cut "
-        "it shorter."))
+        "Speech codes to generate at most (Llasa: 50 per second of audio; Orpheus: about 82, seven "
+        "a frame); the context limit may cut it shorter."))
     seed: int = Field(0, ge=0, description=(
         "Job seed; each item's seed is derived from it and the item's id unless given."))
     max_speech_ratio: float | None = Field(None, ge=1.0, description=(
@@ -144,6 +148,8 @@ class StorageOptions(BaseModel):
     retry_backoff_max_s: float = Field(20.0, gt=0, description="Cap of one storage retry's wait.")
 
 
+# the model families (engine/families/, whose registry a test holds to this list)
+FamilyName = Literal["auto", "llasa", "orpheus"]
 CompileMode = Literal["auto", "none", "inductor", "cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 DraftWeights = Literal["native", "int8"]
@@ -158,10 +164,18 @@ class ModelsSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    target: str = Field(description="Target checkpoint (Hugging Face Llama format), e.g. a Llasa-8B copy.")
+    target: str = Field(description=(
+        "Target checkpoint (Hugging Face Llama format) of a known model family, e.g. a Llasa-8B or "
+        "an Orpheus-3B copy."))
+    family: FamilyName = Field("auto", description=(
+        "The model family (docs: models): auto detects it from the target's tokenizer (the dry "
+        "run names it); llasa or orpheus is checked against it. It sets the prompt format, the "
+        "output space (Orpheus: seven code ranges a frame), the codec and the sampling defaults."))
     draft: str | None = Field(None, description="Draft checkpoint sharing the target's vocabulary; "
                                                 "required unless decoding.method is 'ar'.")
-    codec: str = Field(description="X-codec2 checkpoint (transformers format, e.g. xcodec2-hf).")
+    codec: str = Field(description=(
+        "The family's codec checkpoint: X-codec2 for Llasa (transformers format, e.g. "
+        "HKUSTAudio/xcodec2-hf), SNAC 24 kHz for Orpheus (e.g. hubertsiuzdak/snac_24khz)."))
     groups: str | None = Field(None, description=(
         "A prebuilt groups file (`pcg-synth groups build`); by default groups for decoding.theta "
         "are fetched from the cache or built once by the driver."))
@@ -244,7 +258,6 @@ class OutputSpec(BaseModel):
         return self
 
 
-LLASA_CONTEXT = 2048  # tokens Llasa was trained with, prompt included (the context a text must fit)
 SplitMode = Literal["auto", "sentences", "none"]
 SPLIT_MODES: tuple[str, ...] = get_args(SplitMode)
 NormalizerName = Literal["rules", "nemo"]
@@ -391,7 +404,8 @@ class VoicePromptSpec(BaseModel):
 
     id: str = Field(min_length=1, description="Prompt id (goes into every row's provenance).")
     text: str = Field(min_length=1, description="Transcript of the prompt clip.")
-    codes: list[int] | None = Field(None, description="X-codec2 codes of the clip (or give audio).")
+    codes: list[int] | None = Field(None, description=(
+        "Codec codes of the clip (Llasa: X-codec2; Orpheus: SNAC in 7-code frames), or give audio."))
     audio: str | None = Field(None, description="WAV/FLAC clip URI (encoded once, cached).")
 
     @model_validator(mode="after")

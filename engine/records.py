@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass, field
 
-CODES_PER_SECOND = 50  # X-codec2: 16 kHz, 320 samples per code
 FAILED_EXAMPLES = 5  # failed rows named (id and error) in a shard's commit record and in a job's summary
 
 
@@ -91,13 +90,15 @@ ITEM_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "
 
 @dataclass
 class SynthesisItem:
-    """One utterance: text, optional voice prompt (transcript + X-codec2 codes), optional seed,
-    and optional sampling settings of its own (None: the call's `DecodingSettings`)."""
+    """One utterance: text, optional voice prompt (transcript + codec codes), optional named
+    voice (a speaker the model was trained on, e.g. Orpheus's `tara`), optional seed, and
+    optional sampling settings of its own (None: the call's `DecodingSettings`)."""
 
     text: str
     id: str | None = None
     prompt_text: str | None = None
     prompt_codes: list[int] | None = None
+    voice: str | None = None
     seed: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -169,7 +170,8 @@ class QualityVerdict:
 
 @dataclass
 class SynthesisResult:
-    """Codes (`0..65535`, end-of-speech stripped) and how they came about; `error` is set and
+    """Codec codes (end-of-speech stripped; Llasa: X-codec2 codes `0..65535`; Orpheus: SNAC codes
+    `0..4095` in 7-code frames) and how they came about; `error` is set and
     `finish_reason == "error"` when the item could not be decoded. With texts prepared
     (`engine.text.items`): `normalized_text`, the text normalised (what the model read), and
     `chunks`, a long text's per-chunk records (its codes are theirs in order, `num_codes` each)."""
@@ -184,10 +186,6 @@ class SynthesisResult:
     quality: QualityVerdict | None = None  # the quality gate's decision (None: no gate)
     normalized_text: str | None = None  # the text normalised (None: normalisation off)
     chunks: list[dict] | None = None  # a split text's chunks (engine.text.join.chunk_records)
-
-    @property
-    def audio_seconds(self) -> float:
-        return len(self.codes) / CODES_PER_SECOND
 
     @property
     def cut(self) -> bool:
@@ -221,6 +219,7 @@ class RunSummary:
     batch_size: int = 1
     cut: int = 0  # items that reached their token limit (max_new_tokens or the context) before end of speech
     quality: dict | None = None  # the quality gate's counts (passed, rejected, ...), None without one
+    codes_per_second: float = 0.0  # the model family's (audio_seconds); 0: unknown
 
     @property
     def slot_utilisation(self) -> float:
@@ -242,7 +241,8 @@ class RunSummary:
             "cut": self.cut,
             "wall_s": round(self.wall_s, 4),
             "generated_tokens": s.generated_tokens,
-            "audio_seconds": round(s.generated_tokens / CODES_PER_SECOND, 3),
+            "audio_seconds": round(s.generated_tokens / self.codes_per_second, 3) if self.codes_per_second else None,
+            "codes_per_second": self.codes_per_second,
             "tokens_per_s": round(self.tokens_per_s, 3),
             "target_calls": s.rounds,
             "mean_accepted_length": round(s.mean_accepted_length, 4),

@@ -38,6 +38,29 @@ def kit_synth(kit_dir):
 
 
 @pytest.fixture(scope="session")
+def orpheus_kit_dir(tmp_path_factory):
+    """A freshly built tiny Orpheus kit (target and draft in Orpheus's token layout, a random SNAC
+    24 kHz codec) shared by the whole session."""
+    from engine.kit import build_kit
+
+    return build_kit(tmp_path_factory.mktemp("orpheus-kit") / "kit", family="orpheus")
+
+
+@pytest.fixture(scope="session")
+def orpheus64(orpheus_kit_dir):
+    """A float64 CPU Synthesizer over the Orpheus kit (batch 4), holding its groups at theta 0.4
+    (built into the session's groups cache) and singleton groups (theta 1.0)."""
+    from engine import Synthesizer
+    from engine.groups.csr import SpeechGroups
+
+    s = Synthesizer.load(orpheus_kit_dir / "target", draft=orpheus_kit_dir / "draft", device="cpu",
+                         dtype="float64", batch_size=4)
+    s.groups(0.4)
+    s.set_groups(SpeechGroups.singletons(s.layout.num_codes))
+    return s
+
+
+@pytest.fixture(scope="session")
 def synth64(kit_dir, kit_groups):
     """A float64 CPU Synthesizer over the kit (batch 4), holding the kit's groups (theta 0.4) and
     singleton groups (theta 1.0): float64 makes batch-invariance and per-row comparisons exact."""
@@ -64,7 +87,8 @@ def kit_groups(kit_synth, groups_cache):
     groups cache (jobs over the kit then find them there)."""
     from engine.groups.cache import get_groups
 
-    return get_groups(kit_synth.speech_embeddings(), 0.4, cache_dir=groups_cache)
+    return get_groups(kit_synth.speech_embeddings(), 0.4, cache_dir=groups_cache, ranges=kit_synth.layout.ranges,
+                      family=kit_synth.layout.family)
 
 
 @contextlib.contextmanager

@@ -128,9 +128,9 @@ def cmd_eval(args) -> int:
         if codec_ref:
             print(f"codec for code-only voice prompts: {codec_ref} (from the job's _job.json)")
     if codec_ref and prompts is not None:
-        from engine.codec.xcodec2 import Xcodec2Codec
+        from engine.codec.load import load_codec
 
-        prompts.codec = Xcodec2Codec.load(codec_ref, device=args.metrics_device, dtype="float32")
+        prompts.codec = load_codec(codec_ref, device=args.metrics_device, dtype="float32")
     backends = load_backends(args, prompts)
     if backends.speaker is not None and prompts is None:
         backends.notes.append("no speaker similarity: give the generation manifest with --prompts")

@@ -69,7 +69,7 @@ def manifest_items(uri: str, codec, limit: int | None = None, storage: Storage |
             raise ValueError(f"{row.source}: {row.error}")
         prompt = None
         if row.prompt_audio:
-            wave = read_clip(io.BytesIO(storage.read_bytes(relative_to(uri, row.prompt_audio))))
+            wave = read_clip(io.BytesIO(storage.read_bytes(relative_to(uri, row.prompt_audio))), codec.sample_rate)
             prompt = load_voice_prompt(row.prompt_text or "", codes=cache.encode(codec, wave), id=row.prompt_id)
         elif row.prompt_codes:
             prompt = load_voice_prompt(row.prompt_text or "", codes=row.prompt_codes, id=row.prompt_id)

@@ -21,7 +21,7 @@ from engine.config import DecodingSettings
 def cmd_paper_table(args) -> int:
     from engine.bench.paper import render, run_protocol
     from engine.bench.presets import load_synthesizer, tiny_kit
-    from engine.codec.xcodec2 import Xcodec2Codec
+    from engine.codec.load import load_codec
     from engine.metrics.references import PromptClips
 
     base = settings_from_args(args, DecodingSettings)  # the flags given; the rest: its defaults
@@ -43,8 +43,9 @@ def cmd_paper_table(args) -> int:
                                      compile=args.compile, draft_weights=args.draft_weights)
     codec_dir = args.codec or (str(tiny_kit(args.kit) / "codec") if preset == "tiny" else None)
     if codec_dir is None:
-        raise ValueError("give --codec DIR (an X-codec2 checkpoint) to turn codes into audio")
-    codec = Xcodec2Codec.load(codec_dir, device=str(synth.device), encoder_device="cpu")
+        raise ValueError("give --codec DIR (the model family's codec checkpoint) to turn codes into audio")
+    codec = load_codec(codec_dir, device=str(synth.device), encoder_device="cpu")
+    synth.family.check_codec(codec, f"--codec {codec_dir}")
     models["codec"] = codec_dir
     backends = load_backends(args, PromptClips([manifest]))
     doc = run_protocol(synth, codec, manifest, cfg, out, backends, models, command_line(args),

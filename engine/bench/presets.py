@@ -21,11 +21,12 @@ from pathlib import Path
 import torch
 
 from engine.api import Synthesizer
+from engine.families import detect
+from engine.families.llasa import FAMILY as LLASA
 from engine.io.storage import cache_dir
 from engine.kit.build import KIT_VERSION, KitSpec, build_kit, layer_subset, llama_config, random_llama, save_checkpoint
 from engine.kit.tokenizer import build_tokenizer
 from engine.models.device import resolve_compile, resolve_device, resolve_dtype
-from engine.models.llasa import LlasaLayout
 from engine.models.loading import LoadedModel, check_weights, empty_model, load_model, ready_for_decoding
 
 PRESETS = ("tiny", "llasa-1b-shape")
@@ -95,7 +96,8 @@ def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.dev
                        weights: str = "native", fuse: bool = True) -> LoadedModel:
     """A `LoadedModel` from in-memory HF-named tensors (what `load_model` does from disk;
     `prepack`, `weights` and `fuse` as in `ready_for_decoding`)."""
-    layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
+    family = detect(tokenizer, label)
+    layout = family.layout(tokenizer, model_vocab_size=config["vocab_size"])
     model = empty_model(config, layout, device, dtype)
     params = dict(model.named_parameters())
     with torch.no_grad():
@@ -103,7 +105,8 @@ def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.dev
             params[name].copy_(value)
         model.head.copy_(tensors["model.embed_tokens.weight"][layout.output_token_ids()])  # tied
     ready_for_decoding(model, prepack, weights=weights, fuse=fuse)
-    return LoadedModel(path=Path(label), model=model, tokenizer=tokenizer, layout=layout, config=config)
+    return LoadedModel(path=Path(label), model=model, tokenizer=tokenizer, layout=layout, config=config,
+                       family=family)
 
 
 def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLASA_1B_SPEC,
@@ -126,7 +129,7 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
     """
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_tokenizer(Path(tmp) / "tok", spec.text_vocab_size)
-        layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=vocab_size)
+        layout = LLASA.layout(tokenizer, model_vocab_size=vocab_size)
         gen = torch.Generator().manual_seed(spec.seed)
         spec = replace(spec, draft_layers=draft_layers)
         t_cfg = llama_config(spec, vocab_size, spec.num_layers, layout)

@@ -18,7 +18,7 @@ from engine.bench.texts import BENCH_TEXTS
 from engine.config import METHODS, DecodingSettings, decoding_default
 from engine.console import bar_disabled
 from engine.decoding.cost import ForwardClock
-from engine.records import CODES_PER_SECOND, RunSummary, SynthesisItem
+from engine.records import RunSummary, SynthesisItem
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def aggregate(runs: dict[str, list[dict]], settings: list[Setting]) -> dict[str,
         out[s.label] = {
             **asdict(s),
             "tokens_per_s": spread(tps),
-            "audio_s_per_s": spread([t / CODES_PER_SECOND for t in tps]),
+            "audio_s_per_s": spread([r["tokens_per_s"] / r["codes_per_second"] for r in rows]),
             "speedup_vs_ar": spread([r["tokens_per_s"] / a["tokens_per_s"] for r, a in zip(rows, base)]),
             "decode_speedup_vs_ar": spread([r["decode_tokens_per_s"] / a["decode_tokens_per_s"]
                                             for r, a in zip(rows, base)]),
@@ -220,7 +220,7 @@ def run_bench(synth: Synthesizer, cfg: BenchConfig, models: dict, how: str, prog
         "how": how,
         "machine": {**describe(device), "copy_bandwidth_GBps": bandwidth / 1e9 if bandwidth else None,
                     "spec_bandwidth_GBps": (cost.spec_bandwidth(device) or 0) / 1e9 or None},
-        "models": models,
+        "models": {**models, "family": synth.family.name},
         "settings": {**asdict(cfg), "items_per_run": f"{cfg.items_per_slot} x batch size",
                      "texts": "engine/bench/texts.py (8 English sentences)"},
         "batches": {},

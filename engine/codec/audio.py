@@ -1,4 +1,4 @@
-"""Audio in and out: reading clips (any rate -> 16 kHz mono), WAV/FLAC bytes.
+"""Audio in and out: reading clips (any rate -> the codec's rate, mono), WAV/FLAC bytes.
 
 Resampling uses `scipy.signal.resample_poly` (polyphase FIR, Kaiser window, beta 5.0): exact
 rational ratios such as 44100 -> 16000 = 160/441, linear phase, no wrap-around at the ends
@@ -16,12 +16,11 @@ import numpy as np
 
 from engine.codec.base import CodecError
 
-SAMPLE_RATE = 16_000
 AudioFormat = Literal["wav", "flac"]
 AUDIO_FORMATS: tuple[str, ...] = ("wav", "flac")
 
 
-def resample(waveform: np.ndarray, orig_sr: int, target_sr: int = SAMPLE_RATE) -> np.ndarray:
+def resample(waveform: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
     """Polyphase resampling of mono float audio `[N]` -> `[ceil(N * target_sr / orig_sr)]`.
 
     Raises:
@@ -43,7 +42,7 @@ def to_mono(data: np.ndarray) -> np.ndarray:
     return data if data.ndim == 1 else data.mean(axis=1)
 
 
-def read_clip(source: str | Path | BinaryIO, target_sr: int = SAMPLE_RATE, name: str | None = None) -> np.ndarray:
+def read_clip(source: str | Path | BinaryIO, target_sr: int, name: str | None = None) -> np.ndarray:
     """Read a WAV/FLAC (anything libsndfile reads) as float32 mono `[N]` at `target_sr`.
 
     Args:
@@ -52,6 +51,12 @@ def read_clip(source: str | Path | BinaryIO, target_sr: int = SAMPLE_RATE, name:
     Raises:
         CodecError: missing, unreadable or empty file (the message names it).
     """
+    data, sr = read_wave(source, name)
+    return resample(data, sr, target_sr)
+
+
+def read_wave(source: str | Path | BinaryIO, name: str | None = None) -> tuple[np.ndarray, int]:
+    """`read_clip` at the clip's own rate: (float32 mono `[N]`, its rate)."""
     import soundfile as sf
 
     name = name or (str(source) if isinstance(source, (str, Path)) else "clip")
@@ -64,7 +69,7 @@ def read_clip(source: str | Path | BinaryIO, target_sr: int = SAMPLE_RATE, name:
         raise CodecError(f"cannot read audio clip {name}: {why} (WAV or FLAC expected)") from exc
     if data.size == 0:
         raise CodecError(f"audio clip {name} holds no samples")
-    return resample(to_mono(data), int(sr), target_sr)
+    return to_mono(data), int(sr)
 
 
 def to_pcm16(waveform: np.ndarray) -> np.ndarray:
@@ -74,7 +79,7 @@ def to_pcm16(waveform: np.ndarray) -> np.ndarray:
     return np.round(np.clip(wav, -1.0, 1.0) * 32767.0).astype(np.int16)
 
 
-def audio_bytes(waveform: np.ndarray, sample_rate: int = SAMPLE_RATE, fmt: str = "wav") -> bytes:
+def audio_bytes(waveform: np.ndarray, sample_rate: int, fmt: str = "wav") -> bytes:
     """16-bit PCM WAV or FLAC file bytes of mono float audio `[N]`.
 
     Raises:

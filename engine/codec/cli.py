@@ -1,4 +1,4 @@
-"""`pcg-synth codec ...`: X-codec2 utilities (registered by `engine.cli`)."""
+"""`pcg-synth codec ...`: codec utilities (registered by `engine.cli`)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,22 @@ def codec_dir_from(args) -> Path:
         return Path(args.codec)
     if args.kit:
         return Path(args.kit) / "codec"
-    raise ValueError("give --codec DIR (an X-codec2 checkpoint) or --kit DIR (a tiny kit)")
+    raise ValueError("give --codec DIR (an X-codec2 or SNAC checkpoint) or --kit DIR (a tiny kit)")
 
 
 def cmd_encode(args) -> int:
     """Encode one clip; print the codes as JSON or write them to --out."""
-    from engine.codec.audio import read_clip
+    from engine.codec.audio import read_wave, resample
+    from engine.codec.base import seconds
+    from engine.codec.load import load_codec
     from engine.codec.prompts import PromptCache, prompt_id
-    from engine.codec.xcodec2 import Xcodec2Codec
 
-    waveform = read_clip(args.clip)  # unreadable clips fail before the codec loads
+    waveform, rate = read_wave(args.clip)  # unreadable clips fail before the codec loads
     codec_dir = codec_dir_from(args)
-    codec = Xcodec2Codec.load(codec_dir, device="cpu", dtype="float32", encoder_device=args.device)
-    codes = PromptCache(args.cache_dir).encode(codec, waveform)
+    codec = load_codec(codec_dir, device="cpu", dtype="float32", encoder_device=args.device)
+    codes = PromptCache(args.cache_dir).encode(codec, resample(waveform, rate, codec.sample_rate))
     doc = {"clip": str(args.clip), "codec": str(codec_dir), "sample_rate": codec.sample_rate,
-           "num_codes": len(codes), "duration": len(codes) * codec.hop_length / codec.sample_rate,
+           "num_codes": len(codes), "duration": seconds(codec, len(codes)),
            "codes": codes}
     if args.text and args.text.strip():
         text = args.text.strip()

@@ -18,7 +18,7 @@ from typing import BinaryIO
 import numpy as np
 
 from engine.codec.audio import AUDIO_FORMATS, audio_bytes
-from engine.codec.base import Codec, CodecError, as_code_array
+from engine.codec.base import Codec, CodecError, as_code_array, samples
 from engine.codec.join import join_audio, placed
 from engine.codec.prompts import PROMPT_AUDIO_MODES, VoicePrompt, codes_for_audio
 from engine.config import DecodingSettings
@@ -53,7 +53,7 @@ def decode_waves(codec: Codec, codes: Sequence[Sequence[int]], prompts: Sequence
         except CodecError as exc:
             out[i] = exc
     for (i, _, cut), wav in zip(todo, codec.decode([c for _, c, _ in todo])):
-        out[i] = wav[cut * codec.hop_length:]
+        out[i] = wav[samples(codec, cut):]
     return out
 
 
@@ -189,10 +189,10 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
     check_export_args(results, prompts, parquet_path, wav_dir, audio_format, prompt_audio)
     if codec is None:
         if codec_dir is None:
-            raise ValueError("give the X-codec2 checkpoint directory (or a loaded codec)")
-        from engine.codec.xcodec2 import Xcodec2Codec
+            raise ValueError("give the codec's checkpoint directory (or a loaded codec)")
+        from engine.codec.load import load_codec
 
-        codec = Xcodec2Codec.load(codec_dir, device=device, dtype=dtype)
+        codec = load_codec(codec_dir, device=device, dtype=dtype)
     prompts = list(prompts) if prompts is not None else [None] * len(results)
     per_row = [settings] * len(results) if isinstance(settings, DecodingSettings) else list(settings)
     if len(per_row) != len(results):

@@ -1,9 +1,10 @@
 """Voice prompts: a reference clip (or its precomputed codes) plus its transcript.
 
-Llasa clones a voice when the user turn's text is `{prompt transcript} {new text}` and the
-assistant turn starts with the clip's X-codec2 codes; `SynthesisItem.prompt_text` and
-`.prompt_codes` carry exactly that to the decoding core. Clips are encoded once: codes are
-cached under sha256(codec fingerprint, 16 kHz samples), in memory and optionally on disk.
+A model family's prompter conditions on both (Llasa: the user turn's text is `{prompt
+transcript} {new text}` and the assistant turn starts with the clip's X-codec2 codes; Orpheus: a
+turn of its own, transcript then SNAC codes); `SynthesisItem.prompt_text` and `.prompt_codes`
+carry them to the decoding core. Clips are encoded once: codes are cached under
+sha256(codec fingerprint, samples at the codec's rate), in memory and optionally on disk.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from typing import Literal
 
 import numpy as np
 
-from engine.codec.audio import SAMPLE_RATE, read_clip
+from engine.codec.audio import read_clip
 from engine.codec.base import Codec, CodecError, as_code_array
 from engine.records import SynthesisItem
 
-CODEBOOK_SIZE = 65_536
 PromptAudio = Literal["strip", "include", "context"]
 PROMPT_AUDIO_MODES: tuple[str, ...] = ("strip", "include", "context")
 
@@ -55,7 +55,7 @@ class PromptCache:
 
     @staticmethod
     def key(codec: Codec, waveform: np.ndarray) -> str:
-        """sha256 of the codec's fingerprint and the float32 16 kHz samples."""
+        """sha256 of the codec's fingerprint and the float32 samples (at the codec's rate)."""
         digest = hashlib.sha256(codec.fingerprint.encode())
         digest.update(np.ascontiguousarray(waveform, dtype="<f4").tobytes())
         return digest.hexdigest()
@@ -78,7 +78,7 @@ class PromptCache:
             os.replace(tmp, self.directory / f"{key}.json")  # concurrent writers never tear a file
 
     def encode(self, codec: Codec, waveform: np.ndarray) -> list[int]:
-        """Cached codes of a 16 kHz mono waveform `[N]`, encoding it on a miss."""
+        """Cached codes of a mono waveform at the codec's rate `[N]`, encoding it on a miss."""
         key = self.key(codec, waveform)
         codes = self.get(key)
         if codes is None:
@@ -94,8 +94,9 @@ def load_voice_prompt(text: str, audio: str | Path | None = None, codes: Sequenc
 
     Args:
         text: the clip's transcript (Llasa conditions on it).
-        audio: a WAV/FLAC clip at any sample rate (resampled to 16 kHz mono); needs `codec`.
-        codes: precomputed X-codec2 codes instead of `audio`.
+        audio: a WAV/FLAC clip at any sample rate (resampled to the codec's, mono); needs `codec`.
+        codes: precomputed codec codes instead of `audio` (checked against `codec`'s codebook
+            when given; the prompter checks them against the model family's when decoding).
         codec: encodes `audio`.
         cache: reuse codes of clips encoded before (a fresh in-memory cache when None).
         id: the prompt's id in the dataset (default: a hash of transcript and codes).
@@ -111,8 +112,8 @@ def load_voice_prompt(text: str, audio: str | Path | None = None, codes: Sequenc
     if audio is not None:
         if codec is None:
             raise ValueError(f"encoding the clip {audio} needs a codec")
-        codes = (cache or PromptCache()).encode(codec, read_clip(audio, SAMPLE_RATE))
-    checked = as_code_array(codes, CODEBOOK_SIZE, "voice prompt codes")
+        codes = (cache or PromptCache()).encode(codec, read_clip(audio, codec.sample_rate))
+    checked = as_code_array(codes, codec.codebook_size if codec is not None else None, "voice prompt codes")
     resolved = tuple(int(c) for c in checked)
     return VoicePrompt(id=id or prompt_id(text, resolved), text=text.strip(), codes=resolved)
 

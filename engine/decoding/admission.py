@@ -10,7 +10,7 @@ chance).
 
 Lengths are not known before decoding; a speech LM's output length follows its text (a row's
 audio lasts as long as its text takes to say), so the estimate is the text's speaking time at
-`CODES_PER_SECOND` codes per second, capped by the row's `max_new_tokens`. The order changes
+the model family's codes per second, capped by the row's `max_new_tokens`. The order changes
 which rows share a round, not a row's codes: a row is decoded independently of the rows beside
 it (tested bit for bit in float64; in float32 a batch can move logits in the last bits).
 
@@ -28,7 +28,6 @@ import math
 import unicodedata
 from collections.abc import Callable, Iterable
 
-CODES_PER_SECOND = 50  # X-codec2: 16 kHz audio, one code per 320 samples
 CHARS_PER_SECOND = 15.0  # a typical speaking rate in letters (spaces and punctuation included)
 SYLLABIC_WEIGHT = 3.0  # a CJK character is a syllable: said ~3x slower than a letter
 
@@ -52,16 +51,17 @@ def speech_seconds(text: str, chars_per_second: float = CHARS_PER_SECOND) -> flo
 SPEECH_MARGIN_S = 2.0  # `speech_budget`'s allowance beyond the scaled estimate (pauses, a slow voice)
 
 
-def speech_budget(text: str, ratio: float) -> int:
+def speech_budget(text: str, ratio: float, codes_per_second: float) -> int:
     """Codes a row may take under `decoding.max_speech_ratio`: `ratio` times its text's estimated
-    speaking time, plus `SPEECH_MARGIN_S`, rounded up; a model that does not stop is cut there."""
-    return math.ceil(round((ratio * speech_seconds(text) + SPEECH_MARGIN_S) * CODES_PER_SECOND, 6))
+    speaking time, plus `SPEECH_MARGIN_S`, rounded up (at the model family's `codes_per_second`);
+    a model that does not stop is cut there."""
+    return math.ceil(round((ratio * speech_seconds(text) + SPEECH_MARGIN_S) * codes_per_second, 6))
 
 
-def expected_tokens(text: str, max_new_tokens: int | None) -> int:
-    """Estimated speech codes a row generates: its text's speaking time, at most its budget
-    (None: uncapped, what saying the whole text takes)."""
-    needed = round(speech_seconds(text) * CODES_PER_SECOND)
+def expected_tokens(text: str, max_new_tokens: int | None, codes_per_second: float) -> int:
+    """Estimated speech codes a row generates: its text's speaking time at the model family's
+    `codes_per_second`, at most its budget (None: uncapped, what saying the whole text takes)."""
+    needed = round(speech_seconds(text) * codes_per_second)
     return needed if max_new_tokens is None else min(max_new_tokens, needed)
 
 

@@ -14,6 +14,11 @@ the rules present, which sampling steps any row needs, and the key bucket. A row
 off is left exactly as it would be alone, so a row's tokens never depend on the plan its
 neighbours chose (nor on the rows beside it).
 
+A framed output space (`OutputSpace.framed`: Orpheus's seven code ranges a frame) is a mask too:
+each row's logits at every position it predicts keep only the ids of that position's range (and
+end-of-speech where a frame ends), from the row's generated count, before any warp, in the
+draft and the target alike; `RoundState.phases` holds each id's frame position.
+
 PCG's thinning runs a fixed number of trials; the rows whose trials all failed (`OUT_FIX`)
 keep their accepted tokens, and the caller draws their recovered token with the exact dense
 residual after the round (`SpeculativeDecoder.fix_fallbacks`), from the distributions the round
@@ -124,6 +129,10 @@ class RoundState:
             instead of evaluating the hash (the same numbers).
         same_rope: draft and target rotate positions alike (`LlamaLM.same_rope`): a round's
             rope tables serve both.
+        start: `[B]` each row's prompt length (where its first generated code starts a frame).
+        phases: `[V]` the frame position at which each output id may be sampled
+            (`OutputSpace.phase_table`), or None: every id at every step.
+        cycle: positions per frame.
     """
 
     target: LlamaLM
@@ -153,12 +162,16 @@ class RoundState:
     draw_words: torch.Tensor | None = None
     ar_draws: torch.Tensor | None = None
     same_rope: bool = False
+    start: torch.Tensor | None = None
+    phases: torch.Tensor | None = None
+    cycle: int = 1
 
     def tensors(self) -> list[torch.Tensor]:
         """Every state tensor a round reads or writes (CUDA graphs replay into their addresses)."""
         names = ("tokens", "seq_len", "limit", "active", "keys", "temperature", "top_k", "top_p", "penalty",
                  "greedy", "rule_index", "stat_reached", "stat_accepted", "stat_counts", "seen",
-                 "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "ar_draws", "out_to_token")
+                 "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "ar_draws", "out_to_token",
+                 "start", "phases")
         caches = self.tcache.tensors() + (self.dcache.tensors() if self.dcache else [])
         return [t for t in [getattr(self, n) for n in names] + caches if t is not None]
 
@@ -174,6 +187,16 @@ def draws(state: RoundState, plan: RoundPlan, lens: torch.Tensor) -> dict[int, t
     purposes = plan.draw_purposes()
     parts = u.split([slots * lanes for _, slots, lanes in purposes], dim=1)
     return {purpose: part.view(-1, slots, lanes) for (purpose, slots, lanes), part in zip(purposes, parts)}
+
+
+def in_frame(logits: torch.Tensor, state: RoundState, first: torch.Tensor) -> torch.Tensor:
+    """`logits` `[B, T, V]` of the positions `first + 0..T-1` (`first` `[B]`) with every id their
+    frame positions do not allow at -inf (as they are without frames)."""
+    if state.phases is None:
+        return logits
+    k = (first - state.start)[:, None] + torch.arange(logits.shape[1], device=first.device)  # [B, T] generated index
+    allowed = state.phases == (k % state.cycle)[..., None]  # [B, T, V]
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def choose(logits: torch.Tensor, seen: torch.Tensor | None, warp: RowWarp, u: torch.Tensor | None):
@@ -204,12 +227,13 @@ def propose(state: RoundState, plan: RoundPlan, warp: RowWarp, span: torch.Tenso
     g = plan.gamma
     pos = span[:, :2]  # [B, 2]
     logits = state.draft._step(state.tokens.gather(1, pos), pos, state.dcache, kv_len, None, "last", widen=False,
-                               tables=tables.columns(0, 2))[:, 0]
+                               tables=tables.columns(0, 2))  # [B, 1, V]
+    lens = span[:, 2]  # [B] the first position drafted
     seen = state.seen if plan.penalty else None
     histories, tokens, probs = [seen], [], []
     drafted = u[rng.DRAFT] if plan.sampled else None  # [B, g, 1]
     for i in range(g):
-        x, pi = choose(logits, seen, warp, None if drafted is None else drafted[:, i])
+        x, pi = choose(in_frame(logits, state, lens + i)[:, 0], seen, warp, None if drafted is None else drafted[:, i])
         tokens.append(x)
         if pi is not None:
             probs.append(pi)
@@ -219,7 +243,7 @@ def propose(state: RoundState, plan: RoundPlan, warp: RowWarp, span: torch.Tenso
         if i < g - 1:
             feed = state.out_to_token[x][:, None]  # [B, 1]
             logits = state.draft._step(feed, span[:, i + 2:i + 3], state.dcache, kv_len, None, "last", widen=False,
-                                       tables=tables.columns(i + 2, i + 3))[:, 0]
+                                       tables=tables.columns(i + 2, i + 3))
     stacked = torch.stack(probs, 1) if probs else None
     history = torch.stack(histories, 1) if plan.penalty else None
     return torch.stack(tokens, 1), stacked, history
@@ -250,6 +274,7 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
         history = state.seen[:, None] if plan.penalty else None
     logits = state.target._step(feed, pos, state.tcache, kv_len, None, "all", widen=False,
                                 tables=target_tables)  # [B, g+1, V]
+    logits = in_frame(logits, state, lens)
     penalised = penalised_logits(logits, history, warp)
     target_probs = warp_penalised(penalised, warp) if plan.sampled else None
     argmax = penalised.argmax(-1) if plan.greedy else None  # [B, g+1]

@@ -35,6 +35,7 @@ from engine.decoding.graphs import RoundRunner
 from engine.decoding.round import OUT_COUNT, OUT_FINISHED, OUT_FIX, RoundPlan, RoundState, draw_columns
 from engine.decoding.sampling import RowWarp
 from engine.decoding.verify import Rule
+from engine.families.base import OutputSpace
 from engine.models.llama import LlamaLM
 from engine.records import RowStats
 
@@ -49,7 +50,7 @@ class Request:
         seed: per-item seed; the item's randomness depends on nothing else.
         max_new_tokens: generation budget (the context limit may cut it shorter).
         history_out: output ids already "in the sequence" for the repetition penalty
-            (the voice prompt's codes).
+            (the voice prompt's codes, `SpeechLayout.out_ids`).
         warp: the row's sampling settings (temperature 0: greedy).
         rule: the row's acceptance rule (None for a decoder without a draft, `ar`).
         priority, submission: admission order: a free slot takes a queued request of the
@@ -72,9 +73,10 @@ class Request:
 
 @dataclass
 class RowResult:
-    """Output ids (end-of-speech stripped), why decoding stopped, and statistics."""
+    """Codec codes (end-of-speech stripped; in a framed output space, whole frames only), why
+    decoding stopped, and statistics."""
 
-    tokens: list[int]
+    codes: list[int]
     finish_reason: str  # "eos" | "length"
     stats: RowStats
 
@@ -102,20 +104,21 @@ class SpeculativeDecoder:
         gamma: draft tokens per round (0 for `ar`).
         batch_size: slots decoded together.
         max_len: longest sequence (prompt + generated) a row may reach.
-        eos_out: output id of the end-of-speech token.
+        space: the output space (`SpeechLayout.output_space`): the end-of-speech id and the
+            frames whose positions restrict the ids a row may sample (`decoding/round.py`).
         runner: runs rounds eagerly or as compiled graphs (default: as the target's
             `compile_mode` says; see `decoding/graphs.py`).
     """
 
     def __init__(self, target: LlamaLM, draft: LlamaLM | None, gamma: int, batch_size: int,
-                 max_len: int, eos_out: int, runner: RoundRunner | None = None) -> None:
+                 max_len: int, space: OutputSpace, runner: RoundRunner | None = None) -> None:
         if (draft is None) != (gamma == 0):
             raise ValueError("a draft and gamma >= 1 go together (neither for 'ar')")
         if draft is not None and draft.vocab_out != target.vocab_out:
             raise ValueError(
                 f"draft emits {draft.vocab_out} output ids but the target {target.vocab_out}")
         self.target, self.draft = target, draft
-        self.gamma, self.batch, self.eos_out = gamma, batch_size, eos_out
+        self.gamma, self.batch, self.space, self.eos_out = gamma, batch_size, space, space.eos
         self.max_len = max_len
         self.device = target.device
         self.vocab = target.vocab_out
@@ -125,7 +128,7 @@ class SpeculativeDecoder:
         self.state = RoundState(
             target=target, draft=draft, tcache=target.new_cache(b, self.cache_len),
             dcache=draft.new_cache(b, self.cache_len) if draft is not None else None,
-            out_to_token=target.output_token_ids, eos_out=eos_out,
+            out_to_token=target.output_token_ids, eos_out=space.eos,
             tokens=zeros(b, self.cache_len), seq_len=torch.full((b,), 2, dtype=torch.long, device=dev),
             limit=torch.full((b,), 2, dtype=torch.long, device=dev), active=zeros(b, dtype=torch.bool),
             keys=zeros(b), temperature=torch.ones(b, device=dev), top_k=zeros(b),
@@ -133,7 +136,8 @@ class SpeculativeDecoder:
             greedy=zeros(b, dtype=torch.bool), rule_index=zeros(b),
             stat_reached=zeros(b, g), stat_accepted=zeros(b, g), stat_counts=zeros(b, 4),
             same_rope=draft is not None and draft.same_rope(target),
-            ar_draws=torch.zeros(b, self.cache_len, dtype=torch.float64, device=dev) if gamma == 0 else None)
+            ar_draws=torch.zeros(b, self.cache_len, dtype=torch.float64, device=dev) if gamma == 0 else None,
+            start=zeros(b), phases=space.phase_table(dev) if space.framed else None, cycle=space.cycle)
         self.runner = runner or RoundRunner.for_model(target)
         # its first n entries' length is a round's key count (a compiled round's dynamic size)
         self.keys_read = torch.empty(self.cache_len, dtype=torch.int8, device=dev)
@@ -231,6 +235,7 @@ class SpeculativeDecoder:
         st.tokens[rows] = 0
         st.tokens[rows, :width] = ids
         st.seq_len[rows] = lens
+        st.start[rows] = lens
         st.limit[rows] = torch.clamp(lens + budget, max=self.max_len)
         st.keys[rows] = rng.seed_key(seeds)
         if st.ar_draws is not None:  # the uniform of every position the rows may draw at
@@ -341,8 +346,13 @@ class SpeculativeDecoder:
         eos = bool(end > start and int(ids[-1]) == int(st.out_to_token[self.eos_out]))
         if eos:
             ids = ids[:-1]
-        # speech tokens are one contiguous run (asserted at load): output id = id - first
-        tokens = (ids - int(st.out_to_token[0])).tolist()
+        elif self.space.framed:  # a row cut at its limit keeps whole frames
+            ids = ids[: len(ids) - len(ids) % self.space.cycle]
+        # code tokens are one contiguous run (asserted at load): output id = id - first; a framed
+        # space's output id = code + codebook * frame position
+        out = ids - int(st.out_to_token[0])
+        if self.space.framed:
+            out -= self.space.codebook * (torch.arange(len(out)) % self.space.cycle)
         counts = st.stat_counts[slot].tolist()
         stats = RowStats(
             rounds=counts[0], emitted=counts[1], thinning_trials=counts[2], fallbacks=counts[3],
@@ -350,7 +360,7 @@ class SpeculativeDecoder:
             accepted=st.stat_accepted[slot].tolist() if self.gamma else [],
             prompt_tokens=start, generated_tokens=end - start,
         )
-        return RowResult(tokens=tokens, finish_reason="eos" if eos else "length", stats=stats)
+        return RowResult(codes=out.tolist(), finish_reason="eos" if eos else "length", stats=stats)
 
     def release(self, slot: int) -> None:
         """Free a slot: its row leaves the batch (its state stays until a row is admitted)."""

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.families.base import Prompter, SpeechLayout
 from engine.io.storage import Storage
-from engine.models.llasa import LlasaLayout, LlasaPrompter
 
 DATA_SUFFIXES = (".parquet", ".jsonl")
 COLUMNS = ("id", "text", "codes", "finish_reason", "settings", "error", "prompt_text", "prompt_codes")
@@ -142,7 +142,7 @@ def sampling_temperature(rows: list[dict]) -> float | None:
     return float(temps[0]) if len(temps) == 1 and temps[0] else None
 
 
-def row_sequence(row: dict, prompter: LlasaPrompter, layout: LlasaLayout, max_length: int) -> CodeSequence:
+def row_sequence(row: dict, prompter: Prompter, layout: SpeechLayout, max_length: int) -> CodeSequence:
     """One row -> its sequence (cut to `max_length` tokens).
 
     Raises:
@@ -153,17 +153,16 @@ def row_sequence(row: dict, prompter: LlasaPrompter, layout: LlasaLayout, max_le
     codes = [int(c) for c in (row.get("codes") or [])]
     if not codes:
         raise ValueError("no codes")
-    if any(not 0 <= c < layout.num_speech for c in codes):
-        raise ValueError(f"codes outside 0..{layout.num_speech - 1}")
-    prompt = prompter.build(row.get("text") or "", row.get("prompt_text"), row.get("prompt_codes"))
+    code_ids = layout.token_ids(codes)  # raises on codes outside the codebook
+    prompt = prompter.build(row.get("text") or "", row.get("prompt_text"), row.get("prompt_codes"), row.get("voice"))
     if len(prompt) >= max_length:
         raise ValueError(f"prompt of {len(prompt)} tokens leaves no room under max_length {max_length}")
     ended = row.get("finish_reason") in (None, "eos")
-    ids = prompt + [layout.first_speech + c for c in codes] + ([layout.speech_end] if ended else [])
+    ids = prompt + code_ids + ([layout.eos_token] if ended else [])
     return CodeSequence(ids=tuple(ids[:max_length]), start=len(prompt), text=row["text"])
 
 
-def to_sequences(rows: list[dict], prompter: LlasaPrompter, layout: LlasaLayout,
+def to_sequences(rows: list[dict], prompter: Prompter, layout: SpeechLayout,
                  max_length: int) -> tuple[list[CodeSequence], Counter]:
     """Usable rows -> sequences; returns them and a count of skipped rows by reason."""
     seqs, skipped = [], Counter()
@@ -196,7 +195,7 @@ def split_heldout(seqs: list[CodeSequence], fraction: float,
     return train, heldout[:limit]
 
 
-def make_batch(seqs: list[CodeSequence], layout: LlasaLayout) -> Batch:
+def make_batch(seqs: list[CodeSequence], layout: SpeechLayout) -> Batch:
     """Right-pad `seqs` (inputs drop each sequence's last token) and list the trained positions."""
     width = max(len(s.ids) - 1 for s in seqs)
     input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -208,8 +207,8 @@ def make_batch(seqs: list[CodeSequence], layout: LlasaLayout) -> Batch:
         rows.append(torch.full((n,), i, dtype=torch.long))
         cols.append(torch.arange(s.start - 1, len(ids) - 1))
         targets = ids[s.start:]
-        out = targets - layout.first_speech
-        labels.append(torch.where(targets == layout.speech_end, layout.eos_out, out))
+        out = targets - layout.first_code
+        labels.append(torch.where(targets == layout.eos_token, layout.eos_out, out))
     return Batch(input_ids, torch.cat(rows), torch.cat(cols), torch.cat(labels))
 
 

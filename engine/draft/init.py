@@ -22,8 +22,8 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from engine.console import bar_disabled
+from engine.families import detect
 from engine.io.storage import model_dir
-from engine.models.llasa import LlasaLayout
 from engine.models.loading import (
     DRAFT_INFO,
     NOT_COPIED,
@@ -75,15 +75,16 @@ def vocabulary_view(path: str | Path) -> LoadedModel:
     path = model_dir(path)
     config = read_config(path)
     tokenizer = load_tokenizer(path)
-    layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
-    return LoadedModel(path=path, model=None, tokenizer=tokenizer, layout=layout, config=config)
+    family = detect(tokenizer, str(path))
+    layout = family.layout(tokenizer, model_vocab_size=config["vocab_size"])
+    return LoadedModel(path=path, model=None, tokenizer=tokenizer, layout=layout, config=config, family=family)
 
 
 def check_vocabularies(target: str | Path, draft: str | Path) -> None:
     """Refuse a draft whose vocabulary differs from the target's (same check as decoding).
 
     Raises:
-        ValueError: the Llasa layouts or the tokenizer vocabularies differ.
+        ValueError: the token layouts or the tokenizer vocabularies differ.
     """
     check_same_vocabulary(vocabulary_view(target), vocabulary_view(draft))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from engine.config import DecodingSettings
 from engine.draft.checkpoint import (
     check_fingerprint,
     checkpoint_dirs,
@@ -30,12 +31,11 @@ from engine.draft.init import DRAFT_INFO, save_draft, vocabulary_view
 from engine.draft.objective import TEACHER_LOSSES, SpeechLM, set_trainable
 from engine.draft.settings import TrainSettings
 from engine.draft.train import DraftTrainer, Hyper
+from engine.families import family_settings
+from engine.families.base import Family, SpeechLayout
 from engine.io.storage import Storage
 from engine.models.device import resolve_device, resolve_dtype
-from engine.models.llasa import LlasaLayout, LlasaPrompter
 from engine.models.loading import check_same_vocabulary, read_config
-
-DEFAULT_TEMPERATURE = 0.8  # Llasa's model card
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Plan:
 
     settings: TrainSettings
     hyper: Hyper
-    layout: LlasaLayout
+    layout: SpeechLayout
     draft_dir: Path
     target_dir: Path | None
     train: list[CodeSequence]
@@ -80,17 +80,18 @@ def resolve_loss(settings: TrainSettings, engine_data: bool) -> str:
     return settings.loss
 
 
-def resolve_temperature(settings: TrainSettings, rows: list[dict]) -> tuple[float, str]:
-    """The KD / acceptance temperature and where it came from (given, the data's, the default)."""
+def resolve_temperature(settings: TrainSettings, rows: list[dict], family: Family) -> tuple[float, str]:
+    """The KD / acceptance temperature and where it came from (given, the data's, the family's default)."""
     if settings.temperature is not None:
         return settings.temperature, "given"
     if (t := sampling_temperature(rows)) is not None:
         return t, "the data's sampling temperature"
     temps = sampled_temperatures(rows)
+    default = family_settings(DecodingSettings(), family).temperature
     if len(temps) > 1:
-        return DEFAULT_TEMPERATURE, (f"default: the rows were sampled at {', '.join(map(str, temps))}; "
-                                     "set --temperature to the one you will decode at")
-    return DEFAULT_TEMPERATURE, "default"
+        return default, (f"{family.name}'s default: the rows were sampled at {', '.join(map(str, temps))}; "
+                         "set --temperature to the one you will decode at")
+    return default, f"{family.name}'s default"
 
 
 def plan_run(settings: TrainSettings) -> Plan:
@@ -110,8 +111,8 @@ def plan_run(settings: TrainSettings) -> Plan:
     rows = read_rows(settings.data, storage)
     engine_data = produced_by_engine(rows)
     loss = resolve_loss(settings, engine_data)
-    temperature, source = resolve_temperature(settings, rows)
-    seqs, skipped = to_sequences(rows, LlasaPrompter(view.tokenizer, view.layout), view.layout,
+    temperature, source = resolve_temperature(settings, rows, view.family)
+    seqs, skipped = to_sequences(rows, view.family.prompter(view.tokenizer, view.layout), view.layout,
                                  settings.max_length)
     if not seqs:
         raise ValueError(f"{settings.data}: no usable rows ({dict(skipped) or 'empty'})")

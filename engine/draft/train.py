@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from engine.console import bar_disabled
 from engine.draft.data import Batch, CodeSequence, batch_order, make_batch
 from engine.draft.objective import TEACHER_LOSSES, SpeechLM, acceptance_sum, ce_loss_sum
-from engine.models.llasa import LlasaLayout
+from engine.families.base import SpeechLayout
 
 Loss = Literal["kd", "tv", "ce"]
 
@@ -65,7 +65,7 @@ class DraftTrainer:
         hyper: step settings.
         draft: the trainable model (its trainable parameters already chosen).
         target: the teacher for `kd` and for held-out acceptance; None for `ce` without one.
-        layout: the Llasa token layout.
+        layout: the family's token layout.
         train, heldout: sequences.
         device: where batches go.
         forward: the module to call for the draft's logits (a DDP wrapper under Ray Train);
@@ -75,7 +75,7 @@ class DraftTrainer:
             cached target logits are then kept in bfloat16.
     """
 
-    def __init__(self, hyper: Hyper, draft: SpeechLM, target: SpeechLM | None, layout: LlasaLayout,
+    def __init__(self, hyper: Hyper, draft: SpeechLM, target: SpeechLM | None, layout: SpeechLayout,
                  train: list[CodeSequence], heldout: list[CodeSequence], device: torch.device,
                  forward: torch.nn.Module | None = None, rank: int = 0, world: int = 1,
                  autocast: bool = False) -> None:

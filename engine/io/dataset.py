@@ -24,10 +24,8 @@ from engine.config import DecodingSettings, TextSpec
 from engine.io.files import publish, sync_file
 from engine.records import RowStats, SynthesisResult
 
-SAMPLING_RATE = 16_000
 
-
-def huggingface_metadata(sampling_rate: int = SAMPLING_RATE) -> dict[bytes, bytes]:
+def huggingface_metadata(sampling_rate: int) -> dict[bytes, bytes]:
     """Schema metadata that makes `datasets` type the `audio` column as `Audio`; the other
     columns' features are inferred from their Arrow types."""
     features = {"audio": {"_type": "Audio", "sampling_rate": sampling_rate}}
@@ -73,7 +71,7 @@ def text_columns(text: TextSpec) -> tuple[str, ...]:
     return tuple(names)
 
 
-def dataset_schema(sampling_rate: int = SAMPLING_RATE, text: Sequence[str] = ()) -> pa.Schema:
+def dataset_schema(sampling_rate: int, text: Sequence[str] = ()) -> pa.Schema:
     """Columns of a shard (nullable unless said; their meaning: docs/guides/audio.md), with the
     `TEXT_FIELDS` named in `text`."""
     fields = [
@@ -81,7 +79,7 @@ def dataset_schema(sampling_rate: int = SAMPLING_RATE, text: Sequence[str] = ())
         pa.field("text", pa.string()),
         # Exactly `datasets.Audio`'s storage type, so its metadata feature matches the field.
         pa.field("audio", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-        pa.field("codes", pa.list_(pa.int32())),  # generated X-codec2 codes, prompt excluded
+        pa.field("codes", pa.list_(pa.int32())),  # generated codec codes, prompt excluded
         pa.field("num_codes", pa.int32()),
         pa.field("duration", pa.float64()),  # seconds of audio in `audio`; null without audio
         pa.field("sampling_rate", pa.int32()),
@@ -132,7 +130,7 @@ class AudioRow:
 
 
 def build_table(rows: Sequence[AudioRow], settings: DecodingSettings | Sequence[DecodingSettings],
-                sampling_rate: int = SAMPLING_RATE, text: Sequence[str] = ()) -> pa.Table:
+                sampling_rate: int, text: Sequence[str] = ()) -> pa.Table:
     """A shard's rows as a table with `dataset_schema(sampling_rate, text)` (pure: no I/O).
 
     `settings` is one `DecodingSettings` for all rows, or one per row (per-row overrides)."""
@@ -183,7 +181,7 @@ QUALITY_FIELDS = (
 )
 
 
-def quality_schema(sampling_rate: int = SAMPLING_RATE, text: Sequence[str] = ()) -> pa.Schema:
+def quality_schema(sampling_rate: int, text: Sequence[str] = ()) -> pa.Schema:
     """`dataset_schema` with the quality gate's columns."""
     base = dataset_schema(sampling_rate, text)
     return pa.schema([*base, *QUALITY_FIELDS], metadata=base.metadata)

@@ -40,6 +40,7 @@ class ManifestRow(BaseModel):
     prompt_text: str | None = None
     prompt_codes: list[int] | None = None
     prompt_audio: str | None = None
+    voice: str | None = None  # a named voice of the model (Orpheus's tara, leah, ...)
     seed: int | None = Field(None, ge=0)
     method: Method | None = None
     text_id: str | None = None  # augmentation: the source row's id
@@ -67,8 +68,8 @@ class ManifestRow(BaseModel):
     def _codes(cls, v):
         if isinstance(v, str):  # CSV cells: "1 2 3" or "[1, 2, 3]"
             v = json.loads(v) if v.strip().startswith("[") else [int(x) for x in v.split()]
-        if v is not None and any(not 0 <= int(c) < 65536 for c in v):
-            raise ValueError("prompt_codes must lie in 0..65535")
+        if v is not None and any(int(c) < 0 for c in v):  # the model family checks the range
+            raise ValueError("prompt_codes must not be negative")
         return v
 
     def overrides(self) -> dict:

@@ -1,10 +1,13 @@
-"""The tiny model kit: a complete, small, deterministic Llasa-format model set.
+"""The tiny model kit: a complete, small, deterministic model set of one family (Llasa, the
+default, or Orpheus).
 
-`pcg-synth kit build DIR` writes
-    DIR/target/  Llama causal LM (HF config + safetensors + tokenizer), tied embeddings
+`pcg-synth kit build [--family orpheus] DIR` writes
+    DIR/target/  Llama causal LM (HF config + safetensors + tokenizer) in the family's token
+                 layout, tied embeddings
     DIR/draft/   a subset of the target's layers (the paper's recipe), distilled on target
                  samples by `engine.draft` (the path `pcg-synth draft init/train` takes)
-    DIR/codec/   a small random X-codec2 (transformers `Xcodec2Model`)
+    DIR/codec/   a small random codec: X-codec2 (transformers `Xcodec2Model`) for Llasa, SNAC
+                 24 kHz (the `snac` package) for Orpheus
     DIR/kit.json what was built, from which seed, with a content hash
 
 The weights are random but shaped so the kit behaves like a speech LM where it matters for
@@ -26,12 +29,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.families import family_named
+from engine.families.base import SpeechLayout
+from engine.families.llasa import NUM_SPEECH_TOKENS
 from engine.hf import from_transformers
 from engine.kit.draft import KitDraftRecipe, build_kit_draft
 from engine.kit.tokenizer import build_tokenizer
-from engine.models.llasa import NUM_SPEECH_TOKENS, LlasaLayout
 
-KIT_VERSION = 2  # 2: the draft is distilled, not the bare layer subset
+KIT_VERSION = 3  # 2: the draft is distilled, not the bare layer subset; 3: a family (kit.json `family`)
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class KitSpec:
     codec: dict = field(default_factory=lambda: {"hidden_size": 64, "layers": 2})
 
 
-def llama_config(spec: KitSpec, vocab_size: int, num_layers: int, layout: LlasaLayout) -> dict:
+def llama_config(spec: KitSpec, vocab_size: int, num_layers: int, layout: SpeechLayout) -> dict:
     head_dim = spec.hidden_size // spec.num_heads
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -88,35 +93,40 @@ def llama_config(spec: KitSpec, vocab_size: int, num_layers: int, layout: LlasaL
             "original_max_position_embeddings": 8192,
         },
         "bos_token_id": 0,
-        "eos_token_id": layout.speech_end,
+        "eos_token_id": layout.eos_token,
         "torch_dtype": "float32",
     }
 
 
-def speech_embeddings(spec: KitSpec, dim: int, gen: torch.Generator) -> torch.Tensor:
-    """`[65536, dim]` rows in `num_clusters` clusters with intra-cluster cosine ~ `cluster_cosine`.
+def speech_embeddings(spec: KitSpec, dim: int, gen: torch.Generator, layout: SpeechLayout) -> torch.Tensor:
+    """`[codes, dim]` rows in clusters with intra-cluster cosine ~ `cluster_cosine`: `num_clusters`
+    over one range of 65,536 codes, as many tokens a cluster within each range of a framed layout
+    (a cluster never spans two frame positions, as their codes mean different things).
 
     Per-token noise levels vary, so group sizes at a fixed theta vary too (some singletons).
     """
-    centres = torch.randn(spec.num_clusters, dim, generator=gen)
+    n = layout.num_codes
+    per_range = spec.num_clusters if layout.cycle == 1 else max(1, layout.codebook * spec.num_clusters
+                                                                // NUM_SPEECH_TOKENS)
+    centres = torch.randn(per_range * layout.cycle, dim, generator=gen)
     centres = centres / centres.norm(dim=-1, keepdim=True)
-    cluster = torch.randint(0, spec.num_clusters, (NUM_SPEECH_TOKENS,), generator=gen)
-    noise = torch.randn(NUM_SPEECH_TOKENS, dim, generator=gen) / math.sqrt(dim)
+    cluster = torch.randint(0, per_range, (n,), generator=gen) + per_range * (torch.arange(n) // layout.codebook)
+    noise = torch.randn(n, dim, generator=gen) / math.sqrt(dim)
     # cos(a, b) ~ 1 / (1 + s^2) for two members with noise scale s around a unit centre.
     base = math.sqrt(1.0 / spec.cluster_cosine - 1.0)
-    spread = base * torch.exp(0.35 * torch.randn(NUM_SPEECH_TOKENS, 1, generator=gen))
+    spread = base * torch.exp(0.35 * torch.randn(n, 1, generator=gen))
     rows = centres[cluster] + spread * noise
     return spec.embed_norm * rows / rows.norm(dim=-1, keepdim=True)
 
 
-def random_llama(spec: KitSpec, config: dict, gen: torch.Generator, layout: LlasaLayout) -> dict:
+def random_llama(spec: KitSpec, config: dict, gen: torch.Generator, layout: SpeechLayout) -> dict:
     """HF-named tensors of the kit target."""
     h, inter = spec.hidden_size, spec.intermediate_size
     hd = config["head_dim"]
     vocab = config["vocab_size"]
     embed = torch.randn(vocab, h, generator=gen) * (spec.embed_norm / math.sqrt(h))
-    speech = slice(layout.first_speech, layout.first_speech + NUM_SPEECH_TOKENS)
-    embed[speech] = speech_embeddings(spec, h, gen)
+    speech = slice(layout.first_code, layout.first_code + layout.num_codes)
+    embed[speech] = speech_embeddings(spec, h, gen, layout)
     tensors = {"model.embed_tokens.weight": embed}
 
     def w(rows: int, cols: int) -> torch.Tensor:
@@ -181,7 +191,7 @@ CALIBRATION_TEXTS = [
 ]
 
 
-def calibrate_eos(spec: KitSpec, target_dir: Path, tensors: dict, layout: LlasaLayout) -> float:
+def calibrate_eos(spec: KitSpec, target_dir: Path, tensors: dict, layout: SpeechLayout) -> float:
     """Set the end-of-speech row (tied: input embedding = head row) to `a * d`, `d` the mean
     final hidden direction, with `a` chosen so the mean per-step end probability at temperature
     0.8 on sampled speech is `spec.eos_rate`. Returns `a`."""
@@ -194,13 +204,13 @@ def calibrate_eos(spec: KitSpec, target_dir: Path, tensors: dict, layout: LlasaL
     model, t = synth.target.model, 0.8
     hidden, logits = [], []
     for text, res in zip(CALIBRATION_TEXTS, results):
-        ids = synth.prompter.build(text) + [layout.first_speech + c for c in res.codes]
+        ids = synth.prompter.build(text) + layout.token_ids(res.codes)
         tokens = torch.tensor([ids])
         pos = torch.arange(len(ids))[None]
         cache = model.new_cache(1, len(ids) + 1)
         h = model(tokens, pos, cache, len(ids), logits_at="hidden")[0, -len(res.codes):]
         hidden.append(h)
-        logits.append(h @ model.head[: layout.num_speech].T)
+        logits.append(h @ model.head[: layout.num_codes].T)
     hidden, logits = torch.cat(hidden), torch.cat(logits)
     direction = hidden.mean(0)
     direction = direction / direction.norm()
@@ -211,12 +221,18 @@ def calibrate_eos(spec: KitSpec, target_dir: Path, tensors: dict, layout: LlasaL
         a = (lo + hi) / 2
         rate = torch.sigmoid(a * proj - rest).mean().item()
         lo, hi = (a, hi) if rate < spec.eos_rate else (lo, a)
-    tensors["model.embed_tokens.weight"][layout.speech_end] = lo * direction
+    tensors["model.embed_tokens.weight"][layout.eos_token] = lo * direction
     return lo
 
 
-def build_codec(out: Path, spec: KitSpec) -> None:
-    """A small random X-codec2 in transformers' format (decoder shape as the real one, tiny)."""
+def build_codec(out: Path, spec: KitSpec, family: str = "llasa") -> None:
+    """A small random codec of the family: X-codec2 in transformers' format, or SNAC 24 kHz in the
+    `snac` package's (decoder shapes as the real ones, tiny)."""
+    if family == "orpheus":
+        from engine.kit.codec import TINY_SNAC_CONFIG, write_random_snac
+
+        write_random_snac(out, TINY_SNAC_CONFIG, spec.seed)
+        return
     Xcodec2Config, Xcodec2Model = from_transformers("Xcodec2Config"), from_transformers("Xcodec2Model")
 
     h, n_layers = spec.codec["hidden_size"], spec.codec["layers"]
@@ -234,12 +250,15 @@ def build_codec(out: Path, spec: KitSpec) -> None:
     model.save_pretrained(str(out))
 
 
-def build_kit(out_dir: str | Path, spec: KitSpec | None = None, force: bool = False) -> Path:
-    """Write the kit to `out_dir` (deterministic for a given spec and library versions).
+def build_kit(out_dir: str | Path, spec: KitSpec | None = None, force: bool = False, family: str = "llasa") -> Path:
+    """Write the kit of `family` (`llasa` or `orpheus`) to `out_dir` (deterministic for a given
+    spec and library versions).
 
     Raises:
         FileExistsError: `out_dir` holds files and `force` is not set.
+        UnknownFamily: another family.
     """
+    fam = family_named(family)
     spec = spec or KitSpec()
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
@@ -248,8 +267,8 @@ def build_kit(out_dir: str | Path, spec: KitSpec | None = None, force: bool = Fa
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     tok_dir = out / ".tokenizer"
-    tokenizer = build_tokenizer(tok_dir, spec.text_vocab_size)
-    layout = LlasaLayout.from_tokenizer(tokenizer)
+    tokenizer = build_tokenizer(tok_dir, spec.text_vocab_size, fam.name)
+    layout = fam.layout(tokenizer)
     gen = torch.Generator().manual_seed(spec.seed)
     target_cfg = llama_config(spec, len(tokenizer), spec.num_layers, layout)
     tensors = random_llama(spec, target_cfg, gen, layout)
@@ -258,9 +277,9 @@ def build_kit(out_dir: str | Path, spec: KitSpec | None = None, force: bool = Fa
     save_checkpoint(out / "target", target_cfg, tensors, tok_dir)
     draft_training = build_kit_draft(out / "target", out / "draft", spec.draft_layers,
                                      spec.draft_training, spec.seed)
-    build_codec(out / "codec", spec)
+    build_codec(out / "codec", spec, fam.name)
     shutil.rmtree(tok_dir)
-    manifest = {"kit_version": KIT_VERSION, "spec": asdict(spec), "eos_scale": eos_scale,
-                "draft_training": draft_training, "layout": asdict(layout), "sha256": kit_hash(out)}
+    manifest = {"kit_version": KIT_VERSION, "family": fam.name, "spec": asdict(spec), "eos_scale": eos_scale,
+                "draft_training": draft_training, "layout": layout.to_dict(), "sha256": kit_hash(out)}
     (out / "kit.json").write_text(json.dumps(manifest, indent=2))
     return out

@@ -84,8 +84,8 @@ def sample_sequences(target: Path, texts: Sequence[str], max_new_tokens: int, te
     layout, seqs = synth.target.layout, []
     for text, res in zip(texts, results):
         prompt = synth.prompter.build(text)
-        ids = prompt + [layout.first_speech + c for c in res.codes]
-        ids += [layout.speech_end] if res.finish_reason == "eos" else []
+        ids = prompt + layout.token_ids(res.codes)
+        ids += [layout.eos_token] if res.finish_reason == "eos" else []
         seqs.append(CodeSequence(ids=tuple(ids), start=len(prompt), text=text))
     return seqs
 

@@ -1,15 +1,17 @@
-"""The tiny kit's tokenizer: byte-level BPE + Llama-3 control tokens + Llasa's 65,536 speech tokens.
+"""The tiny kit's tokenizer: byte-level BPE + Llama-3 control tokens + a family's speech tokens
+(Llasa: its control tokens and 65,536 speech tokens; Orpheus: its custom tokens, controls and
+7 x 4,096 codes).
 
-Same formats as the real Llasa tokenizer (tokenizer.json, tokenizer_config.json with a Llama-3
-chat template), a much smaller text vocabulary, deterministic from its embedded corpus.
+Same formats as the real tokenizers (tokenizer.json, tokenizer_config.json with a Llama-3 chat
+template), a much smaller text vocabulary, deterministic from its embedded corpus.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from engine.hf import from_transformers
-from engine.models.llasa import (
+from engine.families import orpheus
+from engine.families.llasa import (
     NUM_SPEECH_TOKENS,
     SPEECH_END,
     SPEECH_START,
@@ -17,6 +19,7 @@ from engine.models.llasa import (
     TEXT_START,
     speech_token,
 )
+from engine.hf import from_transformers
 
 BOS, EOT_TEXT = "<|begin_of_text|>", "<|end_of_text|>"
 HEADER_START, HEADER_END, EOT = "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
@@ -59,8 +62,15 @@ her brother Bob. We also need a small plastic snake and a big toy frog for the k
 """
 
 
-def build_tokenizer(out_dir: Path, text_vocab_size: int = 1024):
-    """Train the kit tokenizer and save it in Hugging Face format under `out_dir`.
+def family_specials(family: str) -> list[str]:
+    """The special tokens a family's tokenizer adds after Llama-3's, in id order."""
+    if family == "orpheus":
+        return [orpheus.custom_token(n) for n in range(orpheus.FIRST_CODE + orpheus.FRAME * orpheus.CODEBOOK)]
+    return LLASA_SPECIALS + [speech_token(i) for i in range(NUM_SPEECH_TOKENS)]
+
+
+def build_tokenizer(out_dir: Path, text_vocab_size: int = 1024, family: str = "llasa"):
+    """Train the kit tokenizer for `family` and save it in Hugging Face format under `out_dir`.
 
     Returns:
         The `PreTrainedTokenizerFast` that was saved.
@@ -78,7 +88,7 @@ def build_tokenizer(out_dir: Path, text_vocab_size: int = 1024):
     )
     lines = [line for line in CORPUS.strip().splitlines()]
     tok.train_from_iterator(lines, trainer)
-    specials = LLAMA_SPECIALS + LLASA_SPECIALS + [speech_token(i) for i in range(NUM_SPEECH_TOKENS)]
+    specials = LLAMA_SPECIALS + family_specials(family)
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     bos_id = tok.token_to_id(BOS)
     tok.post_processor = processors.TemplateProcessing(

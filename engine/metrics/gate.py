@@ -19,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.codec.audio import resample
 from engine.config import QualitySpec
 from engine.metrics.asr import Recognizer, load_asr
 from engine.metrics.speaker import SpeakerEncoder, cosine, load_speaker
 from engine.metrics.text import edit_counts, normalize
 from engine.records import AttemptScores, QualityVerdict
 
-SAMPLE_RATE = 16_000
+SAMPLE_RATE = 16_000  # what the verifiers hear (the ASR and speaker models take 16 kHz audio)
 BUNDLED = {"asr": "pocketsphinx", "speaker": "resemblyzer"}
 
 
@@ -102,9 +103,15 @@ class QualityGate:
         return {"asr": getattr(self.asr, "name", None), "speaker": getattr(self.speaker, "name", None),
                 "checks": self.spec.checks}
 
+    def heard(self, wave: np.ndarray) -> np.ndarray:
+        """A waveform at the codec's rate as the verifiers hear it: at `SAMPLE_RATE` (a 24 kHz
+        codec's audio is resampled; without a codec, waves are taken to be at that rate)."""
+        rate = self.codec.sample_rate if self.codec is not None else SAMPLE_RATE
+        return resample(wave, rate, SAMPLE_RATE)
+
     def audio(self, codes: Sequence[int]) -> np.ndarray:
         """The audio of `codes` alone (as `export_audio` writes a row by default: a voice
-        prompt's audio stripped).
+        prompt's audio stripped), as the verifiers hear it (`heard`).
 
         Raises:
             CodecError: codes the codec cannot take.
@@ -114,7 +121,7 @@ class QualityGate:
         wave = decode_waves(self.codec, [codes], [None])[0]
         if isinstance(wave, Exception):
             raise wave
-        return wave
+        return self.heard(wave)
 
     def transcribe(self, waves: Sequence[np.ndarray]) -> list[str | Exception]:
         """The ASR's transcripts (all at once; after a failure, one clip at a time, so a clip that
@@ -143,7 +150,7 @@ class QualityGate:
         if self.speaker is None or prompt is None:
             return None
         if prompt.id not in self._references:
-            wave = prompt_wave if prompt_wave is not None else self.audio(prompt.codes)
+            wave = self.heard(prompt_wave) if prompt_wave is not None else self.audio(prompt.codes)
             self._references[prompt.id] = self.speaker.embed(wave)
         return self._references[prompt.id]
 
@@ -154,11 +161,11 @@ class QualityGate:
 
         Args:
             text: the row's text.
-            wave: its speech, 16 kHz (a voice prompt's audio left out); None: it has no audio
+            wave: its speech at `SAMPLE_RATE` (`heard`; a voice prompt's audio left out); None: it has no audio
                 (`no_audio` says why), which fails the attempt.
             finish_reason: `eos` or `length`.
             attempt, seed: which attempt it is.
-            prompt, prompt_wave: the row's voice prompt and its clip, if any.
+            prompt, prompt_wave: the row's voice prompt and its clip (at the codec's rate), if any.
             hypothesis: the ASR's transcript of `wave` (`transcribe`).
         """
         if wave is None:

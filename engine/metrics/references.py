@@ -83,7 +83,7 @@ class PromptClips:
 
     def notes(self) -> list[str]:
         """Why rows have no speaker similarity, one line per reason."""
-        why = {"codes_without_codec": "their voice prompts are X-codec2 codes and no codec was given "
+        why = {"codes_without_codec": "their voice prompts are codec codes and no codec was given "
                                       "(--codec DIR; a job's output names it in _job.json)",
                "not_found": "their prompt ids are not in the --prompts manifests",
                "no_prompt": "they have no voice prompt (the model's own voice: nothing to compare with)"}
@@ -100,7 +100,7 @@ class PromptClips:
 
     def wave(self, row_id: str, prompt_id: str | None) -> tuple[np.ndarray, str] | None:
         """(reference audio, "clip" | "codes") for a row, or None when it has no prompt."""
-        from engine.codec.audio import read_clip
+        from engine.codec.audio import read_clip, resample
 
         key = row_id if row_id in self.by_key else prompt_id
         if key is None or key not in self.by_key:
@@ -116,7 +116,8 @@ class PromptClips:
             if kind == "clip":
                 self._waves[cache_key] = read_clip(io.BytesIO(self.storage.read_bytes(ref)), SAMPLE_RATE, name=ref)
             else:
-                self._waves[cache_key] = self.codec.decode([np.asarray(ref)])[0]
+                wave = self.codec.decode([np.asarray(ref)])[0]
+                self._waves[cache_key] = resample(wave, self.codec.sample_rate, SAMPLE_RATE)
         return self._waves[cache_key], kind
 
 

@@ -18,11 +18,11 @@ from torch import nn
 
 from engine.config import DRAFT_WEIGHTS
 from engine.errors import ModelLoadError
+from engine.families import Family, SpeechLayout, resolve
 from engine.hf import from_transformers
 from engine.io.storage import model_dir
 from engine.models.device import resolve_compile, resolve_dtype
 from engine.models.llama import LlamaLM, LlamaShape, prepack_supported
-from engine.models.llasa import LlasaLayout
 from engine.models.quant import cpu_vnni
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
@@ -35,27 +35,28 @@ TOKENIZERS_KEPT = 4
 
 HOW_TO_GET = (
     "Build the tiny kit with `pcg-synth kit build DIR`, pass a Hugging Face model id such as "
-    "HKUSTAudio/Llasa-1B (fetched into the Hugging Face cache), or a local copy of one "
+    "HKUSTAudio/Llasa-1B or canopylabs/orpheus-3b-0.1-ft (fetched into the Hugging Face cache), or a local copy of one "
     "(config.json, *.safetensors, tokenizer files)."
 )
 
 
 @dataclass
 class LoadedModel:
-    """A model ready for decoding, with the tokenizer and layout it was checked against."""
+    """A model ready for decoding, with the tokenizer, family and layout it was checked against."""
 
     path: Path
     model: LlamaLM
     tokenizer: object
-    layout: LlasaLayout
+    layout: SpeechLayout
     config: dict
+    family: Family
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
     """A draft must share the target's vocabulary (same ids for the same tokens)."""
     if draft.layout != target.layout:
         raise ValueError(
-            f"draft {draft.path} and target {target.path} lay out Llasa tokens differently "
+            f"draft {draft.path} and target {target.path} lay out speech tokens differently "
             f"({draft.layout} vs {target.layout}): a draft must share the target's vocabulary")
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ValueError(f"draft {draft.path} and target {target.path} have different tokenizer "
@@ -73,7 +74,7 @@ def read_config(path: Path) -> dict:
     if config.get("model_type") != "llama":
         raise ModelLoadError(
             f"{path} holds model_type {config.get('model_type')!r}; pcg-synth serves Llama "
-            "causal LMs (Llasa is one)"
+            "causal LMs (Llasa and Orpheus are)"
         )
     return config
 
@@ -84,7 +85,7 @@ ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "hi
 
 def rope_parameters(config: dict) -> dict | None:
     """A config's rotary settings where they are of a kind `own_rope_tables` computes: `default`
-    or `llama3` (Llasa's), in transformers 5's layout (`rope_parameters`) or 4's (`rope_theta`
+    or `llama3` (Llasa's and Orpheus's), in transformers 5's layout (`rope_parameters`) or 4's (`rope_theta`
     beside `rope_scaling`), with every key known. None for anything else."""
     params = config.get("rope_parameters")
     if params is None:
@@ -286,7 +287,7 @@ def load_tokenizer(path: Path):
         raise ModelLoadError(f"{path}: cannot load its tokenizer ({exc}). {HOW_TO_GET}") from exc
 
 
-def empty_model(config: dict, layout: LlasaLayout, device: torch.device, dtype: torch.dtype) -> LlamaLM:
+def empty_model(config: dict, layout: SpeechLayout, device: torch.device, dtype: torch.dtype) -> LlamaLM:
     """The config's `LlamaLM` on `device` in `dtype`, its weights not yet set (built on the meta
     device; the output ids are made before, as ops on meta tensors import torch's compiler stack,
     which a fresh process would otherwise pay for)."""
@@ -316,8 +317,10 @@ def load_model(
     compile: str = "none",
     weights: str = "native",
     fuse: bool = True,
+    family: str = "auto",
 ) -> LoadedModel:
-    """Load a Llasa-style Llama from a local directory, restricted to speech + end-of-speech.
+    """Load a speech LM (a Llama of a known family) from a local directory, its head restricted
+    to the family's output space (codes + end-of-speech).
 
     Args:
         path: directory with `config.json`, safetensors weights and (unless `tokenizer` is
@@ -329,10 +332,12 @@ def load_model(
         compile: `auto`, `none`, `inductor` or `cudagraphs` (`ready_for_decoding`).
         weights: `native` (the dtype's weights) or `int8` (`Int8Linear`; a draft on CPU).
         fuse: fuse each layer's q/k/v and gate/up projections (`LlamaLM.fuse_projections`).
+        family: `auto` (detected from the tokenizer) or a family's name (checked against it).
 
     Raises:
         ModelLoadError: missing/incomplete directory, not a Llama model.
-        ValueError: the tokenizer is not a Llasa tokenizer.
+        UnknownFamily: the tokenizer is of no known family, or not of `family`.
+        ValueError: the tokenizer lacks a token its family needs.
         StorageError: a Hub model or URI that cannot be fetched.
     """
     path = model_dir(path)
@@ -340,11 +345,12 @@ def load_model(
     device = torch.device(device)
     dtype = resolve_dtype(dtype, device)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
-    layout = LlasaLayout.from_tokenizer(tokenizer, model_vocab_size=config["vocab_size"])
+    found = resolve(tokenizer, family, str(path))
+    layout = found.layout(tokenizer, model_vocab_size=config["vocab_size"])
     model = empty_model(config, layout, device, dtype)
     load_weights(model, path, device)
     ready_for_decoding(model, prepack, compile, weights, fuse)
-    return LoadedModel(path=path, model=model, tokenizer=tokenizer, layout=layout, config=config)
+    return LoadedModel(path=path, model=model, tokenizer=tokenizer, layout=layout, config=config, family=found)
 
 
 def checkpoint_revision(path: str | Path) -> str:

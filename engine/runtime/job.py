@@ -18,6 +18,7 @@ from engine.console import bar_disabled, counted
 from engine.io.formats import finish_output
 from engine.io.lease import LeaseHeld, OutputLease
 from engine.io.storage import Storage, StorageError
+from engine.runtime.family import with_family
 from engine.runtime.plan import Layout, make_plan
 from engine.runtime.pool import IdleWorkers, JobFailed, WorkerPool
 from engine.runtime.preflight import check_groups_file, check_resume, finished_summary, needs_groups, preflight
@@ -44,13 +45,13 @@ def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given
     if spec.models.groups:
         return check_groups_file(spec, storage)
     from engine.groups.cache import default_cache_dir, get_groups
-    from engine.groups.source import speech_embeddings_of
+    from engine.groups.source import speech_rows_of
     from engine.runtime.storage_blobs import StorageBlobStore
 
-    embeddings = speech_embeddings_of(storage, spec.models.target)
+    embeddings, layout = speech_rows_of(storage, spec.models.target)
     store = StorageBlobStore(storage, spec.models.groups_cache or str(default_cache_dir()))
     return get_groups(embeddings, spec.decoding.theta, spec.decoding.max_group_size, store=store,
-                      progress=progress)
+                      progress=progress, ranges=layout.ranges, family=layout.family)
 
 
 class JobRunner:
@@ -86,6 +87,7 @@ class JobRunner:
         self.wait, self.rerun = wait, rerun
         self.storage = Storage(spec.storage)
         self.layout = Layout(spec.output.uri)
+        self.family = None  # the target's model family (`run` finds it before any work)
 
     def notify(self, text: str) -> None:  # always shown: the job is waiting, or something changed
         tqdm.write(f"{self.spec.name}: {text}", file=sys.stderr)
@@ -105,6 +107,9 @@ class JobRunner:
         refused = True
         try:
             preflight(spec, storage)
+            # the family named before any work (refused if unknown), its sampling defaults applied
+            self.spec, self.family, _ = with_family(spec, storage)
+            spec = self.spec
             with OutputLease(storage, layout.root, spec.output.lease_stale_s, job=spec.name, wait=self.wait,
                              notify=self.notify) as lease:
                 started = self.start()
@@ -186,6 +191,7 @@ class JobRunner:
                        if storage.exists(layout.commit(s))]
         summary = summarize(spec, plan, all_records, records, report, len(committed),
                             time.perf_counter() - started, setup_s)
+        summary["family"] = self.family.name
         if expansion is not None:
             summary["augment"] = expansion.to_dict()
         if numerics_changes:

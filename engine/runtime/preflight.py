@@ -19,13 +19,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config import LLASA_CONTEXT, DecodingSettings, InputSpec, JobSpec, QualitySpec, TextSpec
+from engine.config import DecodingSettings, InputSpec, JobSpec, QualitySpec, TextSpec
 from engine.console import counted
-from engine.decoding.admission import CHARS_PER_SECOND, CODES_PER_SECOND, expected_tokens
+from engine.decoding.admission import CHARS_PER_SECOND, expected_tokens
+from engine.families import Family, SpeechLayout
 from engine.io.lease import OutputLease, process_gone
 from engine.io.manifest import ManifestRow, RowError, validate
 from engine.io.storage import Storage, StorageError, join, parse, relative_to
 from engine.runtime import numerics
+from engine.runtime.family import with_family
 from engine.runtime.plan import Layout, Plan, make_plan, plan_of
 from engine.runtime.sweep_grid import points, run_uri, schedule
 from engine.text.prepare import TextPlanner
@@ -211,15 +213,15 @@ def check_groups_file(spec: JobSpec, storage: Storage):
     Raises:
         ValueError: `models.groups: <uri>: why`.
     """
-    from engine.groups.source import embeddings_sha256, speech_embeddings_of
+    from engine.groups.source import embeddings_sha256, speech_rows_of
     from engine.groups.store import GroupFileError, from_bytes
 
     uri = spec.models.groups
     try:
         data = storage.read_bytes(uri)
-        embeddings = speech_embeddings_of(storage, spec.models.target)
+        embeddings, layout = speech_rows_of(storage, spec.models.target)
         expect = {"embeddings_sha256": embeddings_sha256(embeddings), "theta": spec.decoding.theta,
-                  "max_group_size": spec.decoding.max_group_size}
+                  "max_group_size": spec.decoding.max_group_size, "family": layout.family, "ranges": layout.ranges}
         return from_bytes(data, uri, expect)
     except (GroupFileError, StorageError) as exc:
         raise ValueError(f"models.groups: {exc}") from None
@@ -248,7 +250,9 @@ class RowCheck:
 
     storage: Storage
     decoding: DecodingSettings
-    planner: TextPlanner | None = None
+    planner: TextPlanner
+    family: Family
+    layout: SpeechLayout
     rows: int = 0
     errors: int = 0
     examples: list[dict] = field(default_factory=list)
@@ -269,6 +273,9 @@ class RowCheck:
             return f"duplicate id (first at {first})"
         try:
             self.decoding.with_overrides(row.overrides())
+            self.family.check_voice(row.voice)  # what the family's prompter refuses of a row
+            if row.prompt_codes is not None:
+                self.family.check_voice_prompt(self.layout, row.prompt_text, row.prompt_codes)
         except ValueError as exc:  # pydantic's ValidationError is one
             return str(exc)
         if row.prompt_audio:
@@ -294,17 +301,17 @@ class RowCheck:
         """Count what decoding the row would take: its text's (or its chunks') speech."""
         limit = row.max_new_tokens or self.decoding.max_new_tokens
         texts = [row.text]
-        if self.planner is not None and row.text.strip():
+        if row.text.strip():
             prepared = self.planner(row.text, limit, row.prompt_text, row.prompt_codes)
             texts = [chunk.text for chunk in prepared.plan.chunks]
             if prepared.split:
                 self.split, self.chunks = self.split + 1, self.chunks + len(texts)
-        needed = [expected_tokens(text, None) for text in texts]
+        needed = [expected_tokens(text, None, self.planner.codes_per_second) for text in texts]
         self.tokens += sum(min(n, limit) for n in needed)
         self.long += any(n > limit for n in needed)
 
 
-def gate_cost(spec: JobSpec, tokens: int) -> dict | None:
+def gate_cost(spec: JobSpec, tokens: int, codes_per_second: float) -> dict | None:
     """What the quality gate would cost a job whose rows take about `tokens` speech codes once
     (None without the gate): decodes per row (best_of: always that many; attempts: from one to
     that many), and so at most how many codes are decoded and how many hours of audio the
@@ -315,7 +322,7 @@ def gate_cost(spec: JobSpec, tokens: int) -> dict | None:
     low, high = (q.best_of, q.best_of) if q.best_of > 1 else (1, q.attempts)
     return {"checks": q.checks, "asr": q.asr_model, "speaker": q.speaker_model, "decodes_per_row": [low, high],
             "estimated_tokens_max": tokens * high,
-            "audio_hours_checked_max": round(tokens * high / CODES_PER_SECOND / 3600, 4), "on_reject": q.on_reject}
+            "audio_hours_checked_max": round(tokens * high / codes_per_second / 3600, 4), "on_reject": q.on_reject}
 
 
 def lease_holder(spec: JobSpec, storage: Storage, root: str) -> str | None:
@@ -338,8 +345,13 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
     preflight(spec, storage, create=False)
     if spec.models.groups and needs_groups(spec):
         check_groups_file(spec, storage)
-    check = RowCheck(storage, spec.decoding, TextPlanner(spec.text, None, LLASA_CONTEXT))
-    report: dict = {"job": spec.name, "kind": spec.kind, "output": spec.output.uri}
+    spec, family, speech = with_family(spec, storage)
+    rate = family.codes_per_second
+    planner = TextPlanner(spec.text, None, family.context, rate)
+    check = RowCheck(storage, spec.decoding, planner, family, speech)
+    report: dict = {"job": spec.name, "kind": spec.kind, "output": spec.output.uri,
+                    "family": {"name": family.name, "title": family.title, "given": spec.models.family,
+                               "sample_rate": family.sample_rate, "codes_per_second": round(rate, 4)}}
     if spec.kind == "augment":
         from engine.runtime.augment import expanded
 
@@ -359,8 +371,8 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
         "estimated_tokens": check.tokens, "rows_too_long": check.long,
         "text": {"split": spec.text.split, "rows_split": check.split, "chunks": check.chunks,
                  "normalize": spec.text.normalize, "output_format": spec.output.format},
-        "estimated_audio_hours": round(check.tokens / CODES_PER_SECOND / 3600, 4),
-        "quality": gate_cost(spec, check.tokens), "fingerprint": plan.fingerprint})
+        "estimated_audio_hours": round(check.tokens / rate / 3600, 4),
+        "quality": gate_cost(spec, check.tokens, rate), "fingerprint": plan.fingerprint})
     if spec.kind == "sweep":
         del report["fingerprint"]  # the base spec's plan: no point runs it
         runs = schedule(points(spec), spec.sweep.repetitions)
@@ -396,7 +408,11 @@ def duration(hours: float) -> str:
 
 def dry_run_text(report: dict) -> str:
     """The dry run's report as `pcg-synth run --dry-run` prints it."""
+    fam = report["family"]
+    found = "detected" if fam["given"] == "auto" else "as models.family says, checked"
     lines = [f"{report['job']} (dry run, kind {report['kind']}): nothing was decoded or written",
+             f"  family     {fam['name']}: {fam['title']} ({found} from the target's tokenizer; "
+             f"{fam['sample_rate'] / 1000:g} kHz audio, {fam['codes_per_second']:g} codes a second)",
              f"  output     {report['output']}: {report['output_state']}"]
     if aug := report.get("augment"):
         lines.append(f"  augment    {counted(aug['texts'], 'text')} x up to {aug['grid']} combinations -> "
@@ -420,9 +436,10 @@ def dry_run_text(report: dict) -> str:
                      "counted without the tokenizer, a voice-prompt clip without its codes)")
     if report["rows_too_long"]:
         lines.append(f"  length     {counted(report['rows_too_long'], 'row')} to decode take longer to say than "
-                     f"max_new_tokens allows (at {CHARS_PER_SECOND:g} characters a second, {CODES_PER_SECOND} codes a "
-                     "second): their audio would likely be cut at the limit; raise decoding.max_new_tokens "
-                     "(or the row's own)" + (" or split the texts (text.split)" if text["split"] == "none" else ""))
+                     f"max_new_tokens allows (at {CHARS_PER_SECOND:g} characters a second, "
+                     f"{fam['codes_per_second']:g} codes a second): their audio would likely be cut at the limit; "
+                     "raise decoding.max_new_tokens (or the row's own)"
+                     + (" or split the texts (text.split)" if text["split"] == "none" else ""))
     if q := report.get("quality"):
         low, high = q["decodes_per_row"]
         times = f"{low} time{'s' * (low != 1)}" if low == high else f"{low} to {high} times"

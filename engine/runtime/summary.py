@@ -283,7 +283,7 @@ def summary_table(s: dict) -> str:
     empty = s["utilisation"].get("empty_slots")
     rows = [
         ("job", f"{s['job']} -> {s['output']}"),
-        ("method", method),
+        ("method", method + (f" ({s['family']})" if s.get("family") else "")),
         ("rows", rows_line),
         *([("failed rows", failed_rows_line(s))] if s.get("failed_examples") else []),
         ("shards", f"{sh['committed']}/{sh['total']} committed ({sh['committed_before']} before this run, "

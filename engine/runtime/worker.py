@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from engine.api import Synthesizer
 from engine.config import JobSpec, QualitySpec
+from engine.families import family_settings
 from engine.groups.csr import SpeechGroups
 from engine.io.storage import Storage
 from engine.models.device import resolve_device
@@ -50,7 +51,7 @@ class WorkerModels:
 
     key: str
     synth: Synthesizer
-    codec: object  # Xcodec2Codec
+    codec: object  # a Codec (engine.codec.base)
     revisions: dict
     prompt_cache: object  # PromptCache
     decode_thread: KeptThread = field(default_factory=lambda: KeptThread("decode"))
@@ -79,8 +80,8 @@ class WorkerModels:
 
     @classmethod
     def load(cls, spec: JobSpec, storage: Storage, device: str) -> WorkerModels:
+        from engine.codec.load import load_codec
         from engine.codec.prompts import PromptCache
-        from engine.codec.xcodec2 import Xcodec2Codec
         from engine.models.loading import checkpoint_revision
 
         local = storage.local_dir
@@ -90,9 +91,10 @@ class WorkerModels:
         def load() -> None:  # on a thread of its own, which ends here (runtime/stream.py: CPU threads)
             loaded["synth"] = Synthesizer.load(local(spec.models.target), draft=draft, device=device,
                                                dtype=spec.models.dtype, compile=spec.models.compile,
-                                               draft_weights=spec.models.draft_weights,
+                                               draft_weights=spec.models.draft_weights, family=spec.models.family,
                                                batch_size=spec.resources.batch_size)
-            loaded["codec"] = Xcodec2Codec.load(local(spec.models.codec), device=device)
+            loaded["codec"] = load_codec(local(spec.models.codec), device=device)
+            loaded["synth"].family.check_codec(loaded["codec"], f"models.codec {spec.models.codec}")
         on_short_thread(load)
         dirs = {"target": local(spec.models.target), "draft": draft, "codec": local(spec.models.codec)}
         revisions = {k: checkpoint_revision(v) for k, v in dirs.items() if v is not None}
@@ -142,15 +144,17 @@ class ShardProcessor:
             from engine.runtime.stages.verify import VerifyStage
 
             gate = models.gate(quality, self.storage, self.device)
-            verify = VerifyStage(gate, spec.output.prompt_audio, self.codec.hop_length)
+            verify = VerifyStage(gate, spec.output.prompt_audio, self.codec)
         text = spec.text
-        planner = TextPlanner(text, self.synth.prompter.build, self.synth.max_context)
+        planner = TextPlanner(text, self.synth.prompter.build, self.synth.max_context,
+                              self.synth.family.codes_per_second)
         joined_include = (text.split != "none" and text.split_output == "joined"
                           and spec.output.prompt_audio == "include")
         self.stages = Stages(
             read=ReadStage(self.storage),
-            prepare=PrepareStage(spec.decoding, self.storage, self.revisions, self.encode_clip,
-                                 keep_clips=quality.speaker_model is not None, planner=planner,
+            prepare=PrepareStage(family_settings(spec.decoding, self.synth.family), self.storage, self.revisions,
+                                 self.encode_clip, self.codec.sample_rate, keep_clips=quality.speaker_model is not None,
+                                 planner=planner,
                                  joined_include=joined_include),
             decode=DecodeStage(self.synth, session),
             codec=codec,

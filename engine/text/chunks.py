@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from engine.config import SPLIT_MODES, SplitMode
@@ -43,12 +43,14 @@ class Budget:
             tokens, the voice prompt's transcript and codes); None: 0. The prepare stage passes
             the length of the prompt the model will really see.
         headroom: the ratio `speech_budget` applies to the text's estimated speaking time.
+        codes_per_second: the model family's.
     """
 
     max_new_tokens: int
     context: int | None = None
     prompt_tokens: Callable[[str], int] | None = None
     headroom: float = HEADROOM
+    codes_per_second: float = field(kw_only=True)
 
     def room(self, text: str) -> int:
         """Speech codes a decode of `text` (outer whitespace stripped, as a chunk is) can produce at most."""
@@ -59,7 +61,7 @@ class Budget:
 
     def fits(self, text: str) -> bool:
         """`text`'s speech (outer whitespace stripped, as a chunk is), with headroom, fits one decode."""
-        return speech_budget(text.strip(), self.headroom) <= self.room(text)
+        return speech_budget(text.strip(), self.headroom, self.codes_per_second) <= self.room(text)
 
     def cuttable(self) -> bool:
         """Whether cutting can make a piece fit: a one-letter text fits (a budget below the
@@ -159,7 +161,7 @@ def plan_text(text: str, budget: Budget, mode: SplitMode = "auto", language: str
     fits = budget.fits(text.strip())
     if not budget.cuttable():  # no piece would fit: auto keeps the text whole, sentences only cut sentences
         mode = "none" if mode == "auto" else mode
-        budget = Budget(max_new_tokens=sys.maxsize)
+        budget = Budget(max_new_tokens=sys.maxsize, codes_per_second=budget.codes_per_second)
     if mode == "none" or (mode == "auto" and fits):
         return whole_plan(text, fits)
     pieces: list[tuple[Span, Boundary]] = []

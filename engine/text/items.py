@@ -47,7 +47,7 @@ class SplitItems:
             item = replace(item, id=ident, seed=item.seed if item.seed is not None else item_seed(settings.seed, ident))
             try:
                 prepared = planner(item.text or "", item.max_new_tokens or settings.max_new_tokens,
-                                   item.prompt_text, item.prompt_codes)
+                                   item.prompt_text, item.prompt_codes, item.voice)
             except ValueError as exc:  # the normaliser failed: nothing of it is decoded
                 self.errors[index] = f"text: {exc}"
                 prepared, pieces = None, [replace(item, text="")]

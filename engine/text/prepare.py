@@ -17,14 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.config import TextSpec
-from engine.decoding.admission import speech_budget
-from engine.text.chunks import HEADROOM, Budget, TextPlan, plan_text, whole_plan
+from engine.text.chunks import Budget, TextPlan, plan_text, whole_plan
 from engine.text.normalize import text_normalizer
 
-# Prompt ids of (text, voice prompt's transcript, voice prompt's codes): Llasa's `LlasaPrompter.build`
-PromptIds = Callable[[str, str | None, Sequence[int] | None], list[int]]
+# Prompt ids of (text, voice prompt's transcript, its codes, a named voice): a family's `Prompter.build`
+PromptIds = Callable[[str, str | None, Sequence[int] | None, str | None], list[int]]
 BOUND_SLACK = 8  # tokens a tokenizer may add beyond one per byte (a leading-space marker, a BOS)
-ESTIMATED_TEMPLATE = 48  # the dry run's guess at a Llasa prompt's tokens besides the texts
+ESTIMATED_TEMPLATE = 48  # the dry run's guess at a prompt's tokens besides the texts (a chat template's)
 CHARS_PER_TOKEN = 4  # the dry run's guess at characters of English text per token
 
 
@@ -53,7 +52,7 @@ class PreparedText:
 
 
 def estimated_prompt(text: str, prompt_text: str | None, prompt_codes: Sequence[int] | None) -> int:
-    """A guess at a Llasa prompt's length without its tokenizer (the dry run's)."""
+    """A guess at a prompt's length without its tokenizer (the dry run's)."""
     chars = len(text) + len(prompt_text or "")
     return ESTIMATED_TEMPLATE + math.ceil(chars / CHARS_PER_TOKEN) + len(prompt_codes or ())
 
@@ -66,39 +65,48 @@ class TextPlanner:
         prompt_ids: builds a text's prompt ids (None: no tokenizer; prompts are
             `estimated_prompt`s, as the dry run has them).
         context: the model's context in tokens, prompt included.
+        codes_per_second: the model family's (how many codes a text's speech takes).
     """
 
-    def __init__(self, spec: TextSpec, prompt_ids: PromptIds | None, context: int) -> None:
+    def __init__(self, spec: TextSpec, prompt_ids: PromptIds | None, context: int, codes_per_second: float) -> None:
         self.spec, self.prompt_ids, self.context = spec, prompt_ids, context
+        self.codes_per_second = codes_per_second
         self.normalize = text_normalizer(spec.normalize, spec.normalizer) if spec.normalize != "none" else None
         self._template: int | None = None
 
     def template(self) -> int:
         """The prompt's tokens besides the texts (measured once, with a one-letter text)."""
         if self._template is None:
-            self._template = len(self.prompt_ids("a", None, None))
+            self._template = len(self.prompt_ids("a", None, None, None))
         return self._template
 
-    def bound(self, text: str, prompt_text: str | None, prompt_codes: Sequence[int] | None) -> int:
-        """At least the length of `text`'s prompt, found without tokenising (module docstring)."""
-        said = len(text.encode()) + (len(prompt_text.encode()) + 1 if prompt_text else 0)
+    def bound(self, text: str, prompt_text: str | None, prompt_codes: Sequence[int] | None,
+              voice: str | None = None) -> int:
+        """At least the length of `text`'s prompt, found without tokenising (module docstring); a
+        named voice is written before the text (`"{voice}: "`)."""
+        said = len(text.encode()) + sum(len(extra.encode()) + 2 for extra in (prompt_text, voice) if extra)
         return self.template() + said + len(prompt_codes or ()) + BOUND_SLACK
 
     def budget(self, max_new_tokens: int, prompt_text: str | None, prompt_codes: Sequence[int] | None,
-               exact: bool) -> Budget:
+               exact: bool, voice: str | None = None) -> Budget:
         """A row's budget: prompts measured (`exact`, by the tokenizer when there is one) or bounded."""
 
         def length(text: str) -> int:
             if self.prompt_ids is None:
-                return estimated_prompt(text, prompt_text, prompt_codes)
+                return estimated_prompt(f"{voice}: {text}" if voice else text, prompt_text, prompt_codes)
             if exact:
-                return len(self.prompt_ids(text, prompt_text, prompt_codes))
-            return self.bound(text, prompt_text, prompt_codes)
-        return Budget(max_new_tokens, self.context, length)
+                return len(self.prompt_ids(text, prompt_text, prompt_codes, voice))
+            return self.bound(text, prompt_text, prompt_codes, voice)
+        return Budget(max_new_tokens, self.context, length, codes_per_second=self.codes_per_second)
+
+    def cuttable(self, max_new_tokens: int) -> bool:
+        """Whether a budget of `max_new_tokens` leaves room for any piece of text (`Budget.cuttable`
+        before its prompt is known: the prompt only takes room away)."""
+        return Budget(max_new_tokens, codes_per_second=self.codes_per_second).cuttable()
 
     def __call__(self, text: str, max_new_tokens: int, prompt_text: str | None = None,
-                 prompt_codes: Sequence[int] | None = None) -> PreparedText:
-        """`text` normalised and planned for a row with this budget and voice prompt.
+                 prompt_codes: Sequence[int] | None = None, voice: str | None = None) -> PreparedText:
+        """`text` normalised and planned for a row with this budget, voice prompt and named voice.
 
         Raises:
             ValueError: the normaliser failed on it (`NormalizerUnavailable`: not installed).
@@ -107,16 +115,11 @@ class TextPlanner:
         spoken = normalized if normalized is not None else text
         if not spoken.strip():  # nothing to say: the decoder refuses it, with its own error
             return PreparedText(text, normalized, whole_plan(spoken, fits=True))
-        quick = self.budget(max_new_tokens, prompt_text, prompt_codes, exact=False)
+        quick = self.budget(max_new_tokens, prompt_text, prompt_codes, exact=False, voice=voice)
         mode = self.spec.split
         # auto: a text that fits under the bound fits; one no piece of which could fit stays whole
-        if mode == "none" or (mode == "auto" and (quick.fits(spoken.strip()) or not cuttable(max_new_tokens))):
+        if mode == "none" or (mode == "auto" and (quick.fits(spoken.strip()) or not self.cuttable(max_new_tokens))):
             return PreparedText(text, normalized, whole_plan(spoken, fits=quick.fits(spoken.strip())))
-        exact = self.budget(max_new_tokens, prompt_text, prompt_codes, exact=True)
+        exact = self.budget(max_new_tokens, prompt_text, prompt_codes, exact=True, voice=voice)
         return PreparedText(text, normalized, plan_text(spoken, exact, mode, self.spec.language))
 
-
-def cuttable(max_new_tokens: int) -> bool:
-    """Whether a budget of `max_new_tokens` leaves room for any piece of text (`Budget.cuttable`
-    before its prompt is known: the prompt only takes room away)."""
-    return speech_budget("a", HEADROOM) <= max_new_tokens

@@ -9,9 +9,9 @@ import pytest
 
 from engine import DecodingSettings, Synthesizer
 from engine.decoding.adaptive import decide, expected_length
+from engine.families.llasa import FAMILY as LLASA
 from engine.kit import build as tiny
 from engine.kit.tokenizer import build_tokenizer
-from engine.models.llasa import LlasaLayout
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def cheap_draft_pair(tmp_path_factory):
     a draft of its layer 0: nearly the same distributions at a fraction of the compute."""
     root = tmp_path_factory.mktemp("pair")
     tok = build_tokenizer(root / "tok")
-    layout = LlasaLayout.from_tokenizer(tok)
+    layout = LLASA.layout(tok)
     spec = tiny.KitSpec(num_layers=6, intermediate_size=4096, draft_layers=(0,))
     gen = tiny.torch.Generator().manual_seed(0)
     cfg = tiny.llama_config(spec, len(tok), spec.num_layers, layout)

@@ -33,9 +33,10 @@ def test_the_queue_keeps_submissions_in_order_and_pops_each_highest_priority_fir
 
 def test_expected_tokens_follow_the_text_up_to_the_budget():
     short, long_ = "Hi there.", "It was the best of times, it was the worst of times, it was the age."
-    assert expected_tokens(short, 1000) < expected_tokens(long_, 1000)
-    assert expected_tokens(long_, 1000) == round(len(long_) / 15 * 50)  # 15 letters/s, 50 codes/s
-    assert expected_tokens(long_, 40) == 40  # the row's budget caps it
+    assert expected_tokens(short, 1000, 50) < expected_tokens(long_, 1000, 50)
+    assert expected_tokens(long_, 1000, 50) == round(len(long_) / 15 * 50)  # 15 letters/s, 50 codes/s
+    assert expected_tokens(long_, 1000, 82) == round(len(long_) / 15 * 82)  # a family's own rate
+    assert expected_tokens(long_, 40, 50) == 40  # the row's budget caps it
     # a CJK character is a syllable: said about as long as three letters
     assert speech_seconds("你好世界") == pytest.approx(speech_seconds("x" * 12))
     assert speech_seconds("こんにちは") == pytest.approx(speech_seconds("x" * 15))

@@ -124,7 +124,7 @@ def test_bad_grid_fails_before_loading_models(tmp_path, capsys):
 def test_llasa_1b_shape_preset_has_llasa_1b_dimensions():
     from engine.bench.presets import LLASA_1B_DRAFT_LAYERS, LLASA_1B_SPEC, LLASA_VOCAB
 
-    spec = LLASA_1B_SPEC  # docs/llasa-xcodec2.md: Llama-3.2-1B body, 193,800-row vocabulary, tied
+    spec = LLASA_1B_SPEC  # docs/families.md: Llama-3.2-1B body, 193,800-row vocabulary, tied
     assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads) == (2048, 16, 32, 8)
     assert (spec.intermediate_size, spec.hidden_size // spec.num_heads, LLASA_VOCAB) == (8192, 64, 193_800)
     assert len(LLASA_1B_DRAFT_LAYERS) == 3 and max(LLASA_1B_DRAFT_LAYERS) < spec.num_layers

@@ -121,8 +121,8 @@ def test_audio_output_without_a_working_codec_is_refused_before_the_models_load(
     target.mkdir()
     base = ["generate", "--target", str(target), "--method", "ar", "--text", "hi"]
     assert main([*base, "--out", str(tmp_path / "x.parquet")]) == 2
-    assert capsys.readouterr().err == ("error: writing audio needs an X-codec2 checkpoint: give --codec DIR "
-                                       "(or --kit DIR)\n")
+    assert capsys.readouterr().err == ("error: writing audio needs the model's codec (X-codec2 for Llasa, SNAC for "
+                                       "Orpheus): give --codec DIR (or --kit DIR)\n")
     assert main([*base, "--wav-dir", str(tmp_path / "wav"), "--codec", str(tmp_path / "no-codec")]) == 2
     assert f"codec directory {tmp_path / 'no-codec'} does not exist" in capsys.readouterr().err
     assert not (tmp_path / "wav").exists()

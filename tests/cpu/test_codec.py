@@ -34,7 +34,7 @@ def random_codes(n: int, seed: int) -> np.ndarray:
 
 def test_implements_codec_interface(codec):
     assert isinstance(codec, Codec)
-    assert (codec.sample_rate, codec.hop_length, codec.codebook_size) == (16000, HOP, 65536)
+    assert (codec.sample_rate, codec.frame_codes, codec.frame_samples, codec.codebook_size) == (16000, 1, HOP, 65536)
 
 
 def test_decode_matches_transformers_model(codec, kit_dir):

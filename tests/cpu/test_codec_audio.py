@@ -40,7 +40,7 @@ def test_read_clip_mixes_stereo_and_resamples(tmp_path):
     left, right = sine(500, 44100, 0.5, 0.6), sine(500, 44100, 0.5, 0.2)
     path = tmp_path / "stereo.flac"
     sf.write(path, np.stack([left, right], axis=1), 44100, subtype="PCM_16")
-    clip = read_clip(path)
+    clip = read_clip(path, 16000)
     assert clip.shape == (8000,) and clip.dtype == np.float32
     want = sine(500, 16000, 0.5, 0.4)  # mean of the two channels
     assert np.abs(clip[200:-200] - want[200:-200]).max() < 2e-3
@@ -48,15 +48,15 @@ def test_read_clip_mixes_stereo_and_resamples(tmp_path):
 
 def test_read_clip_errors(tmp_path):
     with pytest.raises(CodecError, match="does not exist"):
-        read_clip(tmp_path / "missing.wav")
+        read_clip(tmp_path / "missing.wav", 16000)
     junk = tmp_path / "junk.wav"
     junk.write_bytes(b"this is not audio")
     with pytest.raises(CodecError, match="cannot read audio clip .*junk.wav"):
-        read_clip(junk)
+        read_clip(junk, 16000)
     empty = tmp_path / "empty.wav"
     sf.write(empty, np.zeros(0, np.float32), 16000)
     with pytest.raises(CodecError, match="no samples"):
-        read_clip(empty)
+        read_clip(empty, 16000)
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac"])

@@ -143,7 +143,7 @@ def test_cli_codec_encode(kit_dir, tmp_path, capsys):
     cache = str(tmp_path / "cache")
     assert run_cli(["codec", "encode", str(clip), "--codec", str(codec_dir), "--cache-dir", cache]) == 0
     printed = json.loads(capsys.readouterr().out)
-    want = Xcodec2Codec.load(codec_dir).encode([read_clip(clip)])[0]
+    want = Xcodec2Codec.load(codec_dir).encode([read_clip(clip, 16000)])[0]
     assert len(set(want)) > 1
     assert printed["codes"] == want and printed["num_codes"] == 8000 // HOP + 1
     out = tmp_path / "prompt.json"  # second run: codes come from the cache

@@ -47,6 +47,7 @@ class CountingCodec:
     def __init__(self, codec: Xcodec2Codec) -> None:
         self.codec, self.calls = codec, 0
         self.fingerprint = codec.fingerprint
+        self.sample_rate, self.codebook_size = codec.sample_rate, codec.codebook_size
 
     def encode(self, waveforms):
         self.calls += 1
@@ -57,7 +58,7 @@ def test_clip_prompt_is_encoded_once_and_cached_on_disk(codec, clip, tmp_path):
     counting = CountingCodec(codec)
     first = load_voice_prompt("Reference words.", audio=clip, codec=counting, cache=PromptCache(tmp_path))
     assert counting.calls == 1
-    assert first.codes == tuple(codec.encode([read_clip(clip)])[0])
+    assert first.codes == tuple(codec.encode([read_clip(clip, 16000)])[0])
     assert len(first.codes) == 8000 // 320 + 1
     assert first.text == "Reference words." and first.id == prompt_id("Reference words.", first.codes)
     # A new process (fresh cache object, same directory) finds the codes without encoding.
@@ -93,11 +94,16 @@ def test_precomputed_codes_prompt():
     (dict(text="t", codes=[1], audio="x.wav"), ValueError, "either a clip"),
     (dict(text="t", audio="x.wav"), ValueError, "needs a codec"),
     (dict(text="t", codes=[]), CodecError, "empty"),
-    (dict(text="t", codes=[3, 65536]), CodecError, "65536 at position 1"),
+    (dict(text="t", codes=[3, -1]), CodecError, "-1 at position 1 is negative"),
 ])
 def test_prompt_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         load_voice_prompt(**kwargs)
+
+
+def test_codes_outside_the_given_codecs_codebook_are_refused(codec):
+    with pytest.raises(CodecError, match="65536 at position 1 is outside"):
+        load_voice_prompt("t", codes=[3, 65536], codec=codec)
 
 
 def test_unreadable_clip_is_a_clear_error(codec, tmp_path):
@@ -113,7 +119,7 @@ def test_prompt_reaches_the_core_as_a_voice_clone_prompt(kit_synth):
     assert items[1].id == "b" and items[1].seed == 3
     assert all(i.prompt_text == prompt.text and i.prompt_codes == [5, 6, 7, 8] for i in items)
     ids = kit_synth.prompter.build(items[0].text, items[0].prompt_text, items[0].prompt_codes)
-    first = kit_synth.target.layout.first_speech
+    first = kit_synth.target.layout.first_code
     assert ids[-4:] == [first + c for c in prompt.codes]  # the assistant turn starts with them
     results, _ = kit_synth.synthesize(items, DecodingSettings(method="ar", max_new_tokens=3))
     assert [r.error for r in results] == [None, None]

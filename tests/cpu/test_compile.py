@@ -78,7 +78,7 @@ def decode_mixed(synth: Synthesizer) -> tuple[dict, int]:
     codes = {}
     while not session.idle:
         for request, row in session.step():
-            codes[request.key] = row.tokens
+            codes[request.key] = row.codes
     return codes, session.scheduler.rounds
 
 
@@ -93,7 +93,7 @@ def admitted(synth: Synthesizer, mix: tuple[str, ...]) -> tuple[SpeculativeDecod
     rules = {"exact": ExactRule(), "pcg": PCGRule(groups, 4), "ssd": SSDRule(0.3), "topk": TopKRule(20)}
     gamma = 0 if not mix else 2
     decoder = SpeculativeDecoder(synth.target.model, synth.draft.model if gamma else None, gamma, 4, 256,
-                                 synth.target.layout.eos_out)
+                                 synth.layout.output_space())
     prompt = synth.prompter.build("Hello there.")
     warps = [DecodingSettings(temperature=0).warp,
              DecodingSettings(temperature=0.8, top_p=0.9, top_k=30, repetition_penalty=1.2).warp]

@@ -37,7 +37,7 @@ def make_rows() -> tuple[list[AudioRow], list[np.ndarray]]:
 def test_schema_marks_audio_for_datasets():
     import datasets
 
-    schema = dataset_schema()
+    schema = dataset_schema(16000)
     meta = json.loads(schema.metadata[b"huggingface"])
     assert meta == {"info": {"features": {"audio": {"_type": "Audio", "sampling_rate": 16000}}}}
     assert schema.field("audio").type == datasets.Audio().pa_type  # else datasets ignores it
@@ -46,14 +46,14 @@ def test_schema_marks_audio_for_datasets():
 
 
 def test_stats_struct_follows_row_stats():
-    fields = [f.name for f in dataset_schema().field("stats").type]
+    fields = [f.name for f in dataset_schema(16000).field("stats").type]
     assert fields == list(RowStats().to_dict())
 
 
 def test_build_table_values():
     rows, waves = make_rows()
-    table = build_table(rows, SETTINGS)
-    assert table.schema.equals(dataset_schema(), check_metadata=True)
+    table = build_table(rows, SETTINGS, 16000)
+    assert table.schema.equals(dataset_schema(16000), check_metadata=True)
     col = table.to_pydict()
     assert col["id"] == ["u0", "u1", "bad", "oob"]
     assert col["num_codes"] == [3, 5, 0, 1]
@@ -75,10 +75,10 @@ def test_build_table_values():
 def test_written_file_reads_back_with_the_same_samples(tmp_path):
     rows, waves = make_rows()
     path = tmp_path / "shard-00000.parquet"
-    assert write_parquet(build_table(rows, SETTINGS), path) == 4
+    assert write_parquet(build_table(rows, SETTINGS, 16000), path) == 4
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
     table = pq.read_table(path)
-    assert table.schema.metadata[b"huggingface"] == dataset_schema().metadata[b"huggingface"]
+    assert table.schema.metadata[b"huggingface"] == dataset_schema(16000).metadata[b"huggingface"]
     for cell, wave in zip(table.column("audio").to_pylist()[:2], waves):
         samples, sr = read_audio_bytes(cell["bytes"])
         assert sr == 16000
@@ -88,7 +88,7 @@ def test_written_file_reads_back_with_the_same_samples(tmp_path):
 def test_writes_to_a_file_like_object():
     rows, _ = make_rows()
     buf = io.BytesIO()
-    write_parquet(build_table(rows, SETTINGS), buf)
+    write_parquet(build_table(rows, SETTINGS, 16000), buf)
     assert not buf.closed  # its owner (e.g. an S3 upload) closes it
     table = pq.read_table(io.BytesIO(buf.getvalue()))
     assert table.column("id").to_pylist() == ["u0", "u1", "bad", "oob"]
@@ -98,8 +98,8 @@ def test_failed_write_leaves_no_file(tmp_path):
     rows, _ = make_rows()
     path = tmp_path / "shard.parquet"
     with pytest.raises(RuntimeError, match="worker died"):
-        with parquet_writer(path, dataset_schema()) as writer:
-            writer.write_table(build_table(rows, SETTINGS))
+        with parquet_writer(path, dataset_schema(16000)) as writer:
+            writer.write_table(build_table(rows, SETTINGS, 16000))
             raise RuntimeError("worker died")
     assert list(tmp_path.iterdir()) == []
 
@@ -109,7 +109,7 @@ def test_datasets_loads_an_audio_column(tmp_path):
 
     rows, waves = make_rows()
     path = tmp_path / "shard.parquet"
-    write_parquet(build_table(rows, SETTINGS), path)
+    write_parquet(build_table(rows, SETTINGS, 16000), path)
     ds = datasets.load_dataset("parquet", data_files=str(path), split="train",
                                cache_dir=str(tmp_path / "hf-cache"))
     assert isinstance(ds.features["audio"], datasets.Audio)

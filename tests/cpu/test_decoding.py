@@ -59,7 +59,7 @@ def test_greedy_pcg_emits_only_group_mates_of_the_target_argmax(synth64, kit_gro
     swapped = 0
     for text, res in zip(TEXTS, results):
         prompt = synth64.prompter.build(text)
-        ids = prompt + [layout.first_speech + c for c in res.codes]
+        ids = prompt + [layout.first_code + c for c in res.codes]
         tokens, pos = torch.tensor([ids]), torch.arange(len(ids))[None]
         logits = model(tokens, pos, model.new_cache(1, len(ids) + 1), len(ids))[0]
         argmax = logits[len(prompt) - 1: len(ids) - 1].argmax(-1).tolist()
@@ -144,15 +144,15 @@ def test_max_speech_ratio_cuts_a_row_at_its_texts_budget_and_leaves_its_codes(sy
     # processor has other bytes (README, the tiny kit), so its seeded rows draw other codes (four
     # rows chosen on the AMD EPYCs all ran past on an Intel Xeon); eight rows hold both kinds on both
     items = [SynthesisItem(text=t, id=f"{t}-{k}") for t in ("Hi.", "Call Stella.") for k in range(4)]
-    assert [speech_budget(it.text, 1.0) for it in items] == [110] * 4 + [140] * 4  # (chars / 15 + 2 s) x 50
-    assert speech_budget("Hi.", 2.5) == 125
+    assert [speech_budget(it.text, 1.0, 50) for it in items] == [110] * 4 + [140] * 4  # (chars / 15 + 2 s) x 50
+    assert speech_budget("Hi.", 2.5, 50) == 125
     settings = DecodingSettings(method="pcg", max_new_tokens=141, seed=1)  # past every budget here
     full, _ = synth64.synthesize(items, settings)
     capped, summary = synth64.synthesize(items, settings.model_copy(update={"max_speech_ratio": 1.0}))
-    over = [len(f.codes) > speech_budget(it.text, 1.0) for it, f in zip(items, full)]
+    over = [len(f.codes) > speech_budget(it.text, 1.0, 50) for it, f in zip(items, full)]
     assert any(over) and not all(over)
     for it, f, c in zip(items, full, capped):
-        budget = speech_budget(it.text, 1.0)
+        budget = speech_budget(it.text, 1.0, 50)
         assert c.codes == f.codes[:budget]  # the same row, cut at its budget: the codes before it unchanged
         assert c.finish_reason == ("length" if len(f.codes) >= budget else f.finish_reason)
     assert summary.cut == sum(c.finish_reason == "length" for c in capped) >= sum(over)
@@ -189,7 +189,7 @@ def test_bad_items_become_error_results_and_the_rest_proceed(kit_dir):
 def test_voice_prompt_codes_follow_speech_start(kit_synth):
     layout = kit_synth.target.layout
     ids = kit_synth.prompter.build("New words.", prompt_text="Old words.", prompt_codes=[5, 6, 7])
-    assert ids[-4:] == [layout.speech_start] + [layout.first_speech + c for c in (5, 6, 7)]
+    assert ids[-4:] == [layout.control("speech_start")] + [layout.first_code + c for c in (5, 6, 7)]
     text = kit_synth.target.tokenizer.decode(ids)
     assert "Old words. New words." in text and "26 Jul 2024" in text
     item = SynthesisItem(text="New words.", prompt_text="Old words.", prompt_codes=[5, 6, 7])

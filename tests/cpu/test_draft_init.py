@@ -28,7 +28,7 @@ def assert_loads_everywhere(path, source) -> None:
     ours = load_model(path, dtype="float32", tokenizer=vocabulary_view(path).tokenizer)
     assert ours.layout == vocabulary_view(source).layout
     ref = LlamaForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    ids = list(range(700, 712)) + [ours.layout.first_speech + 5]
+    ids = list(range(700, 712)) + [ours.layout.first_code + 5]
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0, :, ours.model.output_token_ids]
     got = ours.model(torch.tensor([ids]), torch.arange(len(ids))[None], ours.model.new_cache(1, 16), 16)

@@ -25,7 +25,7 @@ def setup(kit_dir, kit_synth, tmp_path_factory):
     root = tmp_path_factory.mktemp("ray-draft")
     settings = DecodingSettings(method="ar", max_new_tokens=16, seed=2)
     results, _ = kit_synth.synthesize(KIT_TRAIN_TEXTS[:8], settings, batch_size=8)
-    write_parquet(build_table([AudioRow(result=r) for r in results], settings), root / "data.parquet")
+    write_parquet(build_table([AudioRow(result=r) for r in results], settings, 16000), root / "data.parquet")
     init_draft(kit_dir / "target", root / "init", layers=[0, 1, 3])
     return root
 

@@ -26,9 +26,9 @@ from engine.draft.init import init_draft, vocabulary_view
 from engine.draft.objective import kd_loss_sum, tv_loss_sum
 from engine.draft.run import plan_run, train_draft
 from engine.draft.settings import TrainSettings
+from engine.families.llasa import LlasaPrompter
 from engine.io.dataset import AudioRow, build_table, write_parquet
 from engine.kit.draft import KIT_TRAIN_TEXTS
-from engine.models.llasa import LlasaPrompter
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def engine_data(kit_synth, tmp_path_factory):
     settings = DecodingSettings(method="ar", max_new_tokens=24, seed=1)
     results, _ = kit_synth.synthesize(KIT_TRAIN_TEXTS[:20] + [" "], settings, batch_size=8)
     path = tmp_path_factory.mktemp("data") / "samples.parquet"
-    write_parquet(build_table([AudioRow(result=r) for r in results], settings), path)
+    write_parquet(build_table([AudioRow(result=r) for r in results], settings, 16000), path)
     return path
 
 
@@ -60,10 +60,10 @@ def test_engine_dataset_becomes_prompt_plus_codes_with_speech_only_labels(engine
     assert skipped == {"error record": 1} and len(seqs) == 20
     layout = view.layout
     for row, seq in zip(rows, seqs):
-        assert seq.ids[seq.start - 1] == layout.speech_start
-        codes = [i - layout.first_speech for i in seq.ids[seq.start:] if i != layout.speech_end]
+        assert seq.ids[seq.start - 1] == layout.control("speech_start")
+        codes = [i - layout.first_code for i in seq.ids[seq.start:] if i != layout.eos_token]
         assert codes == row["codes"]
-        assert (seq.ids[-1] == layout.speech_end) == (row["finish_reason"] == "eos")
+        assert (seq.ids[-1] == layout.eos_token) == (row["finish_reason"] == "eos")
     batch = make_batch(seqs[:3], layout)
     n = sum(s.num_targets for s in seqs[:3])
     assert batch.labels.shape == (n,) and int(batch.labels.max()) <= layout.eos_out
@@ -71,7 +71,7 @@ def test_engine_dataset_becomes_prompt_plus_codes_with_speech_only_labels(engine
     for r, c, label in zip(batch.rows.tolist(), batch.cols.tolist(), batch.labels.tolist()):
         nxt = seqs[r].ids[c + 1]
         assert c + 1 >= seqs[r].start
-        assert label == (layout.eos_out if nxt == layout.speech_end else nxt - layout.first_speech)
+        assert label == (layout.eos_out if nxt == layout.eos_token else nxt - layout.first_code)
     train, held = split_heldout(seqs, 0.2, 64)
     assert held and not {s.text for s in train} & {s.text for s in held}
 
@@ -95,9 +95,9 @@ def test_generate_json_output_is_training_data_with_its_settings_and_voice_promp
     seqs, skipped = to_sequences(rows, LlasaPrompter(view.tokenizer, view.layout), layout, 2048)
     assert not skipped and len(seqs) == 2
     for row, seq in zip(rows, seqs):
-        codes = [i - layout.first_speech for i in seq.ids[seq.start:] if i != layout.speech_end]
+        codes = [i - layout.first_code for i in seq.ids[seq.start:] if i != layout.eos_token]
         assert codes == row["codes"]
-    assert [i - layout.first_speech for i in seqs[1].ids[seqs[1].start - 3:seqs[1].start]] == [5, 6, 7]
+    assert [i - layout.first_code for i in seqs[1].ids[seqs[1].start - 3:seqs[1].start]] == [5, 6, 7]
     # the plan says what it chose and why; rows sampled at several temperatures -> told to pick one
     def plan_of(data):
         return plan_run(TrainSettings(data=str(data), draft=str(kit_dir / "draft"), target=str(kit_dir / "target"),

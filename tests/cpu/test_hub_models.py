@@ -50,3 +50,27 @@ def test_a_hub_id_missing_from_the_offline_cache_says_where_it_looked(hub_cache,
     assert err.startswith("error: no local directory test-org/not-there; as a Hugging Face model: ")
     assert f"not in the Hugging Face cache ({hub_cache})" in err and "HF_HUB_OFFLINE=1" in err
     assert "hf download test-org/not-there" in err
+
+
+def test_an_orpheus_kit_by_the_hub_ids_orpheus_and_snac_are_published_under(orpheus_kit_dir, tmp_path):
+    """The Orpheus kit in a cache laid out as canopylabs/orpheus-3b-0.1-ft and
+    hubertsiuzdak/snac_24khz are (SNAC's config.json and pytorch_model.bin), read offline: the
+    family detected from the target, 24 kHz audio from the SNAC codec."""
+    cache = tmp_path / "hub"
+    add_to_hub_cache(cache, "canopylabs/orpheus-3b-0.1-ft", orpheus_kit_dir / "target")
+    add_to_hub_cache(cache, "test-org/orpheus-draft", orpheus_kit_dir / "draft")
+    add_to_hub_cache(cache, "hubertsiuzdak/snac_24khz", orpheus_kit_dir / "codec")
+    assert sorted(p.name for p in (orpheus_kit_dir / "codec").iterdir()) == ["config.json", "pytorch_model.bin"]
+    out = pcg_synth(["generate", "--target", "canopylabs/orpheus-3b-0.1-ft", "--draft", "test-org/orpheus-draft",
+                     "--codec", "hubertsiuzdak/snac_24khz", "--text", "Hello from the hub.", "--method", "exact",
+                     "--max-new-tokens", "21", "--device", "cpu", "--wav-dir", "wav", "--out", "run.json", "--quiet"],
+                    cache, tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "run.json").read_text())
+    codes = doc["runs"][0]["items"][0]["codes"]
+    assert doc["runs"][0]["summary"]["settings"]["temperature"] == 0.6 and len(codes) % 7 == 0
+    import soundfile as sf
+
+    (clip,) = (tmp_path / "wav").iterdir()
+    info = sf.info(clip)
+    assert info.samplerate == 24_000 and info.frames == len(codes) // 7 * 2048

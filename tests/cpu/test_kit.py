@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, Xcodec2Model
 
 from engine import DecodingSettings
+from engine.families.llasa import FAMILY as LLASA
 from engine.kit import KitSpec, build_kit
-from engine.models.llasa import LlasaLayout
 
 
 def test_kit_has_real_formats_and_llasa_layout(kit_dir):
@@ -20,14 +20,14 @@ def test_kit_has_real_formats_and_llasa_layout(kit_dir):
         for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
             assert (kit_dir / part / name).is_file(), (part, name)
     tok = AutoTokenizer.from_pretrained(str(kit_dir / "target"))
-    layout = LlasaLayout.from_tokenizer(tok)
-    assert layout.num_speech == 65536
-    assert tok.convert_tokens_to_ids("<|s_65535|>") == layout.first_speech + 65535
+    layout = LLASA.layout(tok)
+    assert layout.num_codes == 65536
+    assert tok.convert_tokens_to_ids("<|s_65535|>") == layout.first_code + 65535
     codec = Xcodec2Model.from_pretrained(str(kit_dir / "codec"))
     audio = codec.decode(torch.randint(0, 65536, (1, 1, 5))).audio_values
     assert audio.shape[-1] == 5 * 320
     manifest = json.loads((kit_dir / "kit.json").read_text())
-    assert manifest["layout"]["first_speech"] == layout.first_speech
+    assert manifest["layout"]["first_code"] == layout.first_code
 
 
 def test_draft_has_the_chosen_layers_and_the_targets_embeddings(kit_dir):
@@ -56,7 +56,7 @@ def test_target_is_peaked_and_standard_sd_acceptance_is_intermediate(kit_synth):
     assert 0.1 < acceptance < 0.9, acceptance
     # entropy of the target's next-token distribution on its own samples, in nats
     model, layout = kit_synth.target.model, kit_synth.target.layout
-    ids = kit_synth.prompter.build(texts[0]) + [layout.first_speech + c for c in results[0].codes]
+    ids = kit_synth.prompter.build(texts[0]) + [layout.first_code + c for c in results[0].codes]
     logits = model(torch.tensor([ids]), torch.arange(len(ids))[None],
                    model.new_cache(1, len(ids) + 1), len(ids))[0, -32:]
     probs = torch.softmax(logits / 0.8, -1)

@@ -53,7 +53,7 @@ def test_prefill_and_incremental_match_transformers_with_ragged_rows(pair, atten
     # three incremental rounds; each row continues from its own length (right padding of the
     # prefill is overwritten), with 1, 3 and 2 new tokens per round
     for step, t in enumerate((1, 3, 2)):
-        new = torch.randint(ours.layout.first_speech, ours.layout.vocab_size, (3, t), generator=gen)
+        new = torch.randint(ours.layout.first_code, ours.layout.vocab_size, (3, t), generator=gen)
         lens = torch.tensor([len(r) for r in rows])
         pos = lens[:, None] + torch.arange(t)
         logits = model(new, pos, cache, kv_len=64)
@@ -174,8 +174,8 @@ def test_head_is_restricted_to_speech_and_end_of_speech(pair):
     ours, _ = pair
     layout = ours.layout
     assert ours.model.vocab_out == 65537
-    assert ours.model.output_token_ids[0] == layout.first_speech
-    assert ours.model.output_token_ids[-1] == layout.speech_end
+    assert ours.model.output_token_ids[0] == layout.first_code
+    assert ours.model.output_token_ids[-1] == layout.eos_token
 
 
 def test_missing_or_foreign_checkpoints_fail_clearly(tmp_path, kit_dir):

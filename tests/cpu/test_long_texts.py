@@ -113,7 +113,8 @@ def test_a_long_text_is_one_row_of_its_chunks_or_a_row_per_chunk(hook, kit_dir, 
     rows = {r["id"]: r for r in read_output(joined)}
     assert sorted(rows) == sorted(r["id"] for r in ROWS) and all(r["error"] is None for r in rows.values())
     # the long text: a chunk per sentence, cut only where a sentence ends, each within its budget
-    budget = Budget(200, kit_synth.max_context, lambda t: len(kit_synth.prompter.build(t)))
+    budget = Budget(200, kit_synth.max_context, lambda t: len(kit_synth.prompter.build(t)),
+                    codes_per_second=kit_synth.family.codes_per_second)
     long = chunks_of(rows["long"])
     sentences = [s + "." for p in LONG.split("\n\n") for s in p.rstrip(".").split(". ")]
     assert [c["text"] for c in long] == sentences

@@ -69,7 +69,7 @@ def test_a_mistyped_row_field_is_warned_with_the_field_it_most_likely_meant(tmp_
 
 def test_an_unreadable_clip_read_from_storage_is_named_by_its_uri():
     with pytest.raises(CodecError) as info:
-        read_clip(io.BytesIO(b"not audio at all"), name="s3://bucket/voices/clip.wav")
+        read_clip(io.BytesIO(b"not audio at all"), 16000, name="s3://bucket/voices/clip.wav")
     message = str(info.value)
     assert "s3://bucket/voices/clip.wav" in message and "BytesIO" not in message
 

@@ -125,7 +125,7 @@ def test_strict_cer_rejects_every_kit_row_after_two_attempts(local_ray, kit_dir,
         assert r["reject_reason"].startswith("failed 2 attempts") and "cer" in r["reject_reason"]
         assert r["error"] is None and audio_ok(r)  # the kept attempt's audio, for a look
     data_schema = pq.read_schema(next((root / "data").glob("*.parquet")))  # shards with no row kept: empty
-    assert data_schema.names == quality_schema().names
+    assert data_schema.names == quality_schema(16000).names
     for f in (root / "rejects").glob("*.parquet"):
         assert pq.read_schema(f).equals(data_schema, check_metadata=True)  # the data's schema
     q = summary["quality"]
@@ -244,7 +244,7 @@ def test_the_gate_tells_speech_from_the_kits_noise(kit_dir, kit_synth, tmp_path)
 
     quality = QualitySpec(max_cer=0.5)
     codec = Xcodec2Codec.load(kit_dir / "codec")
-    stage = VerifyStage(QualityGate.load(quality, codec), "strip", codec.hop_length)
+    stage = VerifyStage(QualityGate.load(quality, codec), "strip", codec)
 
     def rows(tag: str) -> tuple[ShardTask, list]:
         made = [Row(i, SynthesisResult(id=f"{tag}{i}", text=t, seed=i), DecodingSettings(), {}, seed=i)

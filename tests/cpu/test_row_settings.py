@@ -55,7 +55,7 @@ def test_rows_with_different_rules_share_one_decoder(synth64, kit_groups):
     mixed = {}
     while not session.idle:
         for request, row in session.step():
-            mixed[str(request.key)] = (row.tokens, row.finish_reason, row.stats.to_dict())
+            mixed[str(request.key)] = (row.codes, row.finish_reason, row.stats.to_dict())
     assert mixed == alone
     assert len(session.scheduler.used) == 1  # one decoder, rules per row
 

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from engine.codec.join import join_audio
 from engine.config import NORMALIZE_LANGUAGES, SENTENCE_LANGUAGES, JobSpec, TextSpec
 from engine.decoding.admission import CHARS_PER_SECOND, expected_tokens
-from engine.models.llasa import LLASA_CONTEXT
+from engine.families.llasa import CONTEXT as LLASA_CONTEXT
+from engine.families.llasa import FAMILY as LLASA
 from engine.records import RowStats, SynthesisItem, SynthesisResult, item_seed
 from engine.text.chunks import Budget, chunk_items, chunk_seeds, plan_text
 from engine.text.join import chunk_records, join_codes, join_results
@@ -46,15 +47,18 @@ PARAGRAPHS = [
 @pytest.fixture(scope="module")
 def prompter(kit_dir):
     """The kit's Llasa prompter: a chunk's prompt length is the real one."""
-    from engine.models.llasa import LlasaLayout, LlasaPrompter
+    from engine.families.llasa import FAMILY, LlasaPrompter
     from engine.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(kit_dir / "target")
-    return LlasaPrompter(tokenizer, LlasaLayout.from_tokenizer(tokenizer))
+    return LlasaPrompter(tokenizer, FAMILY.layout(tokenizer))
+
+
+RATE = LLASA.codes_per_second  # codes a second of speech
 
 
 def llasa_budget(prompter, max_new_tokens: int = 2000) -> Budget:
-    return Budget(max_new_tokens, LLASA_CONTEXT, lambda text: len(prompter.build(text)))
+    return Budget(max_new_tokens, LLASA_CONTEXT, lambda text: len(prompter.build(text)), codes_per_second=RATE)
 
 
 def test_a_long_text_splits_at_sentence_boundaries_every_chunk_within_the_context(prompter):
@@ -68,7 +72,7 @@ def test_a_long_text_splits_at_sentence_boundaries_every_chunk_within_the_contex
     ends = {text[:b].rstrip() for a, b in sentence_spans(text)}
     for chunk in plan.chunks:
         assert budget.fits(chunk.text)
-        assert expected_tokens(chunk.text, None) + len(prompter.build(chunk.text)) <= LLASA_CONTEXT
+        assert expected_tokens(chunk.text, None, RATE) + len(prompter.build(chunk.text)) <= LLASA_CONTEXT
         assert text[chunk.start:chunk.end] == chunk.text
         assert text[:chunk.end] in ends  # cut only where a sentence ends
     assert plan.boundaries == ["sentence"] * (len(plan.chunks) - 1)
@@ -93,21 +97,22 @@ def test_a_sentence_too_long_is_cut_at_clause_boundaries_and_says_so(prompter):
     assert all(c.text.endswith((",", ";")) for c in plan.chunks[:-1])
     assert plan.chunks[-1].boundary == "end" and plan.chunks[-1].text.endswith("bridge.")
     # a clause too long for a small budget is cut between words, and says so too
-    words = plan_text("one two three four five six seven eight nine ten eleven twelve", Budget(160), "auto")
+    words = plan_text("one two three four five six seven eight nine ten eleven twelve",
+                      Budget(160, codes_per_second=RATE), "auto")
     assert words.split and set(words.boundaries) == {"word"}
 
 
 def test_a_budget_too_small_to_cut_into_keeps_texts_whole():
     """Below the headroom's two seconds no piece fits: cutting into words would only make many
     rows that still do not fit (a test's `max_new_tokens: 16`)."""
-    tiny = Budget(16)
+    tiny = Budget(16, codes_per_second=RATE)
     assert not tiny.cuttable()
     whole = plan_text("One. Two two. Three!", tiny, "auto")
     assert not whole.split and not whole.fits
     sentences = plan_text("One. Two two. Three!", tiny, "sentences")
     assert [c.text for c in sentences.chunks] == ["One.", "Two two.", "Three!"]
     chinese = "一二三四五六七八九十" * 2
-    cjk = plan_text(chinese, Budget(160), "auto")  # no spaces: cut between characters
+    cjk = plan_text(chinese, Budget(160, codes_per_second=RATE), "auto")  # no spaces: cut between characters
     assert "".join(c.text for c in cjk.chunks) == chinese and cjk.split
 
 

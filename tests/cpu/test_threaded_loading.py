@@ -27,7 +27,7 @@ for t in threads:
 for t in threads:
     t.join()
 assert not errors, errors
-assert loaded["synth"].target.layout.num_speech == 65536 and loaded["codec"].sample_rate == 16000
+assert loaded["synth"].target.layout.num_codes == 65536 and loaded["codec"].sample_rate == 16000
 print("ok")
 """
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.io.dataset import dataset_schema, parquet_writer
+from engine.io.dataset import parquet_writer
 from engine.io.formats.rows import ShardFiles, put
 from engine.io.storage import Storage, join
 
@@ -23,10 +23,15 @@ def data_uri(root: str, shard_id: str) -> str:
 def write_parquet_shard(storage: Storage, root: str, shard_id: str, tables: Sequence[pa.Table],
                         schema: pa.Schema | None = None) -> ShardFiles:
     """Write the shard's tables as one Parquet file (one row group each) under `root`; a shard
-    without rows gets `schema` (default: the first table's, else `dataset_schema()`)."""
+    without rows gets `schema` (default: the first table's).
+
+    Raises:
+        ValueError: neither tables nor a schema."""
+    if schema is None and not tables:
+        raise ValueError(f"{shard_id}: a shard without rows needs its schema")
     written = ShardFiles()
     buffer = io.BytesIO()
-    with parquet_writer(buffer, schema or (tables[0].schema if tables else dataset_schema())) as writer:
+    with parquet_writer(buffer, schema or tables[0].schema) as writer:
         for table in tables:
             writer.write_table(table)
     for table in tables:  # counted from the columns (a job's hot path: no row made a Python dict)

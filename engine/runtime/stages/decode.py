@@ -46,7 +46,7 @@ class DecodeStage:
             try:
                 request = self.synth.request(row.spoken, row.settings, attempt.seed, attempt,
                                              prompt.text if prompt else None,
-                                             list(prompt.codes) if prompt else None)
+                                             list(prompt.codes) if prompt else None, row.voice)
             except ValueError as exc:
                 attempt.error = str(exc)
                 refused.append(attempt)
@@ -61,7 +61,7 @@ class DecodeStage:
         done = []
         for request, out in self.session.step():
             attempt: Attempt = request.key
-            attempt.codes, attempt.finish_reason, attempt.stats = out.tokens, out.finish_reason, out.stats
+            attempt.codes, attempt.finish_reason, attempt.stats = out.codes, out.finish_reason, out.stats
             done.append(attempt)
         return done
 

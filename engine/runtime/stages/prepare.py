@@ -35,7 +35,8 @@ class PrepareStage:
         decoding: the job's decoding settings.
         storage: reads voice-prompt clips.
         revisions: the models' revisions (every row's provenance).
-        encode_clip: a 16 kHz clip -> its codec codes (the worker encodes on its IO thread).
+        encode_clip: a clip at `sample_rate` -> its codec codes (the worker encodes on its IO thread).
+        sample_rate: the codec's.
         keep_clips: keep each clip's audio with its row (the quality gate's speaker check).
         planner: normalises and plans texts (None: texts are decoded as they are).
         joined_include: a split row's parts are joined and its audio includes the voice prompt's
@@ -43,9 +44,10 @@ class PrepareStage:
     """
 
     def __init__(self, decoding: DecodingSettings, storage: Storage, revisions: dict,
-                 encode_clip: Callable[[np.ndarray], list[int]], keep_clips: bool = False,
+                 encode_clip: Callable[[np.ndarray], list[int]], sample_rate: int, keep_clips: bool = False,
                  planner: TextPlanner | None = None, joined_include: bool = False) -> None:
         self.decoding, self.storage, self.revisions = decoding, storage, revisions
+        self.sample_rate = sample_rate
         self.encode_clip, self.keep_clips = encode_clip, keep_clips
         self.planner, self.joined_include = planner, joined_include
 
@@ -54,11 +56,12 @@ class PrepareStage:
         out = {"models": self.revisions}
         if isinstance(row, ManifestRow):
             out.update({k: v for k, v in (("text_id", row.text_id), ("prompt_id", row.prompt_id),
-                                          ("augment_seed", row.augment_seed)) if v is not None})
+                                          ("voice", row.voice), ("augment_seed", row.augment_seed))
+                        if v is not None})
         return out
 
     def voice_prompt(self, manifest: str, row: ManifestRow):
-        """(the row's voice prompt or None, its clip's 16 kHz audio or None); a clip path is
+        """(the row's voice prompt or None, its clip's audio at the codec's rate or None); a clip path is
         taken relative to the manifest, read through storage and encoded once (cached by
         content)."""
         from engine.codec.audio import read_clip
@@ -69,7 +72,7 @@ class PrepareStage:
         if row.prompt_audio is None:
             return None, None
         clip = relative_to(manifest, row.prompt_audio)
-        wave = read_clip(io.BytesIO(self.storage.read_bytes(clip)), name=clip)
+        wave = read_clip(io.BytesIO(self.storage.read_bytes(clip)), self.sample_rate, name=clip)
         prompt = load_voice_prompt(row.prompt_text or "", codes=self.encode_clip(wave), id=row.prompt_id)
         return prompt, wave
 
@@ -83,7 +86,7 @@ class PrepareStage:
             return
         prompt = row.prompt
         prepared = self.planner(row.text, row.settings.max_new_tokens, prompt.text if prompt else None,
-                                list(prompt.codes) if prompt else None)
+                                list(prompt.codes) if prompt else None, row.voice)
         row.normalized, row.plan = prepared.normalized, prepared.plan
         if prepared.split:
             row.parts = self.parts(row, prepared.plan)
@@ -94,7 +97,7 @@ class PrepareStage:
         for i, (chunk, seed) in enumerate(zip(plan.chunks, chunk_seeds(row.seed, len(plan.chunks)))):
             where = {"index": i, "start": chunk.start, "end": chunk.end, "boundary": chunk.boundary}
             out.append(Row(row.index, SynthesisResult(id=chunk_id(row.id, i), text=chunk.text, seed=seed),
-                           row.settings, {**row.origin, "chunk": where}, prompt=row.prompt,
+                           row.settings, {**row.origin, "chunk": where}, prompt=row.prompt, voice=row.voice,
                            prompt_wave=row.prompt_wave, seed=seed, parent=row, segment=i,
                            prompt_audio="context" if self.joined_include and i > 0 else None))
         return out
@@ -120,7 +123,7 @@ class PrepareStage:
                 continue
             seed = row.seed if row.seed is not None else item_seed(self.decoding.seed, row.id)
             prepared = Row(index, SynthesisResult(id=row.id, text=row.text, seed=seed), settings, origin,
-                           prompt=prompt, prompt_wave=clip if self.keep_clips else None, seed=seed)
+                           prompt=prompt, voice=row.voice, prompt_wave=clip if self.keep_clips else None, seed=seed)
             try:
                 self.plan(prepared)
             except ValueError as exc:

@@ -70,7 +70,8 @@ class Row:
         settings: the job's decoding settings with the row's own applied.
         origin: provenance (text id, prompt id, augmentation seed, model revisions).
         prompt: its voice prompt (transcript + codes), None without one.
-        prompt_wave: the prompt's clip (16 kHz) when it was given as audio: the speaker check's
+        voice: a named voice of the model (the manifest's `voice`), None without one.
+        prompt_wave: the prompt's clip (at the codec's rate) when it was given as audio: the speaker check's
             reference (a prompt given as codes is decoded for it).
         task: the shard it belongs to in this worker.
         seed: its own seed (the first attempt's).
@@ -92,6 +93,7 @@ class Row:
     settings: DecodingSettings
     origin: dict
     prompt: object | None = None  # codec.prompts.VoicePrompt
+    voice: str | None = None
     prompt_wave: np.ndarray | None = None
     task: ShardTask | None = None
     seed: int = 0

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from engine.codec.base import Codec, samples
 from engine.metrics.gate import QualityGate, VerifierLost
 from engine.runtime.stages.row import Attempt, Row
 
@@ -28,11 +29,11 @@ class VerifyStage:
         gate: the checks and the verifiers.
         prompt_audio: `output.prompt_audio` (with `include`, the written audio starts with the
             voice prompt's, which is left out of the checks).
-        hop_length: the codec's samples per code.
+        codec: the worker's codec (how much audio a voice prompt's codes make).
     """
 
-    def __init__(self, gate: QualityGate, prompt_audio: str, hop_length: int) -> None:
-        self.gate, self.prompt_audio, self.hop_length = gate, prompt_audio, hop_length
+    def __init__(self, gate: QualityGate, prompt_audio: str, codec: Codec) -> None:
+        self.gate, self.prompt_audio, self.codec = gate, prompt_audio, codec
 
     @property
     def candidates(self) -> int:
@@ -40,11 +41,12 @@ class VerifyStage:
         return self.gate.candidates
 
     def speech(self, attempt: Attempt) -> np.ndarray:
-        """The attempt's audio without a voice prompt's (the part its text is checked against)."""
-        prompt = attempt.row.prompt
+        """The attempt's audio without a voice prompt's (the part its text is checked against), at
+        the verifiers' rate (`QualityGate.heard`)."""
+        prompt, wave = attempt.row.prompt, attempt.wave
         if (attempt.row.prompt_audio or self.prompt_audio) == "include" and prompt is not None:
-            return attempt.wave[len(prompt.codes) * self.hop_length:]
-        return attempt.wave
+            wave = wave[samples(self.codec, len(prompt.codes)):]
+        return self.gate.heard(wave)
 
     def score(self, attempts: list[Attempt]) -> dict[Row, str]:
         """Fill in each attempt's scores; returns the rows whose check raised, with the error."""
