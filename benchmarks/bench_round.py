@@ -82,12 +82,13 @@ def synthesizers(name: str, args, modes: list[str]) -> tuple[dict, dict]:
     return out, desc
 
 
-def decoder_for(synth, method: str, batch: int, rows: int):
-    """A decoder of `method` at `batch` slots with `rows` queued rows of long budgets."""
+def decoder_for(synth, method: str, batch: int, rows: int, sampling: dict | None = None):
+    """A decoder of `method` at `batch` slots with `rows` queued rows of long budgets, sampled as
+    the model family's defaults say, or with `sampling` (DecodingSettings fields)."""
     from engine import DecodingSettings
     from engine.bench.runner import BENCH_TEXTS
 
-    settings = synth.settings(DecodingSettings(method=method, gamma=3, max_new_tokens=400, seed=1))
+    settings = synth.settings(DecodingSettings(method=method, gamma=3, max_new_tokens=400, seed=1, **(sampling or {})))
     if method == "pcg":
         synth.groups(settings.theta)
     decoder = synth.make_decoder(settings, batch)

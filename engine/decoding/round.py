@@ -17,7 +17,8 @@ neighbours chose (nor on the rows beside it).
 A framed output space (`OutputSpace.framed`: Orpheus's seven code ranges a frame) is a mask too:
 each row's logits at every position it predicts keep only the ids of that position's range (and
 end-of-speech where a frame ends), from the row's generated count, before any warp, in the
-draft and the target alike; `RoundState.phases` holds each id's frame position.
+draft and the target alike; `RoundState.phases` holds each id's frame position, `frame_bias` the
+same as a table to add to a position's logits (-inf where it may not sample an id, else 0).
 
 PCG's thinning runs a fixed number of trials; the rows whose trials all failed (`OUT_FIX`)
 keep their accepted tokens, and the caller draws their recovered token with the exact dense
@@ -132,6 +133,8 @@ class RoundState:
         start: `[B]` each row's prompt length (where its first generated code starts a frame).
         phases: `[V]` the frame position at which each output id may be sampled
             (`OutputSpace.phase_table`), or None: every id at every step.
+        frame_bias: `[cycle, V]` in the models' dtype, -inf at the output ids each frame position
+            may not sample, else 0 (`OutputSpace.bias_table`; None with `phases`).
         cycle: positions per frame.
     """
 
@@ -164,6 +167,7 @@ class RoundState:
     same_rope: bool = False
     start: torch.Tensor | None = None
     phases: torch.Tensor | None = None
+    frame_bias: torch.Tensor | None = None
     cycle: int = 1
 
     def tensors(self) -> list[torch.Tensor]:
@@ -171,7 +175,7 @@ class RoundState:
         names = ("tokens", "seq_len", "limit", "active", "keys", "temperature", "top_k", "top_p", "penalty",
                  "greedy", "rule_index", "stat_reached", "stat_accepted", "stat_counts", "seen",
                  "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "ar_draws", "out_to_token",
-                 "start", "phases")
+                 "start", "phases", "frame_bias")
         caches = self.tcache.tensors() + (self.dcache.tensors() if self.dcache else [])
         return [t for t in [getattr(self, n) for n in names] + caches if t is not None]
 
@@ -191,12 +195,18 @@ def draws(state: RoundState, plan: RoundPlan, lens: torch.Tensor) -> dict[int, t
 
 def in_frame(logits: torch.Tensor, state: RoundState, first: torch.Tensor) -> torch.Tensor:
     """`logits` `[B, T, V]` of the positions `first + 0..T-1` (`first` `[B]`) with every id their
-    frame positions do not allow at -inf (as they are without frames)."""
+    frame positions do not allow set to -inf, in place (a model's fresh output; as they are
+    without frames; the others are left exactly as they are). Eagerly, each position's row of
+    the bias table added (a CPU fills a float mask faster than a boolean one); compiled, each id's
+    position compared with the row's, which inductor fuses into the fill (a gather of table rows
+    it does not fuse). The same logits either way."""
     if state.phases is None:
         return logits
     k = (first - state.start)[:, None] + torch.arange(logits.shape[1], device=first.device)  # [B, T] generated index
-    allowed = state.phases == (k % state.cycle)[..., None]  # [B, T, V]
-    return logits.masked_fill(~allowed, float("-inf"))
+    phase = k % state.cycle
+    if torch.compiler.is_compiling():
+        return logits.masked_fill_(state.phases != phase[..., None], float("-inf"))  # [B, T, V]
+    return logits.add_(state.frame_bias.index_select(0, phase.view(-1)).view(logits.shape))
 
 
 def choose(logits: torch.Tensor, seen: torch.Tensor | None, warp: RowWarp, u: torch.Tensor | None):

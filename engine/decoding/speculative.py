@@ -137,7 +137,8 @@ class SpeculativeDecoder:
             stat_reached=zeros(b, g), stat_accepted=zeros(b, g), stat_counts=zeros(b, 4),
             same_rope=draft is not None and draft.same_rope(target),
             ar_draws=torch.zeros(b, self.cache_len, dtype=torch.float64, device=dev) if gamma == 0 else None,
-            start=zeros(b), phases=space.phase_table(dev) if space.framed else None, cycle=space.cycle)
+            start=zeros(b), phases=space.phase_table(dev) if space.framed else None,
+            frame_bias=space.bias_table(dev, target.dtype) if space.framed else None, cycle=space.cycle)
         self.runner = runner or RoundRunner.for_model(target)
         # its first n entries' length is a round's key count (a compiled round's dynamic size)
         self.keys_read = torch.empty(self.cache_len, dtype=torch.int8, device=dev)

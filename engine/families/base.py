@@ -137,8 +137,16 @@ class OutputSpace:
         """`[V_out]` long: the frame position at which each output id may be sampled."""
         import torch
 
-        codes = torch.arange(self.eos, device=device) // self.codebook
-        return torch.cat([codes, torch.zeros(1, dtype=torch.long, device=device)])
+        return torch.cat([torch.arange(self.eos, device=device) // self.codebook,
+                          torch.zeros(1, dtype=torch.long, device=device)])
+
+    def bias_table(self, device, dtype) -> torch.Tensor:
+        """`[cycle, V_out]` in `dtype`: 0 where frame position `p` may sample output id `o`, -inf
+        where it may not (added to logits: those it may take are left as they are)."""
+        import torch
+
+        blocked = self.phase_table(device)[None] != torch.arange(self.cycle, device=device)[:, None]
+        return torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, float("-inf"))
 
 
 class Prompter(Protocol):

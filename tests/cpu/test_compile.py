@@ -202,6 +202,23 @@ def test_the_compiled_round_gives_the_eager_tokens(small_kit, kit_groups, caplog
     assert compiled.runner.stats.compiles == 2
 
 
+def test_the_compiled_round_with_frame_masks_gives_the_eager_tokens(orpheus_kit_dir, tmp_path):
+    """The Orpheus kit (cut to layer 0): the frame masks inside the compiled round, one graph for
+    every rule mix, the eager round's codes, every row whole frames of codes in range."""
+    from engine.draft.init import init_draft
+
+    for part in ("target", "draft"):
+        init_draft(orpheus_kit_dir / "target", tmp_path / part, layers=[0])
+    synths = [Synthesizer.load(tmp_path / "target", draft=tmp_path / "draft", device="cpu", dtype="float64",
+                               batch_size=4, compile=mode) for mode in ("none", "inductor")]
+    for synth in synths:
+        synth.groups(0.4)
+    (ref, _), (out, rounds) = decode_mixed(synths[0]), decode_mixed(synths[1])
+    assert out == ref and len(out) == 10
+    assert all(len(c) % 7 == 0 and all(0 <= x < 4096 for x in c) for c in out.values())
+    assert synths[1].runner.stats.compiles == 1 and synths[1].runner.stats.graph_launches == rounds
+
+
 def test_pcg_rows_whose_thinning_fails_get_the_exact_fallback_after_the_round(small_kit, kit_groups, kit_synth):
     """With one thinning trial most rejected PCG rows need the dense residual: the round leaves
     them to the decoder, which draws exactly what the rule itself draws on the same block."""
