@@ -423,7 +423,10 @@ class AugmentSpec(BaseModel):
 
     prompts: list[VoicePromptSpec] = Field(default_factory=list, description=(
         "Voices to clone; each variant uses one (none: the model's own voice)."))
-    include_no_prompt: bool = Field(False, description="Also make variants without a voice prompt.")
+    named_voices: list[str] = Field(default_factory=list, description=(
+        "Named voices of the model (Orpheus's -ft checkpoints: tara, leah, jess, leo, dan, mia, zac, "
+        "zoe), crossed like the voice prompts; each variant uses one voice, prompt or named."))
+    include_no_prompt: bool = Field(False, description="Also make variants without a voice prompt or named voice.")
     seeds: list[int] = Field([0], min_length=1, description="Sampling seeds per combination.")
     temperatures: list[float] | None = Field(None, description="Temperatures (default: decoding.temperature).")
     top_ps: list[float] | None = Field(None, description="top_p values (default: decoding.top_p).")
@@ -446,14 +449,16 @@ class AugmentSpec(BaseModel):
         ids = [p.id for p in self.prompts]
         if len(set(ids)) != len(ids):
             raise ValueError("prompt ids must be unique")
+        if len(set(self.named_voices)) != len(self.named_voices) or not all(v.strip() for v in self.named_voices):
+            raise ValueError("named_voices must be distinct, non-empty names")
         return self
 
     @property
-    def voices(self) -> list[VoicePromptSpec | None]:
-        """The voices to cross with: the prompts, plus None (the model's own voice) when asked
-        for or when no prompt is given."""
-        own = [None] if self.include_no_prompt or not self.prompts else []
-        return [*self.prompts, *own]
+    def voices(self) -> list[VoicePromptSpec | str | None]:
+        """The voices to cross with: the prompts, the named voices, plus None (the model's own
+        voice) when asked for or when neither is given."""
+        own = [None] if self.include_no_prompt or not (self.prompts or self.named_voices) else []
+        return [*self.prompts, *self.named_voices, *own]
 
 
 OnReject = Literal["rejects", "drop"]

@@ -60,7 +60,8 @@ def pick(grid: list[dict], text_id: str, k: int, sample_seed: int) -> list[dict]
         return list(grid)
     voices: dict[str, list[dict]] = {}
     for combo in grid:
-        key = combo["voice"].id if combo["voice"] else ""
+        voice = combo["voice"]
+        key = f"voice:{voice}" if isinstance(voice, str) else voice.id if voice else ""
         voices.setdefault(key, []).append(combo)
     queues = [sorted(c, key=lambda x: rank(sample_seed, text_id, x["index"])) for c in voices.values()]
     start = int(rank(sample_seed, text_id)[:8], 16) % len(queues)
@@ -91,7 +92,9 @@ def variant_row(row: ManifestRow, combo: dict) -> dict:
     out = {"id": f"{row.id}~v{combo['index']}", "text": row.text, "text_id": row.id,
            "seed": item_seed(combo["seed"], row.id), "augment_seed": combo["seed"],
            "temperature": combo["temperature"], "top_p": combo["top_p"], "method": combo["method"]}
-    if voice is not None:
+    if isinstance(voice, str):  # a named voice: the row's own prompt stays out
+        out["voice"] = voice
+    elif voice is not None:
         out.update(prompt_id=voice.id, prompt_text=voice.text)
         out.update(prompt_codes=voice.codes) if voice.codes is not None else out.update(prompt_audio=voice.audio)
     else:  # the row's own prompt, if it has one

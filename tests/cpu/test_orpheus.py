@@ -298,3 +298,25 @@ def test_generate_bench_and_draft_eval_run_on_the_orpheus_kit(orpheus_kit_dir, t
     assert drafts[f"{kit}/draft"]["exact"]["mean_accepted_length"] > 1.0
     info = json.loads((orpheus_kit_dir / "draft" / "pcg_draft.json").read_text())
     assert info["trained"]["loss"] == "kd" and info["trained"]["loss_last"] < info["trained"]["loss_first"]
+
+
+def test_augment_crosses_texts_with_named_voices_as_with_voice_prompts(orpheus_kit_dir, tmp_path):
+    from engine.config import JobSpec
+    from engine.io.manifest import ManifestRow
+    from engine.runtime.augment import combinations, pick, variant_row
+
+    raw = {"name": "aug", "kind": "augment",
+           "models": {"target": str(orpheus_kit_dir / "target"), "codec": str(orpheus_kit_dir / "codec")},
+           "decoding": {"method": "ar"}, "input": {"manifests": ["m.jsonl"]}, "output": {"uri": str(tmp_path)},
+           "augment": {"named_voices": ["tara", "leah"], "prompts": [{"id": "p1", "text": "Ref.", "codes": [1] * 7}],
+                       "include_no_prompt": True, "seeds": [0, 1]}}
+    spec = JobSpec.model_validate(raw)
+    grid = combinations(spec.augment, spec)
+    assert len(grid) == 4 * 2  # (p1, tara, leah, own voice) x 2 seeds
+    rows = [variant_row(ManifestRow(id="t1", text="Hello."), c) for c in grid]
+    assert sorted(r.get("voice", "") for r in rows) == ["", "", "", "", "leah", "leah", "tara", "tara"]
+    assert all("prompt_id" not in r for r in rows if r.get("voice"))
+    assert len({c["voice"] if isinstance(c["voice"], str) else getattr(c["voice"], "id", None)
+                for c in pick(grid, "t1", 4, 0)}) == 4  # one of each voice before any repeats
+    with pytest.raises(ValueError, match="named_voices must be distinct"):
+        JobSpec.model_validate({**raw, "augment": {"named_voices": ["tara", "tara"]}})
