@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -43,6 +46,80 @@ class Codec(Protocol):
     def encode(self, waveforms: Sequence[np.ndarray]) -> list[list[int]]:
         """One code list (whole frames) per float32 mono waveform `[N]` at `sample_rate`."""
         ...
+
+
+class CodecBase:
+    """What the codecs share: `decode` and `decode_iter` over equal-length batches
+    (`decode_batch`, every item checked first by `check_codes`; `max_batch` items and
+    `max_batch_codes` codes a batch at most), `encode` one clip at a time (`encode_one`), and the
+    `fingerprint` of the checkpoint at `path` (its config and `weight_paths()`)."""
+
+    max_batch: int
+    max_batch_codes: int | None
+    path: Path | None
+    _fingerprint: str | None = None
+
+    def decode(self, codes: Sequence[CodesLike]) -> list[np.ndarray]:
+        """Decode items, batching equal lengths; waveforms come back in input order, one float32
+        `[samples(codec, len(codes[i]))]` at `sample_rate` per item.
+
+        Raises:
+            CodecError: an item the codec cannot take (nothing is decoded).
+        """
+        arrays = [self.check_codes(c, f"item {i}") for i, c in enumerate(codes)]
+        out: list[np.ndarray | None] = [None] * len(arrays)
+        for batch in length_batches([len(a) for a in arrays], self.max_batch, self.max_batch_codes):
+            audio = self.decode_batch(np.stack([arrays[i] for i in batch]))
+            for row, i in enumerate(batch):
+                out[i] = audio[row].copy()  # a copy frees the batch array once all rows are out
+        return out  # type: ignore[return-value]
+
+    def decode_iter(self, codes: Iterable[CodesLike], window: int = 256) -> Iterator[np.ndarray]:
+        """Stream waveforms in input order, holding at most `window` items' audio at a time."""
+        chunk: list[CodesLike] = []
+        for c in codes:
+            chunk.append(c)
+            if len(chunk) == window:
+                yield from self.decode(chunk)
+                chunk = []
+        if chunk:
+            yield from self.decode(chunk)
+
+    def encode(self, waveforms: Sequence[np.ndarray]) -> list[list[int]]:
+        """Codes of each waveform; one at a time, since the encoder's convolutions would see
+        padding (prompts are few and cached, see `engine.codec.prompts`)."""
+        return [self.encode_one(w) for w in waveforms]
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the checkpoint's config and weights: part of every prompt-cache key.
+
+        Raises:
+            CodecError: a random-weight codec (no checkpoint)."""
+        if self._fingerprint is None:
+            if self.path is None:
+                raise CodecError("a random-weight codec has no fingerprint")
+            digest = hashlib.sha256((self.path / "config.json").read_bytes())
+            for file in self.weight_paths():
+                with open(file, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 24), b""):
+                        digest.update(block)
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+
+def codec_config(path: Path, how_to_get: str) -> dict:
+    """A codec checkpoint directory's `config.json`.
+
+    Raises:
+        CodecError: no such directory, or no config in it (the message says how to get one).
+    """
+    if not path.is_dir():
+        raise CodecError(f"codec directory {path} does not exist. {how_to_get}")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CodecError(f"{path} has no config.json. {how_to_get}")
+    return json.loads(cfg_file.read_text())
 
 
 def samples(codec: Codec, num_codes: int) -> int:

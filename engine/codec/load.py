@@ -4,10 +4,9 @@ Orpheus's codec)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from engine.codec.base import Codec, CodecError
+from engine.codec.base import Codec, CodecError, codec_config
 
 KINDS = ("xcodec2", "snac")
 HOW_TO_GET = ("Build the tiny kit with `pcg-synth kit build DIR` (its codec is DIR/codec), or pass an X-codec2 "
@@ -21,12 +20,7 @@ def codec_kind(path: Path) -> str:
     Raises:
         CodecError: no directory, no config, or a config of neither kind.
     """
-    if not path.is_dir():
-        raise CodecError(f"codec directory {path} does not exist. {HOW_TO_GET}")
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise CodecError(f"{path} has no config.json. {HOW_TO_GET}")
-    config = json.loads(cfg_file.read_text())
+    config = codec_config(path, HOW_TO_GET)
     if config.get("model_type") == "xcodec2":
         return "xcodec2"
     if {"vq_strides", "encoder_rates", "codebook_size"} <= set(config):

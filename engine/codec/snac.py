@@ -14,10 +14,9 @@ depends on the batch around it. Here each item's noise comes from generators key
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from snac import SNAC
 from snac.layers import NoiseBlock
 from torch.nn.utils import parametrize
 
-from engine.codec.base import CodecError, CodesLike, as_code_array, length_batches
+from engine.codec.base import CodecBase, CodecError, CodesLike, as_code_array, codec_config
 from engine.codec.xcodec2 import codec_dtype
 from engine.models.device import resolve_device
 
@@ -100,12 +99,7 @@ def orpheus_layout(config: dict) -> tuple[int, int]:
 
 def read_snac_config(path: Path) -> dict:
     """The checkpoint's `config.json`, after checking the directory looks like a SNAC one."""
-    if not path.is_dir():
-        raise CodecError(f"codec directory {path} does not exist. {HOW_TO_GET}")
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise CodecError(f"{path} has no config.json. {HOW_TO_GET}")
-    config = json.loads(cfg_file.read_text())
+    config = codec_config(path, HOW_TO_GET)
     missing = [k for k in SNAC_KEYS if k not in config]
     if missing:
         raise CodecError(f"{path} is not a SNAC checkpoint: its config.json (model_type "
@@ -196,7 +190,7 @@ def prepare(model: SNAC, device: torch.device, dtype: torch.dtype) -> SNAC:
 
 # ---- the codec ----------------------------------------------------------------------------
 
-class SnacCodec:
+class SnacCodec(CodecBase):
     """Orpheus's SNAC codes <-> mono audio at its rate (24 kHz; implements `engine.codec.base.Codec`).
 
     Codes are flat sequences of whole 7-code frames, each code in `[0, codebook_size)`. Calls on
@@ -218,7 +212,6 @@ class SnacCodec:
         self.frame_codes, self.frame_samples = orpheus_layout(config)
         self.codebook_size = int(config["codebook_size"])
         self.noise_blocks = [m for m in model.decoder.modules() if isinstance(m, KeyedNoise)]
-        self._fingerprint: str | None = None
         self._decoding = threading.Lock()  # the noise seeds live on the modules during a call
 
     @classmethod
@@ -299,38 +292,6 @@ class SnacCodec:
                              f"fewer than {want}: check encoder_rates/decoder_rates in its config")
         return audio[:, :want].cpu().numpy()
 
-    def decode(self, codes: Sequence[CodesLike]) -> list[np.ndarray]:
-        """Decode items, batching equal lengths; waveforms come back in input order.
-
-        Args:
-            codes: per item, a flat sequence of whole 7-code frames, codes in `[0, codebook_size)`.
-
-        Returns:
-            Per item, float32 audio `[len(codes[i]) // 7 * frame_samples]` at `sample_rate`.
-
-        Raises:
-            CodecError: an item is empty, holds a code out of range or a partial frame (nothing
-                is decoded).
-        """
-        arrays = [self.check_codes(c, f"item {i}") for i, c in enumerate(codes)]
-        out: list[np.ndarray | None] = [None] * len(arrays)
-        for batch in length_batches([len(a) for a in arrays], self.max_batch, self.max_batch_codes):
-            audio = self.decode_batch(np.stack([arrays[i] for i in batch]))
-            for row, i in enumerate(batch):
-                out[i] = audio[row].copy()  # a copy frees the batch array once all rows are out
-        return out  # type: ignore[return-value]
-
-    def decode_iter(self, codes: Iterable[CodesLike], window: int = 256) -> Iterator[np.ndarray]:
-        """Stream waveforms in input order, holding at most `window` items' audio at a time."""
-        chunk: list[CodesLike] = []
-        for c in codes:
-            chunk.append(c)
-            if len(chunk) == window:
-                yield from self.decode(chunk)
-                chunk = []
-        if chunk:
-            yield from self.decode(chunk)
-
     # ---- encoding (voice prompts) -----------------------------------------------------------
 
     @torch.inference_mode()
@@ -345,20 +306,6 @@ class SnacCodec:
         levels = self.model.encode(audio)  # [1, T], [1, 2T], [1, 4T]
         return levels_to_frames(levels)[0].tolist()
 
-    def encode(self, waveforms: Sequence[np.ndarray]) -> list[list[int]]:
-        """Codes of each waveform; one at a time, since the encoder's convolutions would see
-        padding (prompts are few and cached, see `engine.codec.prompts`)."""
-        return [self.encode_one(w) for w in waveforms]
-
-    @property
-    def fingerprint(self) -> str:
-        """sha256 of the checkpoint's config and weights: part of every prompt-cache key."""
-        if self._fingerprint is None:
-            if self.path is None:
-                raise CodecError("a random-weight codec has no fingerprint")
-            digest = hashlib.sha256((self.path / "config.json").read_bytes())
-            with open(weights_file(self.path), "rb") as f:
-                for block in iter(lambda: f.read(1 << 24), b""):
-                    digest.update(block)
-            self._fingerprint = digest.hexdigest()
-        return self._fingerprint
+    def weight_paths(self) -> list[Path]:
+        """The checkpoint's weight files (its fingerprint's)."""
+        return [weights_file(self.path)]

@@ -8,16 +8,14 @@ that only decode never hold its weights on the GPU.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from engine.codec.base import CodecError, CodesLike, as_code_array, length_batches
+from engine.codec.base import CodecBase, CodecError, CodesLike, as_code_array, codec_config
 from engine.codec.features import encoder_inputs
 from engine.hf import from_transformers
 from engine.models.device import resolve_device, resolve_dtype
@@ -32,12 +30,7 @@ def read_codec_config(path: Path):
     """The checkpoint's `Xcodec2Config`, after checking the directory looks like one."""
     Xcodec2Config = from_transformers("Xcodec2Config")
 
-    if not path.is_dir():
-        raise CodecError(f"codec directory {path} does not exist. {HOW_TO_GET}")
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise CodecError(f"{path} has no config.json. {HOW_TO_GET}")
-    model_type = json.loads(cfg_file.read_text()).get("model_type")
+    model_type = codec_config(path, HOW_TO_GET).get("model_type")
     if model_type != "xcodec2":
         raise CodecError(f"{path} holds model_type {model_type!r}, not 'xcodec2'. {HOW_TO_GET}")
     return Xcodec2Config.from_pretrained(str(path))
@@ -108,7 +101,7 @@ def load_decoder_weights(parts: DecoderParts, path: Path) -> None:
         raise CodecError(f"{path}: checkpoint lacks {len(missing)} decoder tensors, e.g. {missing[:3]}")
 
 
-class Xcodec2Codec:
+class Xcodec2Codec(CodecBase):
     """X-codec2 speech codes <-> mono audio at its rate (16 kHz; implements `engine.codec.base.Codec`).
 
     Args:
@@ -131,7 +124,6 @@ class Xcodec2Codec:
         self.frame_codes, self.frame_samples = 1, self.hop_length  # one code a frame
         self.codebook_size = int(np.prod(config.quantization_levels))
         self._encoder = None
-        self._fingerprint: str | None = None
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
@@ -188,37 +180,6 @@ class Xcodec2Codec:
         audio = self.parts(torch.from_numpy(codes).to(self.device))  # [B, T * hop]
         return audio[:, : n * self.hop_length].cpu().numpy()
 
-    def decode(self, codes: Sequence[CodesLike]) -> list[np.ndarray]:
-        """Decode items, batching equal lengths; waveforms come back in input order.
-
-        Args:
-            codes: per item, a flat sequence of codes in `[0, codebook_size)`.
-
-        Returns:
-            Per item, float32 audio `[len(codes[i]) * hop_length]` at `sample_rate`.
-
-        Raises:
-            CodecError: an item is empty or holds a code out of range (nothing is decoded).
-        """
-        arrays = [self.check_codes(c, f"item {i}") for i, c in enumerate(codes)]
-        out: list[np.ndarray | None] = [None] * len(arrays)
-        for batch in length_batches([len(a) for a in arrays], self.max_batch, self.max_batch_codes):
-            audio = self.decode_batch(np.stack([arrays[i] for i in batch]))
-            for row, i in enumerate(batch):
-                out[i] = audio[row].copy()  # a copy frees the batch array once all rows are out
-        return out  # type: ignore[return-value]
-
-    def decode_iter(self, codes: Iterable[CodesLike], window: int = 256) -> Iterator[np.ndarray]:
-        """Stream waveforms in input order, holding at most `window` items' audio at a time."""
-        chunk: list[CodesLike] = []
-        for c in codes:
-            chunk.append(c)
-            if len(chunk) == window:
-                yield from self.decode(chunk)
-                chunk = []
-        if chunk:
-            yield from self.decode(chunk)
-
     # ---- encoding (voice prompts) -----------------------------------------------------------
 
     def encoder(self):
@@ -239,21 +200,6 @@ class Xcodec2Codec:
         out = model.encode(values.to(self.encoder_device), features.to(self.encoder_device))
         return out.audio_codes[0, 0].tolist()  # [1, 1, T] -> T codes
 
-    def encode(self, waveforms: Sequence[np.ndarray]) -> list[list[int]]:
-        """Codes of each waveform; one at a time, since the encoder's convolutions would see
-        padding (prompts are few and cached, see `engine.codec.prompts`)."""
-        return [self.encode_one(w) for w in waveforms]
-
-    @property
-    def fingerprint(self) -> str:
-        """sha256 of the checkpoint's config and weights: part of every prompt-cache key."""
-        if self._fingerprint is None:
-            if self.path is None:
-                raise CodecError("a random-weight codec has no fingerprint")
-            digest = hashlib.sha256((self.path / "config.json").read_bytes())
-            for file in weight_files(self.path):
-                with open(file, "rb") as f:
-                    for block in iter(lambda: f.read(1 << 24), b""):
-                        digest.update(block)
-            self._fingerprint = digest.hexdigest()
-        return self._fingerprint
+    def weight_paths(self) -> list[Path]:
+        """The checkpoint's weight files (its fingerprint's)."""
+        return weight_files(self.path)

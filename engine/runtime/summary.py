@@ -282,8 +282,8 @@ def summary_table(s: dict) -> str:
                       + (f" ({s['chunk_rows']} rows written)" if s.get("chunk_rows") is not None else ""))
     empty = s["utilisation"].get("empty_slots")
     rows = [
-        ("job", f"{s['job']} -> {s['output']}"),
-        ("method", method + (f" ({s['family']})" if s.get("family") else "")),
+        ("job", f"{s['job']} -> {s['output']}" + (f" ({s['family']} model family)" if s.get("family") else "")),
+        ("method", method),
         ("rows", rows_line),
         *([("failed rows", failed_rows_line(s))] if s.get("failed_examples") else []),
         ("shards", f"{sh['committed']}/{sh['total']} committed ({sh['committed_before']} before this run, "

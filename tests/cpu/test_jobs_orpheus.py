@@ -20,6 +20,7 @@ from engine.families.orpheus import CODEBOOK, FRAME, FRAME_SAMPLES
 from engine.runtime.convert import convert
 from engine.runtime.job import JobRunner
 from engine.runtime.preflight import dry_run, dry_run_text
+from engine.runtime.summary import summary_table
 
 from jobhelpers import NemoManifest, comparable, job_spec, read_output, texts, write_manifest
 
@@ -72,7 +73,7 @@ def test_an_orpheus_job_writes_24_khz_frames_resumes_and_converts(two_cpus, orph
     assert (settings["temperature"], settings["top_p"], settings["repetition_penalty"]) == (0.6, 0.8, 1.3)
     assert summary["audio_seconds"] == pytest.approx(sum(r["duration"] for r in rows), abs=0.01)
     assert summary["audio_seconds"] > 0
-    assert summary["family"] == "orpheus"
+    assert summary["family"] == "orpheus" and "(orpheus model family)" in summary_table(summary)
     assert summary["shards"]["committed"] == summary["shards"]["total"] == 3
 
     # a resume redoes only what was not committed: two shards' commits and files taken away

@@ -320,3 +320,37 @@ def test_augment_crosses_texts_with_named_voices_as_with_voice_prompts(orpheus_k
                 for c in pick(grid, "t1", 4, 0)}) == 4  # one of each voice before any repeats
     with pytest.raises(ValueError, match="named_voices must be distinct"):
         JobSpec.model_validate({**raw, "augment": {"named_voices": ["tara", "tara"]}})
+
+
+def test_the_quality_gate_hears_orpheus_audio_at_its_verifiers_rate(orpheus64, orpheus_kit_dir):
+    """The gate's ASR and speaker encoder take 16 kHz: an Orpheus row's 24 kHz audio and its voice
+    prompt (given as codes, decoded by SNAC) are resampled for them; the durations it measures are
+    the audio's own, best-of candidates are told apart by speaker similarity."""
+    from engine.codec.load import load_codec
+    from engine.config import QualitySpec
+    from engine.metrics.gate import QualityGate
+
+    codec = load_codec(orpheus_kit_dir / "codec")
+    gate = QualityGate.load(QualitySpec(asr="pocketsphinx", speaker="resemblyzer",
+                                        min_speaker_similarity=-1.0, best_of=2), codec)
+    prompt = {"prompt_text": "A voice.", "prompt_codes": [int(c) for c in np.arange(35) * 977 % 4096]}
+    items = [SynthesisItem(text=t, id=str(i), **prompt) for i, t in enumerate(TEXTS[1:4])]
+    results, summary = orpheus64.synthesize(items, DecodingSettings(method="exact", max_new_tokens=70), quality=gate)
+    assert summary.quality["decodes"] == 6 and summary.quality["passed"] == 3
+    for res in results:
+        verdict = res.quality
+        sims = [a.speaker_similarity for a in verdict.attempts]
+        assert len(sims) == 2 and all(s is not None and -1 <= s <= 1 for s in sims)
+        assert verdict.kept.duration == pytest.approx(len(res.codes) // FRAME * 2048 / 24_000, abs=1e-3)
+
+
+def test_a_long_orpheus_text_is_split_and_joined_at_frame_boundaries(orpheus64):
+    from engine.config import TextSpec
+
+    long_text = " ".join(TEXTS[1:]) + " " + " ".join(TEXTS[1:])
+    settings = DecodingSettings(method="ar", max_new_tokens=300, seed=2)
+    (res,), _ = orpheus64.synthesize([SynthesisItem(long_text, id="long")], settings, text=TextSpec(split="auto"))
+    assert res.error is None and res.chunks and len(res.chunks) > 1
+    assert sum(c["num_codes"] for c in res.chunks) == len(res.codes)
+    assert all(c["num_codes"] % FRAME == 0 for c in res.chunks) and len(res.codes) % FRAME == 0
+    assert all(0 <= c < CODEBOOK for c in res.codes)
