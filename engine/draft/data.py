@@ -49,7 +49,7 @@ class Batch:
     Attributes:
         input_ids: `[B, T]` (each sequence without its last token).
         rows, cols: `[N]` batch row and input position predicting each trained token.
-        labels: `[N]` output-space ids of the trained tokens (code, or 65536 = end-of-speech).
+        labels: `[N]` output-space ids of the trained tokens (a code's, or end-of-speech's: `eos_out`).
     """
 
     input_ids: torch.Tensor

@@ -1,9 +1,9 @@
 """Long texts: whether a text fits one decode, and the chunks it is cut into when it does not.
 
 A row's speech must fit both its token budget (`max_new_tokens`) and the model's context
-(Llasa: 2,048 tokens, prompt included). Its length is not known before decoding, so it is
-estimated from the text the way the dry run and batch admission estimate it
-(`engine.decoding.admission`: characters at 15 a second, 50 codes a second), with headroom
+(the model family's, e.g. 2,048 tokens, prompt included). Its length is not known before
+decoding, so it is estimated from the text the way the dry run and batch admission estimate it
+(`engine.decoding.admission`: characters at 15 a second, the family's codes a second), with headroom
 (`speech_budget`: `headroom` times the estimate, plus two seconds) for a voice that speaks more
 slowly than the estimate. A text that does not fit is cut at sentence boundaries; a sentence
 still too long at its clause boundaries; a clause still too long between words. Each chunk says
