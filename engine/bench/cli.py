@@ -164,7 +164,7 @@ def add_eval(sub) -> None:
     p.add_argument("--prompts", action="append", help="the manifest(s) the dataset was made from: voice-prompt "
                                                      "clips for speaker similarity (repeatable; default for a "
                                                      "job's output: the job's manifests, from its _job.json)")
-    p.add_argument("--codec", help="X-codec2 checkpoint (directory or Hub id): decode prompts given only as "
+    p.add_argument("--codec", help="the codec's checkpoint (directory or Hub id): decode prompts given only as "
                                    "codes (default for a job's output: the job's models.codec)")
     add_quality_args(p)
     p.add_argument("--batch", type=int, default=16, help="clips per ASR call")

@@ -67,7 +67,7 @@ def add_paper_table(sub) -> None:
                                    "several seeds (the paper's settings by default); speed, audio, "
                                    "quality; a table as the paper's Table 1 (mean +- std over seeds).")
     add_model_args(p, presets=False)
-    p.add_argument("--codec", help="X-codec2 checkpoint directory (default with --kit: the kit's)")
+    p.add_argument("--codec", help="the model family's codec checkpoint directory (default with --kit: the kit's)")
     src = p.add_argument_group("input")
     src.add_argument("--manifest", help="rows: id, text, prompt_text, prompt_audio (a clip, relative "
                                         "to the manifest); e.g. LibriTTS test-clean cross-sentence pairs")

@@ -43,15 +43,15 @@ def cmd_encode(args) -> int:
 
 def register(sub) -> None:
     """Add the `codec` command (subcommand `encode`) to `pcg-synth`'s subparsers."""
-    codec = sub.add_parser("codec", help="X-codec2 utilities (encode voice-prompt clips)")
+    codec = sub.add_parser("codec", help="codec utilities (encode voice-prompt clips)")
     csub = codec.add_subparsers(dest="codec_cmd", required=True)
-    enc = csub.add_parser("encode", help="encode a clip into X-codec2 codes",
+    enc = csub.add_parser("encode", help="encode a clip into the codec's codes (X-codec2 or SNAC)",
                           description="Read a WAV/FLAC clip (any sample rate; resampled to 16 kHz "
                                       "mono), encode it with X-codec2 and print the codes as JSON "
                                       "(or write them with --out). With --text the JSON is a voice "
                                       "prompt: {id, text, codes}.")
     enc.add_argument("clip", help="WAV or FLAC file")
-    enc.add_argument("--codec", help="X-codec2 checkpoint directory (transformers format)")
+    enc.add_argument("--codec", help="the codec's checkpoint directory: X-codec2 (transformers format) or SNAC")
     enc.add_argument("--kit", help="a tiny kit directory (uses DIR/codec)")
     enc.add_argument("--text", help="the clip's transcript (makes the output a voice prompt)")
     enc.add_argument("--out", help="write the JSON here instead of printing it")

@@ -155,13 +155,13 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
                  dtype: str = "auto", prompts: Sequence[VoicePrompt | None] | None = None,
                  prompt_audio: str = "strip", codec: Codec | None = None, window: int = 256,
                  provenance: Sequence[dict | None] | None = None, quality: bool = False) -> dict:
-    """Decode results with X-codec2 and write a Parquet shard and/or audio files.
+    """Decode results with the codec and write a Parquet shard and/or audio files.
 
     Args:
         results: the core's results (any order of success and failure).
         settings: the settings they were decoded with (stored per row): one for all, or one
             per result.
-        codec_dir: the X-codec2 checkpoint directory (ignored when `codec` is given).
+        codec_dir: the codec's checkpoint directory (ignored when `codec` is given).
         parquet_path: a `.parquet` path (written atomically) or a binary file-like object.
         wav_dir: a directory for one `{id}.{audio_format}` file per item with audio.
         device: where the codec decodes (`auto`, `cpu`, `cuda`, `cuda:N`).

@@ -29,7 +29,8 @@ PROMPT_AUDIO_MODES: tuple[str, ...] = ("strip", "include", "context")
 
 @dataclass(frozen=True)
 class VoicePrompt:
-    """A resolved voice prompt: transcript and X-codec2 codes (`0..65535`, 50 per second)."""
+    """A resolved voice prompt: transcript and codec codes (the model family's: X-codec2's, or
+    SNAC's in 7-code frames)."""
 
     id: str
     text: str

@@ -6,7 +6,7 @@ Two sources, one reader:
     it suits knowledge distillation;
   * `pcg-synth generate --out FILE.json` (codes + statistics, no codec needed): the same rows
     with each run's settings;
-  * a user's code dataset: JSONL or Parquet rows with `text` and `codes` (X-codec2 codes of a
+  * a user's code dataset: JSONL or Parquet rows with `text` and `codes` (the codec's codes of a
     whole utterance), optionally `prompt_text` + `prompt_codes` (a voice prompt).
 A sequence is the Llasa prompt of the row's text followed by its codes, plus end-of-speech when
 the utterance ended (`finish_reason == "eos"`, or no `finish_reason`: a complete utterance).

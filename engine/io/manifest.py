@@ -2,7 +2,7 @@
 gzipped: `.jsonl.gz`, `.csv.gz`).
 
 Row fields: `id`, `text` (required); `prompt_id`, `prompt_text`, `prompt_codes`, `prompt_audio`
-(voice prompt: transcript + X-codec2 codes, or a clip URI); `seed`, `method`, `temperature`,
+(voice prompt: transcript + codec codes, or a clip URI; a named `voice`); `seed`, `method`, `temperature`,
 `top_p`, `top_k`, `repetition_penalty`, `max_new_tokens` (per-row overrides); `text_id`, `augment_seed`
 (provenance of augmentation variants). A malformed row (not JSON, invalid UTF-8, bad fields)
 becomes a `RowError` that travels with the shard into the output; it never stops the other
