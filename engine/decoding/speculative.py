@@ -347,13 +347,10 @@ class SpeculativeDecoder:
         eos = bool(end > start and int(ids[-1]) == int(st.out_to_token[self.eos_out]))
         if eos:
             ids = ids[:-1]
-        elif self.space.framed:  # a row cut at its limit keeps whole frames
-            ids = ids[: len(ids) - len(ids) % self.space.cycle]
-        # code tokens are one contiguous run (asserted at load): output id = id - first; a framed
-        # space's output id = code + codebook * frame position
-        out = ids - int(st.out_to_token[0])
-        if self.space.framed:
-            out -= self.space.codebook * (torch.arange(len(out)) % self.space.cycle)
+        else:  # a row cut at its limit keeps whole frames
+            ids = ids[: self.space.whole_frames(len(ids))]
+        # code tokens are one contiguous run (asserted at load): output id = id - first
+        out = self.space.codes(ids - int(st.out_to_token[0]))
         counts = st.stat_counts[slot].tolist()
         stats = RowStats(
             rounds=counts[0], emitted=counts[1], thinning_trials=counts[2], fallbacks=counts[3],

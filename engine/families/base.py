@@ -94,25 +94,6 @@ class SpeechLayout:
         """Vocabulary ids of a run of codec codes that starts a frame (`out_ids`)."""
         return [self.first_code + o for o in self.out_ids(codes, name)]
 
-    def codes(self, out_ids: Sequence[int]) -> list[int]:
-        """Codec codes of a run of output ids that starts a frame (end-of-speech stripped first).
-
-        Raises:
-            ValueError: an id outside its frame position's range.
-        """
-        out = []
-        for k, o in enumerate(out_ids):
-            code = int(o) - self.codebook * (k % self.cycle)
-            if not 0 <= code < self.codebook:
-                raise ValueError(f"output id {int(o)} at position {k} lies outside frame position "
-                                 f"{k % self.cycle}'s range")
-            out.append(code)
-        return out
-
-    def whole_frames(self, n: int) -> int:
-        """The longest run of at most `n` codes that ends a frame."""
-        return n - n % self.cycle
-
     def to_dict(self) -> dict:
         return {"family": self.family, "first_code": self.first_code, "codebook": self.codebook,
                 "cycle": self.cycle, "eos_token": self.eos_token, "vocab_size": self.vocab_size,
@@ -132,6 +113,19 @@ class OutputSpace:
     @property
     def framed(self) -> bool:
         return self.cycle > 1
+
+    def whole_frames(self, n: int) -> int:
+        """The longest run of at most `n` codes that ends a frame."""
+        return n - n % self.cycle
+
+    def codes(self, out_ids: torch.Tensor) -> torch.Tensor:
+        """Codec codes `[n]` of a run of output ids `[n]` that starts a frame (end of speech
+        stripped first): an id less its frame position's offset (`SpeechLayout.out_ids` inverted)."""
+        if not self.framed:
+            return out_ids
+        import torch
+
+        return out_ids - self.codebook * (torch.arange(len(out_ids), device=out_ids.device) % self.cycle)
 
     def phase_table(self, device) -> torch.Tensor:
         """`[V_out]` long: the frame position at which each output id may be sampled."""
@@ -178,7 +172,6 @@ class Family(ABC):
         context: tokens the LM was trained with, prompt included (the context a text must fit).
         sampling: the family's sampling defaults (`DecodingSettings` fields), applied where a
             job or a call leaves them unset.
-        architectures: the `model_type`s of its LMs the native forward runs.
     """
 
     name: str
@@ -189,7 +182,6 @@ class Family(ABC):
     cycle: int
     context: int
     sampling: dict = {}
-    architectures: tuple[str, ...] = ("llama",)
 
     @property
     def codes_per_second(self) -> float:

@@ -45,9 +45,9 @@ def test_the_orpheus_layout_is_read_from_the_tokenizer(orpheus64):
     codes = [5, 6, 7, 8, 9, 10, 11, 4095]
     want = [tok.convert_tokens_to_ids(custom_token(10 + 4096 * (k % 7) + c)) for k, c in enumerate(codes)]
     assert layout.token_ids(codes) == want
-    assert layout.codes([i - layout.first_code for i in want]) == codes
-    with pytest.raises(ValueError, match="outside frame position 1's range"):
-        layout.codes([0, 0])
+    space = layout.output_space()
+    assert space.codes(torch.tensor(want) - layout.first_code).tolist() == codes
+    assert space.whole_frames(13) == 7 and space.whole_frames(14) == 14
     assert orpheus64.family.sampling == {"temperature": 0.6, "top_p": 0.8, "repetition_penalty": 1.3}
     assert round(orpheus64.family.codes_per_second, 4) == 82.0312 and orpheus64.max_context == 2048
 
@@ -131,8 +131,8 @@ def masked_transformers_generate(synth: Synthesizer, reference, text: str, max_n
     ids = out[0, len(prompt):].tolist()
     if ids and ids[-1] == layout.eos_token:
         ids = ids[:-1]
-    ids = ids[: layout.whole_frames(len(ids))]
-    return layout.codes([i - layout.first_code for i in ids])
+    ids = ids[: len(ids) - len(ids) % layout.cycle]  # whole frames, as the engine keeps them
+    return layout.output_space().codes(torch.tensor(ids, dtype=torch.long) - layout.first_code).tolist()
 
 
 def test_greedy_rules_equal_transformers_generate_under_the_frame_mask(orpheus64, orpheus_kit_dir):
