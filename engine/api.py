@@ -29,7 +29,7 @@ from engine.decoding.scheduler import DecodeScheduler
 from engine.decoding.speculative import Request, RowResult, SpeculativeDecoder
 from engine.decoding.verify import Rule, make_rule, rule_key, structure_key
 from engine.errors import field_errors
-from engine.families import family_settings
+from engine.families import check_max_new_tokens, family_settings
 from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
 from engine.groups.source import stored_speech_rows
@@ -302,9 +302,12 @@ class Synthesizer:
         admission priority.
 
         Raises:
-            ValueError: a text or voice prompt the prompter refuses, or a prompt that fills the
-                model's context.
+            ValueError: a text or voice prompt the prompter refuses, a prompt that fills the
+                model's context, or a `max_new_tokens` above it (`check_max_new_tokens`).
         """
+        # every decode passes here (a call's items, a job worker's rows): a row's own budget is
+        # checked where it meets the context the decoder runs with
+        check_max_new_tokens(settings.max_new_tokens, self.max_context, self.family.name)
         ids = self.prompter.build(text, prompt_text, prompt_codes, voice)
         if len(ids) >= self.max_context:
             raise ValueError(f"prompt is {len(ids)} tokens; the model's context is {self.max_context} "
@@ -328,6 +331,7 @@ class Synthesizer:
         settings = self.settings(settings)
         if settings.speculative and self.draft is None:
             raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
+        check_max_new_tokens(settings.max_new_tokens, self.max_context, self.family.name)  # the call's, not an item's
         session = self.session(batch_size, admission=admission)
         call = _Call(settings, session) if quality is None else _GatedCall(settings, session, self, quality)
         rows = []
@@ -385,6 +389,10 @@ class Synthesizer:
                 chunks decoded beside the other items, their codes joined into the item's
                 result; see `engine.text.items`); an item is yielded once its last chunk
                 finishes. None: the texts as they are.
+
+        Raises:
+            ValueError: settings this synthesizer cannot honour (a method that needs a draft
+                without one, a `max_new_tokens` above its context); an item's own are its error.
         """
         split = self.split_items(items, settings, text)
         call = self._start(split.decoded if split else items, settings, batch_size, admission, quality)
@@ -410,6 +418,9 @@ class Synthesizer:
 
         Returns:
             (one result per item, the run's summary).
+
+        Raises:
+            ValueError: as `stream`.
         """
         split = self.split_items(items, settings, text)
         call = self._start(split.decoded if split else items, settings, batch_size, admission, quality)

@@ -36,6 +36,12 @@ class Warp:
 METHODS = ("ar", "exact", "pcg", "ssd", "topk")
 Method = Literal[METHODS]
 
+# The highest sampling temperature a job, a row or a call may ask for. A speech LM's logits
+# spread over a few tens of nats; divided by more than 10 they differ by a few nats across tens
+# of thousands of codes, so what is sampled is near-uniform noise, not speech, and far above it
+# (1e9) uniform to float precision. A value above it is a mistake (a typo, a percentage), refused.
+MAX_TEMPERATURE = 10.0
+
 
 class DecodingSettings(BaseModel):
     """How to decode: acceptance rule, speculation depth and sampling."""
@@ -59,17 +65,20 @@ class DecodingSettings(BaseModel):
         "PCG: thinning trials for the recovered token before the exact dense fallback."))
     beta: float = Field(0.3, ge=0.0, description="SSD: added to the acceptance ratio.")
     topk: int = Field(50, ge=1, description="topk: accept a draft token inside the target's top-k.")
-    temperature: float = Field(0.8, ge=0.0, description=(
-        "0 is greedy. Unset, the model family's default: Llasa 0.8 (its card), Orpheus 0.6."))
+    temperature: float = Field(0.8, ge=0.0, le=MAX_TEMPERATURE, description=(
+        "0 is greedy. Unset, the model family's default: Llasa 0.8 (its card), Orpheus 0.6. At most "
+        f"{MAX_TEMPERATURE:g}: above it a speech LM samples noise."))
     top_p: float = Field(1.0, gt=0.0, le=1.0, description=(
         "Nucleus sampling mass (1 = off). Unset, the model family's default: Llasa 1, Orpheus 0.8."))
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
-    repetition_penalty: float = Field(1.0, gt=0.0, description=(
-        "CTRL-style penalty (1 = off). Unset, the model family's default: Llasa 1, Orpheus 1.3 (its "
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False, description=(
+        "CTRL-style penalty (1 = off; finite). Unset, the model family's default: Llasa 1, Orpheus 1.3 (its "
         "authors: stable speech needs >= 1.1)."))
     max_new_tokens: int = Field(2000, ge=1, description=(
         "Speech codes to generate at most (Llasa: 50 per second of audio; Orpheus: about 82, seven "
-        "a frame); the context limit may cut it shorter."))
+        "a frame); the context limit may cut it shorter. A value above the model's context (its "
+        "family's, prompt included) is refused, never capped: a job's before any work, a manifest "
+        "row's or an item's own as that row's error record."))
     seed: int = Field(0, ge=0, description=(
         "Job seed; each item's seed is derived from it and the item's id unless given."))
     max_speech_ratio: float | None = Field(None, ge=1.0, description=(
@@ -220,8 +229,10 @@ class InputSpec(BaseModel):
     manifests: list[str] = Field(min_length=1, description=(
         "Manifest files or directories/prefixes of them (.jsonl, .csv, .parquet, or .jsonl.gz, .csv.gz; "
         "local or s3://). "
-        "Rows: id, text, optional prompt_text with prompt_codes or prompt_audio (a clip URI), prompt_id, "
-        "seed, temperature, top_p, top_k, repetition_penalty."))
+        "Rows: id (a string, or an integer taken as its decimal string), text, optional prompt_text "
+        "with prompt_codes or prompt_audio (a clip URI), prompt_id, seed, temperature, top_p, top_k, "
+        "repetition_penalty, max_new_tokens (bounded as the decoding fields; a row whose value is "
+        "not is an error record)."))
 
 
 OutputFormat = Literal["hf-parquet", "nemo", "lhotse-shar"]  # writers: engine/io/formats/
@@ -303,6 +314,12 @@ class TextSpec(BaseModel):
         "A split row's output: joined (one row: the chunks' codes in order, their audio joined "
         "with edge silence trimmed and a short crossfade, per-chunk statistics kept) or rows (one "
         "row per chunk, with the parent id and a segment index)."))
+    chunk_retries: int = Field(3, ge=0, le=16, description=(
+        "How many times a chunk of a split row whose decode ended without a speech code is decoded "
+        "again, each time with a seed derived from the chunk's seed, its attempt and the retry's "
+        "number, before the chunk (and with split_output joined its row) fails; the commit records "
+        "and the summary count the retries (chunk_retries). A chunk the model cannot take (its "
+        "prompt fills the context) is not retried: no seed changes that. 0: no retries."))
     normalize: NormalizeLanguage = Field("none", description=(
         "Write numbers, money, dates, times and abbreviations out as words before tokenising, in "
         "this language (none: off); the result is stored as normalized_text beside text."))
@@ -428,7 +445,8 @@ class AugmentSpec(BaseModel):
         "zoe), crossed like the voice prompts; each variant uses one voice, prompt or named."))
     include_no_prompt: bool = Field(False, description="Also make variants without a voice prompt or named voice.")
     seeds: list[int] = Field([0], min_length=1, description="Sampling seeds per combination.")
-    temperatures: list[float] | None = Field(None, description="Temperatures (default: decoding.temperature).")
+    temperatures: list[float] | None = Field(None, description=(
+        f"Temperatures, each in [0, {MAX_TEMPERATURE:g}] (default: decoding.temperature)."))
     top_ps: list[float] | None = Field(None, description="top_p values (default: decoding.top_p).")
     methods: list[Method] | None = Field(None, description="Acceptance rules (default: decoding.method).")
     max_variants_per_text: int | None = Field(None, ge=1, description=(
@@ -442,8 +460,8 @@ class AugmentSpec(BaseModel):
 
     @model_validator(mode="after")
     def _values(self) -> AugmentSpec:
-        if any(not 0.0 <= t for t in self.temperatures or []):
-            raise ValueError("temperatures must be >= 0")
+        if any(not 0.0 <= t <= MAX_TEMPERATURE for t in self.temperatures or []):
+            raise ValueError(f"temperatures must lie in [0, {MAX_TEMPERATURE:g}]")
         if any(not 0.0 < p <= 1.0 for p in self.top_ps or []):
             raise ValueError("top_ps must lie in (0, 1]")
         ids = [p.id for p in self.prompts]

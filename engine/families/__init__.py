@@ -16,8 +16,8 @@ from engine.families.orpheus import FAMILY as ORPHEUS
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLASA, ORPHEUS)}
 FAMILY_NAMES: tuple[str, ...] = tuple(FAMILIES)
 
-__all__ = ["FAMILIES", "FAMILY_NAMES", "Family", "OutputSpace", "SpeechLayout", "detect", "family_named",
-           "family_settings", "resolve"]
+__all__ = ["FAMILIES", "FAMILY_NAMES", "Family", "OutputSpace", "SpeechLayout", "check_max_new_tokens", "detect",
+           "family_named", "family_settings", "resolve"]
 
 
 class UnknownFamily(ValueError):
@@ -74,3 +74,18 @@ def family_settings(settings: DecodingSettings, family: Family) -> DecodingSetti
     if given.get("temperature", defaults.get("temperature")) == 0:
         defaults = {k: v for k, v in defaults.items() if k not in GREEDY_OFF}
     return DecodingSettings(**{**settings.model_dump(), **defaults, **given})
+
+
+def check_max_new_tokens(max_new_tokens: int, context: int, family: str) -> None:
+    """A token budget the model can honour: at most its `context` (prompt included), since no row
+    can generate more tokens than its context holds. One check for a job's settings (before any
+    work), a manifest row's or an item's own (that row's error record) and a call's. A larger
+    value is refused, never capped: a cap would record settings (`_job.json`, each row's
+    `settings`) that did not bound the rows, and a typo'd budget would pass unseen.
+
+    Raises:
+        ValueError: `max_new_tokens: N is above the <family> model's context of C tokens ...`.
+    """
+    if max_new_tokens > context:
+        raise ValueError(f"max_new_tokens: {max_new_tokens} is above the {family} model's context of {context} "
+                         f"tokens (prompt included), which no row can exceed: give {context} or less")

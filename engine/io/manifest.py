@@ -3,10 +3,13 @@ gzipped: `.jsonl.gz`, `.csv.gz`).
 
 Row fields: `id`, `text` (required); `prompt_id`, `prompt_text`, `prompt_codes`, `prompt_audio`
 (voice prompt: transcript + codec codes, or a clip URI; a named `voice`); `seed`, `method`, `temperature`,
-`top_p`, `top_k`, `repetition_penalty`, `max_new_tokens` (per-row overrides); `text_id`, `augment_seed`
-(provenance of augmentation variants). A malformed row (not JSON, invalid UTF-8, bad fields)
-becomes a `RowError` that travels with the shard into the output; it never stops the other
-rows. Fields of no meaning here are ignored, and counted (`unknown_fields`) so the job can warn.
+`top_p`, `top_k`, `repetition_penalty`, `max_new_tokens` (per-row overrides, bounded as the
+`DecodingSettings` fields they override); `text_id`, `augment_seed` (provenance of augmentation
+variants). Ids (`id`, `prompt_id`, `text_id`) are strings, or integers taken as their decimal
+string (a Parquet int column, a bare JSON number); texts are strings. A malformed row (not JSON,
+invalid UTF-8, bad fields, an id of another type) becomes a `RowError` that travels with the
+shard into the output; it never stops the other rows. Fields of no meaning here are ignored,
+and counted (`unknown_fields`) so the job can warn.
 """
 
 from __future__ import annotations
@@ -18,15 +21,35 @@ import json
 import zlib
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.config import Method
+from engine.config import DecodingSettings, Method
 from engine.errors import field_errors
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 # file names a manifest may have: the formats, and the text ones gzipped (Parquet compresses itself)
 SUFFIXES = (*FORMATS, *(f"{s}.gz" for s, kind in FORMATS.items() if kind != "parquet"))
+
+
+def override(name: str):
+    """A row's override of the `DecodingSettings` field `name`: its type and bounds (one
+    description of each setting), or None when the row leaves it to the job."""
+    info = DecodingSettings.model_fields[name]
+    return Annotated[(info.annotation, *info.metadata)] | None
+
+
+# what a manifest cell holding an id may not be, named for the error record
+_NOT_AN_ID = {bool: "a boolean", float: "a float", list: "a list", dict: "an object", type(None): "null"}
+
+
+def row_id(value) -> str | None:
+    """An id as every row takes it: a string as it is, an integer as its decimal string (the same
+    id whether a manifest stores it as a number or as text); None for any other value."""
+    if isinstance(value, str):
+        return value
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class ManifestRow(BaseModel):
@@ -45,16 +68,23 @@ class ManifestRow(BaseModel):
     method: Method | None = None
     text_id: str | None = None  # augmentation: the source row's id
     augment_seed: int | None = None  # augmentation: the grid's seed for this variant
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
-    max_new_tokens: int | None = Field(None, ge=1)
+    temperature: override("temperature") = None
+    top_p: override("top_p") = None
+    top_k: override("top_k") = None
+    repetition_penalty: override("repetition_penalty") = None
+    max_new_tokens: override("max_new_tokens") = None
 
-    @field_validator("id", mode="before")
+    @field_validator("id", "prompt_id", "text_id", mode="before")
     @classmethod
-    def _id_to_str(cls, v):
-        return str(v) if isinstance(v, int) else v
+    def _id(cls, v, info):
+        if v is None and info.field_name != "id":
+            return v  # an optional id not given
+        ident = row_id(v)
+        if ident is None:
+            kind = _NOT_AN_ID.get(type(v), f"a {type(v).__name__}")
+            shown = "" if v is None else f" ({str(v)[:40]})"
+            raise ValueError(f"an id is a string or an integer, not {kind}{shown}")
+        return ident
 
     @field_validator("text")
     @classmethod
@@ -203,14 +233,14 @@ def validate(raw: dict | str | BadLine, source: str) -> ManifestRow | RowError:
         return RowError(source, None, raw.error, raw.text)
     if isinstance(raw, str):
         return RowError(source, None, "not a JSON object", raw[:200])
-    # empty CSV cells mean "not given" for optional fields; id and text keep theirs (clear errors)
-    clean = {k: v for k, v in raw.items() if v is not None and (v != "" or k in ("id", "text"))}
+    # empty CSV cells mean "not given" for optional fields; id and text keep theirs (clear errors),
+    # and a null id is named as one
+    clean = {k: v for k, v in raw.items() if k == "id" or (v is not None and (v != "" or k == "text"))}
     try:
         return ManifestRow(**clean)
     except ValidationError as exc:
         why = field_errors(exc.errors(), "row")
-        ident = raw.get("id")
-        return RowError(source, None if ident is None else str(ident), why, str(raw.get("text", ""))[:200])
+        return RowError(source, row_id(raw.get("id")), why, str(raw.get("text", ""))[:200])
 
 
 def validated(raws: list[dict | str], uri: str, first_row: int) -> list[ManifestRow | RowError]:

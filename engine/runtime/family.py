@@ -5,7 +5,7 @@ an object-store URI, or a Hugging Face Hub model's cached snapshot)."""
 from __future__ import annotations
 
 from engine.config import JobSpec
-from engine.families import Family, SpeechLayout, family_settings, resolve
+from engine.families import Family, SpeechLayout, check_max_new_tokens, family_settings, resolve
 from engine.families.base import TokenTable
 from engine.io.storage import Storage, StorageError, hub_ref, join
 
@@ -47,7 +47,12 @@ def with_family(spec: JobSpec, storage: Storage) -> tuple[JobSpec, Family, Speec
     what the driver plans, records in `_job.json`, summarises and ships to the workers.
 
     Raises:
-        ValueError: as `target_family`.
+        ValueError: as `target_family`; `decoding.max_new_tokens: why`, a budget above the
+            family's context (`check_max_new_tokens`).
     """
     family, layout = target_family(spec, storage)
+    try:
+        check_max_new_tokens(spec.decoding.max_new_tokens, family.context, family.name)
+    except ValueError as exc:
+        raise ValueError(f"decoding.{exc}") from None
     return spec.model_copy(update={"decoding": family_settings(spec.decoding, family)}), family, layout

@@ -24,6 +24,7 @@ from engine.io.manifest import (
     jsonl_offsets,
     manifest_format,
     parse_unpacked,
+    row_id,
     unknown_fields,
     unpacked,
 )
@@ -149,10 +150,9 @@ def plan_of(spec: JobSpec, files: list[str], contents: Iterable[tuple[str, bytes
         offsets = jsonl_offsets(content) if manifest_format(uri) == "jsonl" else None
         dups: dict[int, str] = {}
         for n, row in enumerate(rows):
-            ident = row.get("id") if isinstance(row, dict) else None
-            if ident is None or ident == "":
+            key = row_id(row.get("id")) if isinstance(row, dict) else None  # 7 and "7" are one id
+            if not key:  # no id, or none a row may have: that row's own error
                 continue
-            key = str(ident)
             if key in first_seen:
                 dups[n] = first_seen[key]
             else:

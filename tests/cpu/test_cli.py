@@ -96,12 +96,21 @@ def test_generate_all_methods_writes_codes_and_statistics(kit_dir, tmp_path, cap
     (["--theta", "1.5"], "theta"),
     (["--theta", "0"], "theta"),
     (["--temperature", "-1"], "temperature"),
+    (["--temperature", "1e9"], "temperature"),
 ])
 def test_bad_settings_fail_before_loading_with_the_field_named(args, message, tmp_path, capsys):
     code = main(["generate", "--target", str(tmp_path / "missing"), "--text", "hi", *args])
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and "missing" not in err  # settings are checked before the models
+
+
+def test_generate_refuses_a_budget_above_the_models_context_in_one_line(kit_dir, capsys):
+    code = main(["generate", "--kit", str(kit_dir), "--text", "hi", "--method", "ar", "--max-new-tokens", "4096",
+                 "--device", "cpu", "--quiet"])
+    assert code == 2
+    assert capsys.readouterr().err == ("error: max_new_tokens: 4096 is above the llasa model's context of 2048 tokens "
+                                       "(prompt included), which no row can exceed: give 2048 or less\n")
 
 
 def test_unknown_method_and_missing_model_are_reported(tmp_path, capsys):

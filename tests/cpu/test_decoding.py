@@ -170,7 +170,7 @@ def test_bad_items_become_error_results_and_the_rest_proceed(kit_dir):
     handler.emit = lambda record: notices.append(record.getMessage())
     logging.getLogger("transformers").addHandler(handler)  # transformers' loggers do not propagate
     try:
-        results, summary = synth.synthesize(items, DecodingSettings(method="ar", max_new_tokens=500))
+        results, summary = synth.synthesize(items, DecodingSettings(method="ar", max_new_tokens=96))
     finally:
         logging.getLogger("transformers").removeHandler(handler)
     assert [r.finish_reason for r in results] == ["length", "error", "error", "error", "length", "error"]

@@ -17,7 +17,7 @@ from engine.io.manifest import ManifestRow, RowError, parse_rows, unknown_fields
 from engine.io.storage import Storage
 from engine.runtime.plan import make_plan
 
-from jobhelpers import job_spec
+from jobhelpers import job_spec, read_output, write_manifest
 
 
 def test_invalid_utf8_in_a_jsonl_row_is_an_error_row_naming_its_line():
@@ -111,3 +111,76 @@ def test_a_corrupt_gzip_manifest_or_a_gzipped_parquet_file_is_refused_naming_the
         parse_rows("m.csv.gz", gzip.compress(b"id,text\na,cut short\n" * 50)[:40])
     with pytest.raises(ValueError, match=r"m.parquet.gz: unknown manifest format '.parquet.gz' \(use .jsonl"):
         parse_rows("m.parquet.gz", gzip.compress(b"x"))
+
+
+def test_ids_are_strings_or_integers_and_any_other_id_is_an_error_row(tmp_path):
+    # an integer id is its decimal string, the same id as that string (a duplicate of it); a
+    # float, a boolean, a list, an object or null is that row's error, and the rest proceeds
+    lines = [{"id": "a", "text": "x"}, {"id": 7, "text": "x"}, {"id": 7.0, "text": "x"}, {"id": True, "text": "x"},
+             {"id": [1, 2], "text": "x"}, {"id": None, "text": "x"}, {"id": {"k": 1}, "text": "x"},
+             {"id": "7", "text": "x"}, {"id": "b", "text": 5}, {"id": "c", "text": "x", "prompt_id": 3, "text_id": 4},
+             {"id": "d", "text": "x", "text_id": False}, {"id": "True", "text": "x"}]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rows = validated(parse_rows(str(manifest), manifest.read_bytes()), "m.jsonl", 0)
+    assert [r.id for r in rows] == ["a", "7", None, None, None, None, None, "7", "b", "c", "d", "True"]
+    errors = {r.source: r.error for r in rows if isinstance(r, RowError)}
+    assert errors == {"m.jsonl:3": "id: an id is a string or an integer, not a float (7.0)",
+                      "m.jsonl:4": "id: an id is a string or an integer, not a boolean (True)",
+                      "m.jsonl:5": "id: an id is a string or an integer, not a list ([1, 2])",
+                      "m.jsonl:6": "id: an id is a string or an integer, not null",
+                      "m.jsonl:7": "id: an id is a string or an integer, not an object ({'k': 1})",
+                      "m.jsonl:9": "text: Input should be a valid string",
+                      "m.jsonl:11": "text_id: an id is a string or an integer, not a boolean (False)"}
+    assert (rows[9].prompt_id, rows[9].text_id) == ("3", "4")
+    plan = make_plan(job_spec(tmp_path, [str(manifest)], str(tmp_path / "out"), resources={"rows_per_shard": 20}),
+                     Storage())
+    assert plan.shards[0].duplicates == {7: f"{manifest}:2"}  # "7" repeats 7; "True" repeats no bad id
+    # a Parquet manifest's integer column reads as the same ids
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"id": [7, -3], "text": ["x", "y"]}), buffer)
+    assert [r.id for r in validated(parse_rows("m.parquet", buffer.getvalue()), "m.parquet", 0)] == ["7", "-3"]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("temperature", 1e9, "temperature: Input should be less than or equal to 10"),
+    ("temperature", 10.5, "temperature: Input should be less than or equal to 10"),
+    ("repetition_penalty", float("inf"), "repetition_penalty: Input should be a finite number"),
+    ("repetition_penalty", 0, "repetition_penalty: Input should be greater than 0"),
+    ("top_p", 1.5, "top_p: Input should be less than or equal to 1"),
+    ("top_k", -1, "top_k: Input should be greater than or equal to 0"),
+])
+def test_a_row_override_no_model_can_honour_is_an_error_row(field, value, message):
+    data = (b'{"id": "a", "text": "fine", "temperature": 10}\n'
+            + json.dumps({"id": "b", "text": "bad", field: value}).encode() + b"\n"
+            + b'{"id": "c", "text": "also fine"}\n')
+    rows = validated(parse_rows("m.jsonl", data), "m.jsonl", 0)
+    assert [type(r) for r in rows] == [ManifestRow, RowError, ManifestRow]
+    assert rows[1].error == message and rows[1].id == "b"
+    assert rows[0].overrides() == {"temperature": 10}
+
+
+def test_in_a_job_rows_no_model_can_honour_become_error_records_and_the_rest_proceed(local_ray, kit_dir, tmp_path):
+    from engine.runtime.job import JobRunner
+    from engine.runtime.preflight import dry_run
+
+    manifest = write_manifest(tmp_path / "m.jsonl", [
+        {"id": "ok", "text": "Fine."}, {"id": "over", "text": "Budget too long.", "max_new_tokens": 2049},
+        {"id": 1.5, "text": "A float id."}, {"id": "hot", "text": "Too hot.", "temperature": 1e9},
+        {"id": 7, "text": "An integer id."}])
+    spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
+                    resources={"workers": 1, "rows_per_shard": 5})
+    report = dry_run(spec)
+    summary = JobRunner(spec, progress=False).run()
+    errors = {r["id"]: r["error"] for r in read_output(spec)}
+    assert errors.keys() == {"ok", "over", f"!{manifest}:3", "hot", "7"}
+    assert errors["ok"] is None and errors["7"] is None and summary["rows_ok"] == 2
+    assert errors["over"].startswith("max_new_tokens: 2049 is above the llasa model's context of 2048 tokens")
+    assert errors[f"!{manifest}:3"] == "id: an id is a string or an integer, not a float (1.5)"
+    assert errors["hot"] == "temperature: Input should be less than or equal to 10"
+    # the dry run finds the same rows, with the job's messages
+    found = {e["id"] or f"!{e['source']}": e["error"] for e in report["failing_examples"]}
+    assert found == {k: v for k, v in errors.items() if v is not None}

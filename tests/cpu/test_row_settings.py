@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine import DecodingSettings, SynthesisItem
+from engine.config import TextSpec
 
 from synthhelpers import TEXTS, by_id
 
@@ -83,3 +84,20 @@ def test_warmup_runs_the_callers_decoder_and_changes_no_result(synth64, kit_grou
     decoder = synth64.decoder(settings, 3)  # what a run at this batch size decodes with: the warmed one
     assert decoder.rounds_run > 0 and decoder.idle
     assert by_id(synth64.synthesize(ITEMS[:4], settings, batch_size=3)[0]) == expected
+
+
+def test_a_budget_above_the_context_is_an_items_error_and_a_calls_refusal(kit_synth):
+    context = kit_synth.max_context  # the kit's family's (Llasa's 2048)
+    over = f"max_new_tokens: {context + 1} is above the llasa model's context of {context} tokens"
+    items = [SynthesisItem(text=TEXTS[0], id="ok"),
+             SynthesisItem(text=TEXTS[1], id="over", max_new_tokens=context + 1),
+             SynthesisItem(text=TEXTS[2], id="hot", temperature=1e9),
+             SynthesisItem(text=TEXTS[3], id="own", max_new_tokens=5)]
+    settings = DecodingSettings(method="exact", max_new_tokens=12, seed=3)
+    for text in (None, TextSpec()):  # as given, and planned first (as a job's worker prepares its rows)
+        results, summary = kit_synth.synthesize(items, settings, text=text)
+        assert [r.finish_reason == "error" for r in results] == [False, True, True, False]
+        assert results[1].error.startswith(over) and "temperature" in results[2].error
+        assert 0 < len(results[0].codes) <= 12 and 0 < len(results[3].codes) <= 5 and summary.failed == 2
+    with pytest.raises(ValueError, match=f"^max_new_tokens: {10**12} is above the llasa model's context of {context}"):
+        kit_synth.synthesize(items[:1], settings.model_copy(update={"max_new_tokens": 10**12}))
