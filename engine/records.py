@@ -270,3 +270,12 @@ def attempt_seed(seed: int, attempt: int) -> int:
         return seed
     digest = hashlib.sha256(f"{seed}/attempt/{attempt}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def retry_seed(seed: int, attempt: int, retry: int) -> int:
+    """The seed of the `retry`-th decode again (1, 2, ...) of a row's `attempt`-th decode that
+    ended without a speech code (`text.chunk_retries`): a 63-bit seed derived from the row's seed
+    (a chunk's: derived from its row's and its index), the attempt's number and the retry's, apart
+    from every `attempt_seed`, and the same in every run whatever the batch around it."""
+    digest = hashlib.sha256(f"{seed}/attempt/{attempt}/retry/{retry}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1

@@ -12,7 +12,9 @@ Threads, all in the worker's process:
     decode    ONE loop over the decode stage: every held shard's rows share its batches (a row of
               the next shard takes the slot a row of the current one just left); a worker runs
               it on its models' `KeptThread`, so every job they serve decodes on one thread. A
-              finished row goes to the verify thread (the quality gate on), else it is settled;
+              chunk of a split row that ended without a speech code is decoded again at once,
+              ahead of the queued rows (`text.chunk_retries`); any other finished row goes to
+              the verify thread (the quality gate on), else it is settled;
     verify    with the quality gate on: the codec and verify stages on finished rows, a few at
               a time; a row that failed and has attempts left goes back to the decode thread,
               which queues it ahead of new rows; a passed or rejected row is settled;
@@ -332,23 +334,31 @@ class ShardStream:
         else:
             self.hand_off(task)
 
-    def again(self, attempts: list[Attempt]) -> None:
-        """The quality gate's next attempts of failed rows, queued ahead of every row waiting
-        for a slot (their shards are otherwise done); an attempt refused goes back to be checked
-        as one without audio."""
-        attempts = [a for a in attempts if not a.row.task.resolved]
+    def ahead(self, attempts: list[Attempt]) -> list[Attempt] | None:
+        """Queue `attempts` ahead of every row waiting for a slot (their shards wait for them);
+        returns those the decoder refused, or None if it failed (their shards failed with it)."""
         try:
             refused = self.decode.submit(attempts, ahead=True)
         except Exception as exc:
             for task in {id(a.row.task): a.row.task for a in attempts}.values():
                 self.fail_all(exc, task)
-            return
+            return None
         for attempt in attempts:
             if attempt not in refused:
                 task = attempt.row.task
                 task.in_decoder += 1
                 if task not in self.decoding:
                     self.decoding.append(task)
+        return refused
+
+    def again(self, attempts: list[Attempt]) -> None:
+        """The quality gate's next attempts of failed rows, queued ahead of every row waiting
+        for a slot (their shards are otherwise done); an attempt refused goes back to be checked
+        as one without audio."""
+        attempts = [a for a in attempts if not a.row.task.resolved]
+        refused = self.ahead(attempts)
+        if refused is None:
+            return
         if len(refused) < len(attempts):
             self.starved_slots += self.dry_spell  # the spell waited for these rows
             self.dry_spell = 0
@@ -362,9 +372,10 @@ class ShardStream:
         self.verify_wait_s += time.perf_counter() - start
 
     def decoded(self, done: list[Attempt]) -> list[ShardTask]:
-        """Attempts the last round finished, on to the verify thread or settled; returns the
-        shards they completed."""
-        finished = []
+        """Attempts the last round finished: decoded again where they ended without a speech
+        code and may (`Row.retry`), else on to the verify thread or settled; returns the shards
+        they completed."""
+        finished, retries = [], []
         for attempt in done:
             task = attempt.row.task
             task.in_decoder -= 1
@@ -372,14 +383,30 @@ class ShardStream:
                 self.decoding.remove(task)
             if task.resolved:
                 continue
-            if self.verify is not None:
-                self.to_verify(attempt)
-                continue
-            attempt.row.keep(attempt)
-            task.remaining -= 1
-            if task.remaining == 0:
+            retry = attempt.row.retry(attempt)
+            if retry is not None:
+                retries.append(retry)
+            elif self.settle(attempt):
                 finished.append(task)
+        if retries:
+            finished.extend(self.retry(retries))
         return finished
+
+    def settle(self, attempt: Attempt) -> bool:
+        """A decoded attempt to the verify thread (the gate on), else kept; whether that
+        settled its shard's last unit."""
+        if self.verify is not None:
+            self.to_verify(attempt)
+            return False
+        attempt.row.keep(attempt)
+        attempt.row.task.remaining -= 1
+        return attempt.row.task.remaining == 0
+
+    def retry(self, attempts: list[Attempt]) -> list[ShardTask]:
+        """Decode again attempts that ended without a speech code, ahead of every row waiting
+        for a slot; returns the shards completed by any the decoder refuses (settled as they are)."""
+        refused = self.ahead(attempts)
+        return [attempt.row.task for attempt in refused or [] if self.settle(attempt)]
 
     def fail_all(self, exc: Exception, extra: ShardTask | None = None) -> None:
         """Fail every shard being decoded (and `extra`), and empty the batches."""

@@ -6,7 +6,11 @@ decoding, so it is estimated from the text the way the dry run and batch admissi
 (`engine.decoding.admission`: characters at 15 a second, the family's codes a second), with headroom
 (`speech_budget`: `headroom` times the estimate, plus two seconds) for a voice that speaks more
 slowly than the estimate. A text that does not fit is cut at sentence boundaries; a sentence
-still too long at its clause boundaries; a clause still too long between words. Each chunk says
+still too long at its clause boundaries; and a clause is cut between words only when its speech
+does not fit even without the headroom's two seconds (`Budget.holds`), into the fewest pieces
+that do, about equal in length. Cuts below clauses cost the most prosody (a chunk ends
+mid-phrase), and where the two seconds take most of a small budget no piece of text fits with
+them, so cutting into words would only make more chunks that still do not fit. Each chunk says
 at which kind of boundary it ends.
 
 Modes (`text.split`):
@@ -18,13 +22,14 @@ Modes (`text.split`):
 
 from __future__ import annotations
 
+import bisect
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from engine.config import SPLIT_MODES, SplitMode
-from engine.decoding.admission import speech_budget
+from engine.decoding.admission import speech_budget, speech_seconds
 from engine.records import SynthesisItem, item_seed
 from engine.text.sentences import Span, clause_spans, sentence_spans, word_spans
 
@@ -62,6 +67,14 @@ class Budget:
     def fits(self, text: str) -> bool:
         """`text`'s speech (outer whitespace stripped, as a chunk is), with headroom, fits one decode."""
         return speech_budget(text.strip(), self.headroom, self.codes_per_second) <= self.room(text)
+
+    def holds(self, text: str) -> bool:
+        """`text`'s estimated speech, `headroom` times over but without the two seconds
+        (outer whitespace stripped), fits one decode: a clause that holds is not cut between
+        words. The two seconds are a fixed allowance, most of a small budget (all but 20 codes
+        of 120): kept for cutting between words, they cut a 21-character sentence into words
+        that still do not fit."""
+        return self.headroom * speech_seconds(text.strip()) * self.codes_per_second <= self.room(text)
 
     def cuttable(self) -> bool:
         """Whether cutting can make a piece fit: a one-letter text fits (a budget below the
@@ -106,29 +119,55 @@ class TextPlan:
 
 
 def _pieces_of(text: str, span: Span, budget: Budget) -> list[tuple[Span, Boundary]]:
-    """One sentence as pieces that each fit, with the boundary each ends at: the sentence
-    itself, or its clauses (packed), a clause too long cut between words (packed)."""
+    """One sentence as pieces, with the boundary each ends at: the sentence itself where it fits,
+    else its clauses (packed); a clause that does not even hold (`Budget.holds`) is cut between
+    words (`_words`)."""
     start, end = span
     if budget.fits(text[start:end]):
         return [(span, "sentence")]
     out: list[tuple[Span, Boundary]] = []
     for clause in clause_spans(text, start, end):
-        if budget.fits(text[slice(*clause)]):
+        if budget.holds(text[slice(*clause)]):
             out.append((clause, "clause"))
         else:
-            out.extend(_pack(text, [(w, "word") for w in word_spans(text, *clause)], budget))
+            out.extend(_words(text, clause, budget))
             out[-1] = (out[-1][0], "clause")
-    packed = _pack(text, out, budget)
+    packed = _pack(text, out, budget.fits)
     packed[-1] = (packed[-1][0], "sentence")
     return packed
 
 
-def _pack(text: str, pieces: Sequence[tuple[Span, Boundary]], budget: Budget) -> list[tuple[Span, Boundary]]:
-    """Consecutive pieces joined greedily while the joined text fits (a piece that does not
+def _words(text: str, clause: Span, budget: Budget) -> list[tuple[Span, Boundary]]:
+    """A clause cut between words into the fewest pieces that each hold (`Budget.holds`), cut
+    where its running speaking time is nearest each equal share, so no piece is left at the edge
+    of the budget while another is short (greedy pieces, where the equal cuts do not all hold)."""
+    words = word_spans(text, *clause)
+    fewest = _pack(text, [(w, "word") for w in words], budget.holds)
+    if len(fewest) < 2:
+        return fewest
+    said, elapsed = [], 0.0  # speaking time up to each word's end
+    for a, b in words:
+        elapsed += speech_seconds(text[a:b])
+        said.append(elapsed)
+    cuts = set()  # after which word: the one whose end is nearest each share
+    for k in range(1, len(fewest)):
+        share = k * elapsed / len(fewest)
+        i = min(bisect.bisect_left(said, share), len(words) - 2)
+        cuts.add(i - 1 if i > 0 and share - said[i - 1] < said[i] - share else i)
+    bounds = [0, *(i + 1 for i in sorted(cuts)), len(words)]
+    even = [((words[i][0], words[j - 1][1]), "word") for i, j in zip(bounds, bounds[1:])]
+    if len(even) == len(fewest) and all(budget.holds(text[slice(*piece)]) for piece, _ in even):
+        return even
+    return fewest
+
+
+def _pack(text: str, pieces: Sequence[tuple[Span, Boundary]], fits: Callable[[str], bool]
+          ) -> list[tuple[Span, Boundary]]:
+    """Consecutive pieces joined greedily while the joined text `fits` (a piece that does not
     fit alone stays alone: nothing smaller is left to cut)."""
     out: list[tuple[Span, Boundary]] = []
     for span, kind in pieces:
-        if out and budget.fits(text[out[-1][0][0]:span[1]]):
+        if out and fits(text[out[-1][0][0]:span[1]]):
             out[-1] = ((out[-1][0][0], span[1]), kind)
         else:
             out.append((span, kind))
@@ -170,7 +209,7 @@ def plan_text(text: str, budget: Budget, mode: SplitMode = "auto", language: str
     if not pieces:  # nothing pysbd calls a sentence (symbols only): the text as it is
         return whole_plan(text, fits)
     if mode == "auto":
-        pieces = _pack(text, pieces, budget)
+        pieces = _pack(text, pieces, budget.fits)
     chunks = [_chunk(text, span, kind) for span, kind in pieces]
     chunks[-1] = replace(chunks[-1], boundary="end")
     return TextPlan(tuple(chunks), fits)

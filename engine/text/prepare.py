@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.config import TextSpec
-from engine.text.chunks import Budget, TextPlan, plan_text, whole_plan
+from engine.decoding.admission import speech_budget
+from engine.text.chunks import HEADROOM, Budget, TextPlan, plan_text, whole_plan
 from engine.text.normalize import text_normalizer
 
 # Prompt ids of (text, voice prompt's transcript, its codes, a named voice): a family's `Prompter.build`
@@ -103,6 +104,10 @@ class TextPlanner:
         """Whether a budget of `max_new_tokens` leaves room for any piece of text (`Budget.cuttable`
         before its prompt is known: the prompt only takes room away)."""
         return Budget(max_new_tokens, codes_per_second=self.codes_per_second).cuttable()
+
+    def least_cuttable(self) -> int:
+        """The smallest `max_new_tokens` that `cuttable` allows (a one-letter text's budget)."""
+        return speech_budget("a", HEADROOM, self.codes_per_second)
 
     def __call__(self, text: str, max_new_tokens: int, prompt_text: str | None = None,
                  prompt_codes: Sequence[int] | None = None, voice: str | None = None) -> PreparedText:

@@ -1,10 +1,12 @@
 """Long texts, normalised text and output formats in jobs, end to end on the kit: a long text
 becomes one row whose codes are its chunks' codes in order (or, `split_output: rows`, one row per
-chunk with its parent's id and segment), a sentence too long is cut at clauses and says so,
-normalised text is stored beside the text, each format from a real job loads with its toolkit's
-reader and resumes, and a worker killed with SIGKILL in the middle of a shard leaves no partial
-tar or manifest. A small `max_new_tokens` forces splitting on short texts (the kit decodes
-slowly); the planning of a two-minute text against Llasa's real context is tests/cpu/test_text.py's.
+chunk with its parent's id and segment), a sentence too long is cut at clauses and says so, one
+that fits its budget is not cut into words, a chunk that ends at once is decoded again (a
+bounded number of times, with derived seeds), normalised text is stored beside the text, each
+format from a real job loads with its toolkit's reader and resumes, and a worker killed with
+SIGKILL in the middle of a shard leaves no partial tar or manifest. A small `max_new_tokens`
+forces splitting on short texts (the kit decodes slowly); the planning of a two-minute text
+against Llasa's real context is tests/cpu/test_text.py's.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import soundfile as sf
 
 from engine.codec.join import CROSSFADE_S
 from engine.config import JobSpec
+from engine.records import item_seed, retry_seed
 from engine.runtime.job import JobRunner
 from engine.runtime.pool import JobFailed
 from engine.runtime.preflight import dry_run, dry_run_text
 from engine.runtime.summary import summary_table
-from engine.text.chunks import Budget
+from engine.text.chunks import Budget, chunk_seeds
 
-from jobhelpers import NemoManifest, job_spec, read_output, write_manifest
+from jobhelpers import PARAGRAPHS, NemoManifest, job_spec, read_output, write_manifest
 
 RATE = 16_000
 # three paragraphs of sentences of at most 21 characters: with max_new_tokens 200 (a chunk's
@@ -168,6 +171,77 @@ def test_an_augment_jobs_variants_are_split_as_its_rows_are(kit_dir, tmp_path):
                             "include_no_prompt": True, "seeds": [0]})
     report = dry_run(spec)
     assert report["rows"] == 4 and report["text"]["rows_split"] == 2 and report["text"]["chunks"] == 18
+
+
+# A text of about two minutes (1,812 characters) at 2.4 s of speech a chunk (`max_new_tokens` 120): some
+# 80 chunks, each of which can end at its first step. `FORCED`'s first sentence makes that likely: the
+# kit target's end of speech is the third most likely first code of "Wind still still.", so at top_k 3
+# and temperature 10 about two decodes in five of that chunk end at once (row seed 0: the first, not
+# the first retry; row seed 52: the first and all three retries).
+TWO_MINUTES = "\n\n".join(PARAGRAPHS)
+FORCED = {"text": "Wind still still. The boats came in.", "top_k": 3, "temperature": 10}
+SHORT = "A short line of text."
+
+
+def test_a_chunk_that_ends_at_once_is_decoded_again_and_sentences_that_fit_stay_whole(hook, kit_dir, kit_synth,
+                                                                                        tmp_path):
+    rows = [{"id": "long", "text": TWO_MINUTES}, {"id": "short", "text": SHORT},
+            {"id": "saved", "seed": 0, **FORCED}, {"id": "lost", "seed": 52, **FORCED}]
+    spec = job_spec(kit_dir, [str(write_manifest(tmp_path / "m.jsonl", rows))], str(tmp_path / "out"),
+                    decoding={"method": "pcg", "max_new_tokens": 120, "seed": 1},
+                    resources={"workers": 1, "rows_per_shard": 4, "batch_size": 8})
+    planned = dry_run(spec)
+    assert planned["text"]["rows_split_at_words"] == 1  # the two-minute text: some of its clauses are too long
+    assert "  words      1 row would be cut between words (" in dry_run_text(planned)
+    summary = JobRunner(spec, progress=False).run()
+    out = {r["id"]: r for r in read_output(spec)}
+    budget = Budget(120, kit_synth.max_context, lambda t: len(kit_synth.prompter.build(t)),
+                    codes_per_second=kit_synth.family.codes_per_second)
+    # the long row comes out whole: every chunk has speech, a lost one decoded again with a derived seed
+    long = chunks_of(out["long"])
+    assert out["long"]["error"] is None and sum(c["num_codes"] for c in long) == len(out["long"]["codes"])
+    assert all(c["num_codes"] > 0 and budget.holds(c["text"]) for c in long)
+    assert len(long) < len(TWO_MINUTES.split()) / 3  # no cut into single words: a chunk per clause or more
+    seeds = chunk_seeds(item_seed(1, "long"), len(long))
+    retried = [c for c in long if c["retries"]]
+    assert retried and all(c["seed"] == retry_seed(seeds[c["index"]], 1, c["retries"]) for c in retried)
+    assert all(c["seed"] == seeds[c["index"]] for c in long if not c["retries"])
+    # a sentence whose speech fits its budget is not split
+    assert out["short"]["error"] is None and chunks_of(out["short"]) == []
+    saved, lost = chunks_of(out["saved"]), chunks_of(out["lost"])
+    assert out["saved"]["error"] is None and [c["retries"] for c in saved] == [1, 0]
+    assert saved[0]["seed"] == retry_seed(item_seed(0, "chunk/0"), 1, 1) and saved[0]["num_codes"] > 0
+    # retries are bounded (text.chunk_retries, 3): the fourth decode that ends at once fails the row, naming it
+    error = "chunk lost#0000: no speech codes to decode (finish_reason 'eos') after 4 attempts"
+    assert out["lost"]["error"] == error and [c["retries"] for c in lost] == [3, 0]
+    assert [e["error"] for e in summary["failed_examples"]] == [error]
+    assert summary["rows_ok"] == 3 and summary["rows_failed"] == 1
+    assert summary["chunk_retries"] == len(retried) + 1 + 3 == sum(c["retries"] for c in long + saved + lost)
+    assert summary["rows_split_at_words"] == 1
+    assert summary["word_cuts"] == sum(c["boundary"] == "word" for c in long) > 0
+    table = summary_table(summary)
+    assert f"{summary['chunk_retries']} chunk retries" in table
+    assert table.count("cut between words") == 1 and "warning      1 long text cut between words" in table
+
+
+def test_the_dry_run_counts_texts_cut_between_words_and_texts_no_cut_can_fit(kit_dir, tmp_path):
+    """Under `split: auto` a budget below the headroom's two seconds leaves no room for any piece
+    of text: such a text is decoded whole and stops at its limit, however long. The dry run counts
+    those rows and says why, beside the rows it would cut between words."""
+    rows = [{"id": "book", "text": ("The boats came in. " * 10_600)[:200_000]}, {"id": "ok", "text": "Hi."},
+            {"id": "words", "text": "one two three four five six seven eight nine ten eleven twelve thirteen",
+             "max_new_tokens": 120}]
+    spec = job_spec(kit_dir, [str(write_manifest(tmp_path / "m.jsonl", rows))], str(tmp_path / "out"),
+                    decoding={"max_new_tokens": 50})
+    report = dry_run(spec)
+    assert report["rows_too_long"] == 1 and report["text"]["rows_uncuttable"] == 1
+    assert report["text"]["rows_split"] == 1 and report["text"]["rows_split_at_words"] == 1
+    text = dry_run_text(report)
+    assert ("  length     1 row to decode take longer to say than max_new_tokens allows (at 15 characters a "
+            "second, 50 codes a second) and cannot be cut into chunks that do; 1 of them because a max_new_tokens "
+            "below 105 leaves no room for any text beside the two seconds of headroom, so text.split auto decodes "
+            "them whole: their audio would likely be cut at the limit") in text
+    assert "  words      1 row would be cut between words (2 word cuts)" in text
 
 
 FORMAT_ROWS = [{"id": "two", "text": "The boats came in. Twelve were in."}, {"id": "short", "text": "Hello there."},

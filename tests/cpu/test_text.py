@@ -21,27 +21,7 @@ from engine.text.join import chunk_records, join_codes, join_results
 from engine.text.normalize import TextNormalizer, text_normalizer
 from engine.text.sentences import sentence_spans
 
-PARAGRAPHS = [
-    "The harbour was quiet before dawn. Fishing boats rocked at their moorings, and the gulls had not "
-    "yet begun their morning quarrels. Dr. Ellis walked along the pier with a thermos of coffee, "
-    "counting the boats as she always did. Twelve were in; two were still out. She checked her watch "
-    "and frowned, because the weather report had promised a calm night and the sea had not agreed.",
-    "By six o'clock the first of the missing boats came around the point. Its engine coughed and "
-    "sputtered, but it held a steady course toward the harbour mouth. The skipper waved from the "
-    "wheelhouse, and Ellis waved back, relieved. The second boat was another matter. Nobody had heard "
-    "from it since midnight, and the radio answered every call with static and nothing else. Ellis "
-    "climbed the steps to the harbour office, where the old radio sat on a shelf by the window. She tried "
-    "the distress channel, then the working channel, then the channel the skippers used for gossip. "
-    "Nothing came back. Outside, the wind had dropped, and the water in the harbour lay flat and grey "
-    "like a sheet of tin. She wrote the time in the log, put the kettle on, and waited for the others.",
-    "At half past seven the coast guard launched a search. Volunteers gathered at the harbour office "
-    "with charts and binoculars, and the baker brought bread nobody felt like eating. Shortly before "
-    "noon a spotter plane found the boat drifting ten miles south, its crew tired and cold but safe. "
-    "That evening the whole village came down to the pier to watch it towed home, and nobody spoke "
-    "much, because nothing needed saying. The gulls, at last, resumed their quarrels overhead, as if "
-    "to say that the ordinary business of the world could now go on. Ellis poured the last of her "
-    "coffee into the water and went home to sleep for a very long time, dreaming of nothing at all.",
-]
+from jobhelpers import PARAGRAPHS
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +80,33 @@ def test_a_sentence_too_long_is_cut_at_clause_boundaries_and_says_so(prompter):
     words = plan_text("one two three four five six seven eight nine ten eleven twelve",
                       Budget(160, codes_per_second=RATE), "auto")
     assert words.split and set(words.boundaries) == {"word"}
+
+
+def test_a_sentence_that_fits_its_budget_is_not_cut_into_words(prompter):
+    """At `max_new_tokens` 120 (2.4 s) the headroom's two fixed seconds leave room for about five
+    characters, so no sentence fits with them: a sentence or clause whose speech fits without
+    them is kept whole, and only a clause that does not is cut between words, into the fewest
+    pieces that fit, about equal."""
+    budget = llasa_budget(prompter, 120)
+    sentence = "A short line of text."  # 1.4 s of speech: 88 codes with the 1.25 ratio, 188 with the 2 s too
+    assert not budget.fits(sentence) and budget.holds(sentence)
+    plan = plan_text(sentence, budget, "auto")
+    assert [c.text for c in plan.chunks] == [sentence] and not plan.split
+    # clauses that each fit without the two seconds: cut there, never between words
+    clauses = "It rained, the wind blew, the boats rocked, and the gulls cried."
+    plan = plan_text(clauses, budget, "auto")
+    assert [c.text for c in plan.chunks] == ["It rained,", "the wind blew,", "the boats rocked,",
+                                             "and the gulls cried."]
+    assert "word" not in plan.boundaries
+    # one clause of 71 characters (28.8 fit in a piece): cut between words into the fewest pieces that fit,
+    # three, as even as word boundaries allow (greedy packing would leave 28, 28 and 15 characters)
+    words = "one two three four five six seven eight nine ten eleven twelve thirteen"
+    assert not budget.holds(words)
+    plan = plan_text(words, budget, "auto")
+    assert [c.text for c in plan.chunks] == ["one two three four five", "six seven eight nine ten",
+                                             "eleven twelve thirteen"]
+    assert plan.boundaries == ["word", "word"] and all(budget.holds(c.text) for c in plan.chunks)
+    assert not any(budget.holds(f"{a.text} {b.text}") for a, b in zip(plan.chunks, plan.chunks[1:]))
 
 
 def test_a_budget_too_small_to_cut_into_keeps_texts_whole():

@@ -48,8 +48,8 @@ class CodecStage:
             return
         start = time.perf_counter()
         for a in todo:
-            if not a.codes:
-                a.error = no_codes(a.finish_reason)
+            if not a.codes:  # one decoded again (`Row.retry`) says how many decodes it took
+                a.error = no_codes(a.finish_reason) + (f" after {a.retry + 1} attempts" if a.retry else "")
         todo = [a for a in todo if a.error is None]
         modes = {a.row.prompt_audio or self.prompt_audio for a in todo}
         with self.stream():

@@ -4,8 +4,9 @@ A row gets its decoding settings (the job's with the row's own applied), its see
 prompt (a clip is read through storage and encoded once, cached by content) and its provenance;
 then its text is normalised and planned (`engine.text.prepare.TextPlanner`: `text.normalize`,
 `text.split`). A text cut into chunks gets one part per chunk (`Row.parts`): the chunk's text,
-the row's settings and voice prompt, a seed derived from the row's (`chunk_seeds`) and the id
-`<row id>#<index>`; the parts are decoded as rows of the batch, beside other rows. A row that
+the row's settings and voice prompt, a seed derived from the row's (`chunk_seeds`), the id
+`<row id>#<index>` and `text.chunk_retries` (decodes again of an attempt that ends without a
+speech code); the parts are decoded as rows of the batch, beside other rows. A row that
 cannot be decoded (a malformed manifest row, a duplicate id, invalid settings, a voice-prompt
 clip that cannot be read, a text the normaliser fails on) becomes a row whose result carries
 the error: it is written as an error record and never reaches the decoder.
@@ -99,7 +100,8 @@ class PrepareStage:
             out.append(Row(row.index, SynthesisResult(id=chunk_id(row.id, i), text=chunk.text, seed=seed),
                            row.settings, {**row.origin, "chunk": where}, prompt=row.prompt, voice=row.voice,
                            prompt_wave=row.prompt_wave, seed=seed, parent=row, segment=i,
-                           prompt_audio="context" if self.joined_include and i > 0 else None))
+                           prompt_audio="context" if self.joined_include and i > 0 else None,
+                           chunk_retries=self.planner.spec.chunk_retries))
         return out
 
     def error_row(self, index: int, ident: str, text: str, why: str, origin: dict) -> Row:

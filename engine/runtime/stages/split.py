@@ -5,7 +5,8 @@ The joined row's codes are its parts' codes in order, its statistics their sum, 
 verdict theirs combined (`engine.text.join`); its audio is the parts' audio joined (edge
 silence trimmed, a short crossfade), and its provenance keeps a record per part (`chunks`:
 text, where it lies in the row's text, the boundary it was cut at, seed, codes, finish reason,
-statistics, verdict, and where its audio lies in the clip).
+statistics, verdict, where its audio lies in the clip, and how many times it was decoded again
+after ending without a speech code: `retries`).
 """
 
 from __future__ import annotations
@@ -29,18 +30,26 @@ def join_row(row: Row, sample_rate: int) -> np.ndarray | str | None:
     clip, audio = None, None
     if res.error is None:
         silent = next((p for p in row.parts if p.kept is None or p.kept.wave is None), None)
-        if silent is not None:
-            audio = f"chunk {silent.id}: {silent.kept.error if silent.kept is not None else 'no audio'}"
+        if silent is not None:  # the row's error names the chunk (and the commit record's failed rows do)
+            audio = res.error = f"chunk {silent.id}: {silent.kept.error if silent.kept is not None else 'no audio'}"
         else:
             clip = join_audio([part.kept.wave for part in row.parts], sample_rate)
             audio = clip.wave
-    row.origin = {**row.origin, "chunks": chunk_records(row.plan.chunks, results, clip, sample_rate)}
+    records = chunk_records(row.plan.chunks, results, clip, sample_rate)
+    for record, part in zip(records, row.parts):
+        record["retries"] = len(part.retried)
+    row.origin = {**row.origin, "chunks": records}
     return audio
 
 
 def split_counts(rows: list[Row], written_rows: int | None) -> dict:
-    """What a shard's commit record says of its split rows: how many, into how many chunks
-    (nothing when none was split), and (`split_output: rows`) the rows written to its data."""
+    """What a shard's commit record says of its split rows (nothing when none was split): how
+    many, into how many chunks, how many of them were cut between words and at how many word
+    boundaries, how many decodes again their chunks took (`chunk_retries`), and
+    (`split_output: rows`) the rows written to its data."""
     split = [row for row in rows if row.parts]
-    out = {"split_rows": len(split), "chunks": sum(len(row.parts) for row in split)} if split else {}
+    words = [sum(c.boundary == "word" for c in row.plan.chunks) for row in split]
+    out = {"split_rows": len(split), "chunks": sum(len(row.parts) for row in split),
+           "word_split_rows": sum(n > 0 for n in words), "word_cuts": sum(words),
+           "chunk_retries": sum(row.retries() for row in split)} if split else {}
     return out if written_rows is None else {**out, "written_rows": written_rows}
