@@ -571,7 +571,7 @@ def run_command(argv: list[str] | None) -> int:
     """`main` without the SIGTERM handler: parse, run, and turn the errors users meet into one
     line and an exit code."""
     from engine import console
-    from engine.errors import ClusterUnreachable, GroupBuildError, JobFailed, ModelLoadError, Terminated
+    from engine.errors import TERMINATED, ClusterUnreachable, GroupBuildError, JobFailed, ModelLoadError, Terminated
     from engine.io.lease import LEASE_EXIT_CODE, LeaseHeld
     from engine.io.storage import StorageError
 
@@ -595,9 +595,10 @@ def run_command(argv: list[str] | None) -> int:
         print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        stopped = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        terminated = isinstance(exc, Terminated) or TERMINATED.is_set()  # Ray's waits re-raise it plainly
+        stopped = "terminated (SIGTERM)" if terminated else "interrupted"
         print(f"{stopped}: committed shards are kept; rerun the same command to resume", file=sys.stderr)
-        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     return 2
 
 

@@ -25,7 +25,7 @@ import socket
 
 import ray
 
-from engine.errors import ClusterUnreachable, raise_terminated
+from engine.errors import TERMINATED, ClusterUnreachable, Terminated, raise_terminated
 
 PROBE_TIMEOUT_S = 10.0
 
@@ -58,6 +58,11 @@ def init_ray(address: str | None = None, **kwargs) -> bool:
         ray.init(address=address, **kwargs)
     except ConnectionError as exc:  # e.g. Ray's client timing out on a ray:// address
         raise ClusterUnreachable(unreachable(address, target, str(exc).splitlines()[0])) from None
+    except SystemExit as exc:  # SIGTERM while Ray's init had its own handler (`sys.exit(15)`) in place
+        if sigterm is raise_terminated and exc.code == signal.SIGTERM:
+            TERMINATED.set()
+            raise Terminated() from None
+        raise
     finally:
         if sigterm is raise_terminated:  # the CLI's: Ray's init replaces it with an abort
             signal.signal(signal.SIGTERM, sigterm)

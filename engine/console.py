@@ -21,7 +21,12 @@ def configure(verbose: bool = False) -> None:
     """Set the command line's verbosity; call before Ray, transformers or huggingface_hub load."""
     global _cli, _verbose
     _cli, _verbose = True, verbose
-    if verbose:
+    if verbose:  # the engine's own log (e.g. Ray's whole report of a worker's death) on stderr
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        engine_log = logging.getLogger("engine")
+        engine_log.addHandler(handler)
+        engine_log.setLevel(logging.INFO)
         return
     logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
     if not sys.stderr.isatty():

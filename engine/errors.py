@@ -5,6 +5,7 @@ Each is raised by the module named in its docstring, which also exports it."""
 from __future__ import annotations
 
 import difflib
+import threading
 from collections.abc import Iterable
 
 
@@ -30,8 +31,13 @@ class Terminated(KeyboardInterrupt):
     committed shards kept."""
 
 
+TERMINATED = threading.Event()  # set by `raise_terminated`: the stop was a SIGTERM, whatever re-raised it
+
+
 def raise_terminated(signum, frame) -> None:
-    """The CLI's SIGTERM handler (`signal.signal`)."""
+    """The CLI's SIGTERM handler (`signal.signal`). It also records the signal (`TERMINATED`):
+    code it interrupts (Ray's waits) may turn the exception into a plain KeyboardInterrupt."""
+    TERMINATED.set()
     raise Terminated()
 
 

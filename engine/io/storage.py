@@ -533,6 +533,53 @@ class Storage:
 
         return self._s3_call(loc, "create", put)
 
+    def read_versioned(self, uri: str) -> tuple[bytes, str | None] | None:
+        """`uri`'s bytes and version (an object's ETag; None for files, which `write_if` does not
+        compare), or None if it does not exist."""
+        loc = parse(uri)
+        if loc.scheme != "s3":
+            return (self.read_bytes(uri), None) if self.exists(uri) else None
+        from botocore.exceptions import ClientError
+
+        def get() -> tuple[bytes, str | None] | None:
+            try:
+                got = self.s3.get_object(Bucket=loc.bucket, Key=loc.path)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return None
+                raise
+            return got["Body"].read(), got["ETag"]
+
+        return self._s3_call(loc, "read", get)
+
+    def write_if(self, uri: str, data: bytes, version: str | None) -> bool:
+        """Write `uri` only if it is still as read (`read_versioned`): on S3 a conditional PUT,
+        `If-Match: version`, or `If-None-Match: *` for `version` None (it did not exist); other
+        stores write (their callers hold a lock, or accept check-then-write).
+
+        Returns:
+            False when the object changed (or appeared) since it was read.
+        """
+        loc = parse(uri)
+        if loc.scheme != "s3":
+            self.write_bytes(uri, data)
+            return True
+        from botocore.exceptions import ClientError
+
+        condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
+
+        def put() -> bool:
+            try:
+                self.s3.put_object(Bucket=loc.bucket, Key=loc.path, Body=data, **condition)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict",
+                                                                  "NoSuchKey"):
+                    return False
+                raise
+            return True
+
+        return self._s3_call(loc, "write", put)
+
     def refresh(self, uri: str, data: bytes) -> bool:
         """Mark `uri`, which holds `data`, as modified now (a lease's renewal): a local file's
         modification time is set (no space needed: it works on a full disk); an object is

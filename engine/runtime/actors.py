@@ -6,6 +6,7 @@ import ray
 
 from engine.config import JobSpec
 from engine.groups.csr import SpeechGroups
+from engine.io.lease import Fence
 from engine.runtime.plan import Shard
 
 
@@ -42,8 +43,8 @@ class SynthesisWorker:
             self.processor.warmup()
         return self.processor.info()
 
-    def process(self, shard: Shard, attempt: int) -> dict:
-        return self.processor.process(shard, attempt)
+    def process(self, shard: Shard, attempt: int, fence: Fence | None = None) -> dict:
+        return self.processor.process(shard, attempt, fence)
 
 
 def worker_options(spec: JobSpec) -> dict:

@@ -15,14 +15,16 @@ from tqdm.auto import tqdm
 from engine.config import JobSpec
 from engine.connect import init_ray
 from engine.console import bar_disabled, counted
+from engine.errors import JobFailed
 from engine.io.formats import finish_output
-from engine.io.lease import LeaseHeld, OutputLease
+from engine.io.lease import Fenced, FencedStorage, LeaseHeld, OutputLease
 from engine.io.storage import Storage, StorageError
 from engine.runtime.family import with_family
 from engine.runtime.plan import Layout, make_plan
-from engine.runtime.pool import IdleWorkers, JobFailed, WorkerPool
+from engine.runtime.pool import IdleWorkers, WorkerPool
 from engine.runtime.preflight import check_groups_file, check_resume, finished_summary, needs_groups, preflight
 from engine.runtime.summary import (
+    commit_span,
     failure_line,
     lease_lost_line,
     progress_postfix,
@@ -112,12 +114,20 @@ class JobRunner:
             spec = self.spec
             with OutputLease(storage, layout.root, spec.output.lease_stale_s, job=spec.name, wait=self.wait,
                              notify=self.notify) as lease:
-                started = self.start()
+                # every write to the output from here on is refused once another driver holds it
+                self.storage = FencedStorage(storage, lease.fence)
+                try:
+                    started = self.start()
+                except BaseException:
+                    lease.keep_record = not made  # refused on an output this run created: nothing left there
+                    raise
                 refused = False
                 return self.execute(lease, *started)
         except LeaseHeld:
             refused = False  # the output is another driver's: nothing of it is this run's to remove
             raise
+        except Fenced as exc:  # a write of the driver's own (the job record, the summary) refused
+            raise JobFailed(f"{exc}; stopped so that two drivers never write one output at once") from None
         finally:
             for folder in made if refused else []:  # refused before any work: no output folder left behind
                 storage.remove_empty_folders(folder)
@@ -154,6 +164,9 @@ class JobRunner:
                       "was committed before; nothing to run. The summary of the run that finished the job:")
                 print(summary_table(previous))
             return previous
+        if not todo and self.progress:  # a driver stopped after its last commit: the summary from the records
+            print(f"{spec.name}: every shard of {spec.output.uri} ({counted(len(plan.shards), 'shard')}) was "
+                  "committed before, but no summary was written; writing it from the commit records:")
         started = time.perf_counter()
         records: list[dict] = []
         report = None
@@ -179,18 +192,27 @@ class JobRunner:
                     self.on_commit(record)
 
             def halt() -> str | None:
-                return f"lost the lease on {spec.output.uri}: {lease.lost}" if lease.lost else None
+                return lease.lost
 
             pool = WorkerPool(spec, ray.put(groups) if groups is not None else None, commit, self.warmup,
-                              notify=self.notify, idle=self.idle, halt=halt)
+                              notify=self.notify, idle=self.idle, halt=halt, fence=lease.fence)
             try:
                 report = pool.run(todo)
             finally:
                 bar.close()
         all_records = [json.loads(storage.read_bytes(layout.commit(s))) for s in plan.shards
                        if storage.exists(layout.commit(s))]
-        summary = summarize(spec, plan, all_records, records, report, len(committed),
-                            time.perf_counter() - started, setup_s)
+        taken_over = lease.lost or (report is not None and report.fenced > 0)
+        if taken_over:  # what this driver committed, not its successor's commits
+            all_records = [r for r in all_records
+                           if r["shard"] in committed or r.get("lease_generation") == lease.gen]
+        wall_s = time.perf_counter() - started
+        if not todo:  # nothing ran now: the figures of the runs that committed the shards
+            records, wall_s = all_records, commit_span(all_records)
+        summary = summarize(spec, plan, all_records, records, report, len(committed), wall_s, setup_s)
+        if not todo:
+            summary["shards"]["run_now"] = 0
+            summary["figures_from"] = "the commit records of the runs that committed the shards"
         summary["family"] = self.family.name
         if expansion is not None:
             summary["augment"] = expansion.to_dict()
@@ -198,10 +220,11 @@ class JobRunner:
             summary["numerics_change_allowed"] = numerics_changes
         summary["warnings"] = plan.warnings()
         summary["driver_storage_retries"] = storage.retries
-        if lease.lost:  # another driver may hold the output now: the summary is its to write
+        if taken_over:  # another driver may hold the output now: the summary is its to write
+            summary["shards"]["fenced"] = report.fenced if report is not None else 0
             if self.progress:
                 print(summary_table(summary))
-            raise JobFailed(lease_lost_line(summary, f"lost the lease on {spec.output.uri}: {lease.lost}",
+            raise JobFailed(lease_lost_line(summary, f"lost the lease on {spec.output.uri}: {lease.taken_over()}",
                                             self.rerun))
         if len(all_records) == len(plan.shards):
             summary["output_files"] = self.finish_output([s.id for s in plan.shards], summary)

@@ -12,11 +12,14 @@ was lost), the pool asks the autoscaler for capacity and waits up to
 `resources.capacity_wait_s` for nodes to join; committed shards are kept meanwhile. A write
 that failed for a lasting reason (`WriteFailed`: no space left, a quota, a read-only output) is
 not retried: the pool stops handing out shards and ends, as it does when its caller's `halt`
-says so (the driver lost its lease on the output).
+says so (the driver lost its lease on the output) and when a worker's write was refused because
+another driver has taken the output over (`Fenced`: counted, never retried). A worker's death and
+a shard's last failure are said in one line each, cause first (Ray's full text goes to the log).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
 import time
@@ -30,10 +33,12 @@ from ray.exceptions import RayActorError, RayTaskError
 from engine.config import JobSpec
 from engine.console import counted
 from engine.errors import JobFailed
+from engine.io.lease import Fence, Fenced
 from engine.io.storage import WriteFailed, backoff_s
 from engine.runtime.actors import SynthesisWorker, cluster_capacity, worker_options
 from engine.runtime.plan import Shard
 
+log = logging.getLogger(__name__)
 START_TIMEOUT_S = 900.0  # loading an 8B target from object storage takes minutes
 POLL_S = 5.0  # longest wait for an event before the pool looks at the cluster again
 
@@ -100,6 +105,7 @@ class PoolReport:
     last_commit: float | None = None
     placements: dict[str, dict] = field(default_factory=dict)  # worker -> where it loaded
     stopped: str | None = None  # why the pool stopped before its shards were done (a lasting write failure...)
+    fenced: int = 0  # shards whose writes were refused: another driver holds the output now
     remedy: str | None = None  # what to do about it, where known (`WriteFailed.remedy`)
 
     @property
@@ -123,12 +129,16 @@ class WorkerPool:
             at the end (a sweep's points); None: every worker is started for this job and
             retired at its end.
         halt: asked between events: a reason to stop now (None: go on).
+        fence: the driver's lease, sent with every shard: the workers' writes are refused once
+            another driver holds the output (None: unchecked).
     """
 
     def __init__(self, spec: JobSpec, groups_ref, on_commit: Callable[[dict], None],
                  warmup: bool = False, notify: Callable[[str], None] | None = None,
-                 idle: IdleWorkers | None = None, halt: Callable[[], str | None] | None = None) -> None:
+                 idle: IdleWorkers | None = None, halt: Callable[[], str | None] | None = None,
+                 fence: Fence | None = None) -> None:
         self.spec, self.groups_ref, self.on_commit, self.idle = spec, groups_ref, on_commit, idle
+        self.fence = fence
         self.halt = halt or (lambda: None)
         self.notify = notify or (lambda text: print(text, file=sys.stderr, flush=True))
         self.warmup = warmup
@@ -261,7 +271,7 @@ class WorkerPool:
                     if self.report.first_dispatch is None:
                         self.report.first_dispatch = time.monotonic()
                     self.attempts[shard.id] = self.attempts.get(shard.id, 0) + 1
-                    ref = self.actors[slot].process.remote(shard, self.attempts[shard.id])
+                    ref = self.actors[slot].process.remote(shard, self.attempts[shard.id], self.fence)
                     self.inflight[ref] = (slot, shard)
                 self.free.extend(over_share)
                 if self.live() < self.target and self.work_left():
@@ -306,12 +316,19 @@ class WorkerPool:
         return self.report
 
     def stop(self, reason: str) -> None:
-        """End the job here: every shard not committed yet fails with `reason` (the workers are
-        retired as the pool ends; a rerun does those shards)."""
+        """End the job here: results already back count (commits made, writes refused), every
+        other shard not committed yet fails with `reason` (the workers are retired as the pool
+        ends; a rerun does those shards)."""
         self.report.stopped = reason
-        for shard in [*self.pending, *(s for _, s in self.delayed), *(s for _, s in self.inflight.values())]:
-            self.report.failed.setdefault(shard.id, f"not run: {reason}")
+        unsent = [*self.pending, *(s for _, s in self.delayed)]
         self.pending.clear()
+        self.delayed.clear()
+        if self.inflight:
+            done, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0)
+            for ref in done:
+                self.on_finished(ref)
+        for shard in [*unsent, *(s for _, s in self.delayed), *(s for _, s in self.inflight.values())]:
+            self.report.failed.setdefault(shard.id, f"not run: {reason}")
         self.delayed.clear()
         self.inflight.clear()
 
@@ -351,20 +368,33 @@ class WorkerPool:
             record = ray.get(ref)
         except (RayActorError, RayTaskError) as exc:
             died = isinstance(exc, RayActorError)
+            first_news = died and slot in self.actors  # its other shards' failures follow
             if died:
                 self.actors.pop(slot, None)
                 self.free = deque(s for s in self.free if s != slot)  # its other shards fail too
             else:
                 self.room_back(slot)  # only this shard failed
             cause = getattr(exc, "cause", None)
-            if isinstance(cause, WriteFailed):  # no space, quota, read-only: retries would fail alike
+            log.info("shard %s on worker w%s: %s", shard.id, slot, exc)  # Ray's whole text (--verbose)
+            if isinstance(cause, Fenced):  # another driver holds the output: never retried here
+                self.report.fenced += 1
+                self.report.failed[shard.id] = "not committed: the output was taken over by another driver"
+                if self.report.stopped is None:
+                    self.report.stopped = str(cause)
+            elif isinstance(cause, WriteFailed):  # no space, quota, read-only: retries would fail alike
                 self.report.failed[shard.id] = str(cause)
                 if self.report.stopped is None:
                     self.report.stopped, self.report.remedy = str(cause), cause.remedy
             elif self.attempts[shard.id] <= self.spec.resources.max_retries:
                 self.retry_later(shard)
             else:
-                self.report.failed[shard.id] = first_line(exc)
+                self.report.failed[shard.id] = cause_line(exc)
+                self.notify(f"shard {shard.id} failed after {counted(self.attempts[shard.id], 'attempt')}: "
+                            f"{cause_line(exc)}")
+            if first_news:
+                held = 1 + sum(1 for s, _ in self.inflight.values() if s == slot)
+                self.notify(f"worker w{slot} died ({cause_line(exc)}) holding {counted(held, 'shard')}, "
+                            "retried up to resources.max_retries times (--verbose prints Ray's report)")
             if died:
                 self.replace()
             return
@@ -382,9 +412,28 @@ class WorkerPool:
                 self.retire(slot)
 
 
-def first_line(exc: BaseException) -> str:
-    """The most telling line of a (possibly Ray-wrapped) error."""
+CAUSE_WIDTH = 160  # characters of a cause in the pool's own lines (Ray's whole text goes to the log)
+
+
+def first_line(exc: BaseException, width: int = 500) -> str:
+    """The most telling line of a (possibly Ray-wrapped) error, cut at a word within `width`."""
     text = str(getattr(exc, "cause", None) or exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line.split(":")[0]]
-    return (errors[-1] if errors else lines[-1] if lines else type(exc).__name__)[:500]
+    line = errors[-1] if errors else lines[-1] if lines else type(exc).__name__
+    return line if len(line) <= width else line[:width].rsplit(" ", 1)[0] + " ..."
+
+
+def cause_line(exc: BaseException) -> str:
+    """Why a worker died or a shard failed, in a few words first: the worker ran out of memory,
+    was killed, exited; else the error's most telling line, cut at a word."""
+    if isinstance(exc, RayActorError):
+        text = str(exc)
+        if "OutOfMemoryError" in text or "out of memory" in text.lower() or "memory monitor" in text:
+            return "out of memory, the node's memory monitor killed it: lower shards_held or batch_size"
+        if "SIGKILL" in text or "killed" in text.lower():
+            return "its process was killed"
+        if "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):
+            return "its node died"
+        return "its process exited unexpectedly"
+    return first_line(exc, CAUSE_WIDTH)

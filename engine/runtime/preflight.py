@@ -22,8 +22,8 @@ from pathlib import Path
 from engine.config import DecodingSettings, InputSpec, JobSpec, QualitySpec, TextSpec
 from engine.console import counted
 from engine.decoding.admission import CHARS_PER_SECOND, expected_tokens
-from engine.families import Family, SpeechLayout
-from engine.io.lease import OutputLease, process_gone
+from engine.families import Family, SpeechLayout, check_max_new_tokens
+from engine.io.lease import OutputLease
 from engine.io.manifest import ManifestRow, RowError, validate
 from engine.io.storage import Storage, StorageError, join, parse, relative_to
 from engine.runtime import numerics
@@ -244,9 +244,9 @@ def finished_summary(storage: Storage, layout: Layout, plan: Plan) -> dict | Non
 class RowCheck:
     """Every manifest row validated as a worker validates it (the plan's `inspect` hook), with
     what a worker finds besides: a duplicate id, per-row settings that are invalid together with
-    the job's, a voice-prompt clip that is not there; and each row's text normalised and planned
-    as a worker plans it (`planner`; prompts estimated without the tokenizer, a voice prompt
-    given as a clip counted without its codes)."""
+    the job's (a budget above the model's context among them), a voice-prompt clip that is not
+    there; and each row's text normalised and planned as a worker plans it (`planner`; prompts
+    estimated without the tokenizer, a voice prompt given as a clip counted without its codes)."""
 
     storage: Storage
     decoding: DecodingSettings
@@ -260,6 +260,9 @@ class RowCheck:
     long: int = 0  # rows to decode whose text (or a chunk's) takes longer to say than their max_new_tokens allows
     split: int = 0  # rows whose text would be cut into chunks
     chunks: int = 0  # the chunks of those rows
+    word_rows: int = 0  # split rows cut between words somewhere (a clause too long for the budget)
+    word_cuts: int = 0  # the cuts between words
+    uncuttable: int = 0  # long rows whose budget leaves no room for any piece of text: decoded whole
     _clips: dict = field(default_factory=dict)  # clip URI -> exists
 
     def error(self, source: str, ident: str | None, why: str) -> None:
@@ -272,7 +275,8 @@ class RowCheck:
         if first is not None:
             return f"duplicate id (first at {first})"
         try:
-            self.decoding.with_overrides(row.overrides())
+            own = self.decoding.with_overrides(row.overrides())
+            check_max_new_tokens(own.max_new_tokens, self.family.context, self.family.name)
             self.family.check_voice(row.voice)  # what the family's prompter refuses of a row
             if row.prompt_codes is not None:
                 self.family.check_voice_prompt(self.layout, row.prompt_text, row.prompt_codes)
@@ -306,9 +310,13 @@ class RowCheck:
             texts = [chunk.text for chunk in prepared.plan.chunks]
             if prepared.split:
                 self.split, self.chunks = self.split + 1, self.chunks + len(texts)
+            words = prepared.plan.boundaries.count("word")
+            self.word_rows, self.word_cuts = self.word_rows + (words > 0), self.word_cuts + words
         needed = [expected_tokens(text, None, self.planner.codes_per_second) for text in texts]
         self.tokens += sum(min(n, limit) for n in needed)
-        self.long += any(n > limit for n in needed)
+        long = any(n > limit for n in needed)
+        self.long += long
+        self.uncuttable += long and not self.planner.cuttable(limit)
 
 
 def gate_cost(spec: JobSpec, tokens: int, codes_per_second: float) -> dict | None:
@@ -329,7 +337,7 @@ def lease_holder(spec: JobSpec, storage: Storage, root: str) -> str | None:
     """Who holds the output's lease now, as a second driver would be told (None: nobody, or a
     holder that a run would take over: stale, or a process of this machine that is gone)."""
     holder = OutputLease(storage, root, spec.output.lease_stale_s).latest_readable()
-    if holder is None or holder.stale or process_gone(holder.record):
+    if holder is None or not holder.holds:
         return None
     return holder.describe(time.time())
 
@@ -370,6 +378,8 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
         "workers": resources.workers, "batch_size": resources.batch_size,
         "estimated_tokens": check.tokens, "rows_too_long": check.long,
         "text": {"split": spec.text.split, "rows_split": check.split, "chunks": check.chunks,
+                 "rows_split_at_words": check.word_rows, "word_cuts": check.word_cuts,
+                 "rows_uncuttable": check.uncuttable, "least_cuttable": planner.least_cuttable(),
                  "normalize": spec.text.normalize, "output_format": spec.output.format},
         "estimated_audio_hours": round(check.tokens / rate / 3600, 4),
         "quality": gate_cost(spec, check.tokens, rate), "fingerprint": plan.fingerprint})
@@ -434,12 +444,26 @@ def dry_run_text(report: dict) -> str:
         lines.append(f"  split      {counted(text['rows_split'], 'row')} would be split into "
                      f"{counted(text['chunks'], 'chunk')} (text.split {text['split']}; estimated: prompts "
                      "counted without the tokenizer, a voice-prompt clip without its codes)")
+    if text.get("rows_split_at_words"):
+        lines.append(f"  words      {counted(text['rows_split_at_words'], 'row')} would be cut between words "
+                     f"({counted(text['word_cuts'], 'word cut')}): a clause takes longer to say than max_new_tokens "
+                     "allows, so chunks would end mid-phrase; raise decoding.max_new_tokens (or the row's own) or "
+                     "punctuate the texts")
     if report["rows_too_long"]:
-        lines.append(f"  length     {counted(report['rows_too_long'], 'row')} to decode take longer to say than "
-                     f"max_new_tokens allows (at {CHARS_PER_SECOND:g} characters a second, "
-                     f"{fam['codes_per_second']:g} codes a second): their audio would likely be cut at the limit; "
-                     "raise decoding.max_new_tokens (or the row's own)"
-                     + (" or split the texts (text.split)" if text["split"] == "none" else ""))
+        said = (f"  length     {counted(report['rows_too_long'], 'row')} to decode take longer to say than "
+                f"max_new_tokens allows (at {CHARS_PER_SECOND:g} characters a second, {fam['codes_per_second']:g} "
+                "codes a second)")
+        if text["split"] == "none":
+            said += (": their audio would likely be cut at the limit; raise decoding.max_new_tokens (or the row's "
+                     "own) or split the texts (text.split)")
+        else:
+            said += " and cannot be cut into chunks that do"
+            if whole := text.get("rows_uncuttable", 0):
+                kept = "decodes them whole" if text["split"] == "auto" else "cuts them at sentences only"
+                said += (f"; {whole} of them because a max_new_tokens below {text['least_cuttable']} leaves no "
+                         f"room for any text beside the two seconds of headroom, so text.split {text['split']} {kept}")
+            said += ": their audio would likely be cut at the limit; raise decoding.max_new_tokens (or the row's own)"
+        lines.append(said)
     if q := report.get("quality"):
         low, high = q["decodes_per_row"]
         times = f"{low} time{'s' * (low != 1)}" if low == high else f"{low} to {high} times"

@@ -120,6 +120,24 @@ def steady(records: list[dict], report) -> dict:
             "audio_s_per_s": round(sum(r["audio_seconds"] for r in records) / seconds, 3)}
 
 
+def commit_span(records: list[dict]) -> float:
+    """Seconds the workers spent on `records`' shards, from the records alone (a driver that
+    finds every shard committed but no summary): the union of each shard's time in its worker
+    (`committed_at - wall_s` to `committed_at`), gaps between runs left out; records without a
+    commit time count their busiest worker's time."""
+    if records and all("committed_at" in r for r in records):
+        spans = sorted((r["committed_at"] - r["wall_s"], r["committed_at"]) for r in records)
+        total, end = 0.0, float("-inf")
+        for start, stop in spans:
+            total += max(0.0, stop - max(start, end))
+            end = max(end, stop)
+        return total
+    busy: dict[str, float] = {}
+    for r in records:
+        busy[r.get("worker", "?")] = busy.get(r.get("worker", "?"), 0.0) + busy_of(r)
+    return max(busy.values(), default=0.0)
+
+
 def gamma_decisions(records: list[dict]) -> list[dict]:
     """Distinct `gamma: auto` decisions of this run's workers (what was chosen and why)."""
     seen: dict[tuple, dict] = {}
@@ -203,6 +221,11 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "chunks": sum(r.get("chunks", 0) for r in all_records),
         "chunk_rows": (sum(r.get("written_rows", 0) for r in all_records)  # split_output: rows
                        if any("written_rows" in r for r in all_records) else None),
+        # split rows cut below clauses (a clause too long for its budget), and their word cuts
+        "rows_split_at_words": sum(r.get("word_split_rows", 0) for r in all_records),
+        "word_cuts": sum(r.get("word_cuts", 0) for r in all_records),
+        # chunks decoded again after ending without a speech code (text.chunk_retries)
+        "chunk_retries": sum(r.get("chunk_retries", 0) for r in all_records),
         "audio_seconds": round(audio, 3),
         "audio_hours": round(audio / 3600, 5),
         "generated_tokens": tokens,
@@ -280,6 +303,9 @@ def summary_table(s: dict) -> str:
     if s.get("rows_split"):
         rows_line += (f"; {counted(s['rows_split'], 'long text')} split into {counted(s['chunks'], 'chunk')}"
                       + (f" ({s['chunk_rows']} rows written)" if s.get("chunk_rows") is not None else ""))
+    if s.get("chunk_retries"):
+        rows_line += (f"; {counted(s['chunk_retries'], 'chunk retry', 'chunk retries')} (a chunk that ended "
+                      "without speech decoded again, text.chunk_retries)")
     empty = s["utilisation"].get("empty_slots")
     rows = [
         ("job", f"{s['job']} -> {s['output']}" + (f" ({s['family']} model family)" if s.get("family") else "")),
@@ -287,7 +313,8 @@ def summary_table(s: dict) -> str:
         ("rows", rows_line),
         *([("failed rows", failed_rows_line(s))] if s.get("failed_examples") else []),
         ("shards", f"{sh['committed']}/{sh['total']} committed ({sh['committed_before']} before this run, "
-                   f"{counted(sh['retries'], 'retry', 'retries')}, {sh['failed']} failed)"),
+                   f"{counted(sh['retries'], 'retry', 'retries')}, {sh['failed']} failed"
+                   + (f", {sh['fenced']} refused: the output was taken over" if sh.get("fenced") else "") + ")"),
         ("audio", f"{s['audio_seconds']:.1f} s ({s['audio_hours']:.4f} h)"),
         ("tokens", f"{s['generated_tokens']} in {s['target_calls']} target calls"),
         ("acceptance", f"{acc} (mean accepted length {s['mean_accepted_length']:.2f})"),
@@ -299,7 +326,10 @@ def summary_table(s: dict) -> str:
                            f"{empty['other_decoders']}, end of work {empty['end_of_work']} (shares of all slots)")]
           if empty else []),
         ("throughput", f"{s['throughput']['tokens_per_s']} tok/s, {s['throughput']['audio_s_per_s']} "
-                       f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"),
+                       + (f"audio s/s this run (wall {s['wall_s']:.1f} s, of which setup {s['setup_s']:.1f} s)"
+                          if not s.get("figures_from") else
+                          f"audio s/s over {s['wall_s']:.1f} s of decoding (from the commit records: no shard "
+                          "ran in this run)")),
     ]
     if r := s.get("rounds"):
         device = f", device {r['device_ms_per_round']} ms" if r["device_ms_per_round"] else ""
@@ -317,6 +347,8 @@ def summary_table(s: dict) -> str:
                                 f"{q['verify_wait_s']} s"))
     for text in s.get("warnings", []):
         rows.append(("warning", text))
+    if s.get("rows_split_at_words"):
+        rows.append(("warning", words_warning(s["rows_split_at_words"], s["word_cuts"])))
     for w in sh.get("capacity_waits", []):
         rows.append(("capacity", f"waited {w['waited_s']} s for nodes: {w['outcome']}"))
     if s.get("numerics_change_allowed"):
@@ -341,6 +373,13 @@ def summary_table(s: dict) -> str:
                                            f"{where['device']} gpus={where['gpu_ids']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def words_warning(rows: int, cuts: int) -> str:
+    """What a job's summary says once of its rows cut below clauses (the dry run says it beforehand)."""
+    return (f"{counted(rows, 'long text')} cut between words ({counted(cuts, 'word cut')}): a clause takes "
+            "longer to say than max_new_tokens allows, so chunks end mid-phrase; raise "
+            "decoding.max_new_tokens (or the row's own) or punctuate the texts")
 
 
 ERROR_WIDTH = 100  # characters of an error the summary table shows (summary.json keeps it whole)
@@ -397,5 +436,8 @@ def failure_line(summary: dict, stopped: str | None, remedy: str | None, unwritt
 def lease_lost_line(summary: dict, lost: str, rerun: str | None) -> str:
     """The line of a driver that lost its output's lease (another driver took it over, or it could
     not renew it): it stopped so that two drivers never write one output at once."""
-    return (f"{lost}; stopped with {kept(summary)} so that two drivers never write one output at once; "
+    fenced = summary["shards"].get("fenced", 0)
+    refused = f"{counted(fenced, 'shard')} of its workers refused after the takeover; " if fenced else ""
+    return (f"{lost}; {refused}stopped with {kept(summary)} by this driver so that two drivers never write "
+            "one output at once; "
             f"{then_rerun(rerun, ' to resume (it waits for or refuses a driver still running)')}")

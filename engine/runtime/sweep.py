@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.config import JobSpec
-from engine.io.lease import OutputLease
+from engine.io.lease import FencedStorage, OutputLease
 from engine.io.storage import Storage, join
 from engine.runtime.actors import worker_options
+from engine.runtime.family import with_family
 from engine.runtime.job import JobRunner
 from engine.runtime.pool import IdleWorkers
 from engine.runtime.preflight import preflight
@@ -79,13 +80,22 @@ def run_sweep(spec: JobSpec, address: str | None = None, progress: bool = True, 
         wait: if another driver holds the sweep's output, wait for it instead of refusing.
 
     Raises:
-        ValueError: a model (a pair's included) missing or the output not writable, before any
-            point runs; LeaseHeld: another driver runs this sweep (and `wait` is off).
+        ValueError: a model (a pair's included) missing, of no known family or with a context
+            below `decoding.max_new_tokens`, or the output not writable, before any point runs;
+            LeaseHeld: another driver runs this sweep (and `wait` is off).
     """
     storage = Storage(spec.storage)
-    preflight(spec, storage)
-    with OutputLease(storage, spec.output.uri, spec.output.lease_stale_s, job=spec.name, wait=wait):
-        return run_points(spec, storage, address, progress)
+    made = storage.absent_folders(spec.output.uri)  # local folders the writability probe creates
+    try:
+        preflight(spec, storage)
+        for target in dict.fromkeys(p["pair"].target for p in points(spec)):  # what each point's job checks first
+            with_family(spec.model_copy(update={"models": spec.models.model_copy(update={"target": target})}), storage)
+    except ValueError:
+        for folder in made:  # refused before any work: no output folder left behind
+            storage.remove_empty_folders(folder)
+        raise
+    with OutputLease(storage, spec.output.uri, spec.output.lease_stale_s, job=spec.name, wait=wait) as lease:
+        return run_points(spec, FencedStorage(storage, lease.fence), address, progress)  # its writes fenced
 
 
 def run_points(spec: JobSpec, storage: Storage, address: str | None, progress: bool) -> dict:

@@ -26,6 +26,7 @@ from engine.api import Synthesizer
 from engine.config import JobSpec, QualitySpec
 from engine.families import family_settings
 from engine.groups.csr import SpeechGroups
+from engine.io.lease import Fence
 from engine.io.storage import Storage
 from engine.models.device import resolve_device
 from engine.models.malloc import described as malloc_described
@@ -237,11 +238,19 @@ class ShardProcessor:
         thread (runtime/threads.py), once per clip content (the models' prompt cache)."""
         return self.stream.on_io_thread(lambda: self.models.prompt_cache.encode(self.codec, wave)).result()
 
-    def submit(self, shard: Shard, attempt: int = 1) -> Future:
+    def submit(self, shard: Shard, attempt: int = 1, fence: Fence | None = None) -> Future:
         """Hand a shard to the pipeline; the future resolves to its commit record (or to the
         error that failed it). Its read and prepare stages run here, on the caller's thread,
-        while the decode loop decodes other shards."""
+        while the decode loop decodes other shards. With a `fence` (the driver's lease), the
+        shard is refused at once if a newer driver holds the output, and every write it makes is
+        checked (`WriteStage`).
+
+        Raises:
+            Fenced: a newer driver holds the output.
+        """
         received = time.perf_counter()
+        if fence is not None:
+            fence.check(self.storage)  # nothing decoded for a driver that lost its lease
         self.stream.hold()
         try:
             with self._prepare_lock:
@@ -249,11 +258,11 @@ class ShardProcessor:
         except BaseException:
             self.stream.release()
             raise
-        return self.stream.submit(ShardTask(shard, attempt, rows, received))
+        return self.stream.submit(ShardTask(shard, attempt, rows, received, fence=fence))
 
-    def process(self, shard: Shard, attempt: int = 1) -> dict:
+    def process(self, shard: Shard, attempt: int = 1, fence: Fence | None = None) -> dict:
         """Synthesize one shard, write its files, then its commit record."""
-        return self.submit(shard, attempt).result()
+        return self.submit(shard, attempt, fence).result()
 
     def close(self) -> None:
         """End this processor's threads, the models' decode thread and verifier processes included."""

@@ -1,5 +1,5 @@
 """Helpers shared by the job tests: specs over the kit, reading a job's output, a small real
-filesystem to fill, NeMo's manifests read as NeMo reads them."""
+filesystem to fill, NeMo's manifests read as NeMo reads them, a text of two minutes' speech."""
 
 from __future__ import annotations
 
@@ -19,6 +19,30 @@ import soundfile as sf
 
 from engine.config import JobSpec
 from engine.io.storage import Storage
+
+# three paragraphs, about two minutes of speech (1,812 characters): sentences, clauses, abbreviations
+PARAGRAPHS = [
+    "The harbour was quiet before dawn. Fishing boats rocked at their moorings, and the gulls had not "
+    "yet begun their morning quarrels. Dr. Ellis walked along the pier with a thermos of coffee, "
+    "counting the boats as she always did. Twelve were in; two were still out. She checked her watch "
+    "and frowned, because the weather report had promised a calm night and the sea had not agreed.",
+    "By six o'clock the first of the missing boats came around the point. Its engine coughed and "
+    "sputtered, but it held a steady course toward the harbour mouth. The skipper waved from the "
+    "wheelhouse, and Ellis waved back, relieved. The second boat was another matter. Nobody had heard "
+    "from it since midnight, and the radio answered every call with static and nothing else. Ellis "
+    "climbed the steps to the harbour office, where the old radio sat on a shelf by the window. She tried "
+    "the distress channel, then the working channel, then the channel the skippers used for gossip. "
+    "Nothing came back. Outside, the wind had dropped, and the water in the harbour lay flat and grey "
+    "like a sheet of tin. She wrote the time in the log, put the kettle on, and waited for the others.",
+    "At half past seven the coast guard launched a search. Volunteers gathered at the harbour office "
+    "with charts and binoculars, and the baker brought bread nobody felt like eating. Shortly before "
+    "noon a spotter plane found the boat drifting ten miles south, its crew tired and cold but safe. "
+    "That evening the whole village came down to the pier to watch it towed home, and nobody spoke "
+    "much, because nothing needed saying. The gulls, at last, resumed their quarrels overhead, as if "
+    "to say that the ordinary business of the world could now go on. Ellis poured the last of her "
+    "coffee into the water and went home to sleep for a very long time, dreaming of nothing at all.",
+]
+
 
 
 def write_manifest(path: Path, rows: list[dict | str]) -> Path:
@@ -157,3 +181,10 @@ class NemoManifest:
             for entry in cls.lines(Path(path)):
                 out.append((entry, members[(entry["shard_id"], entry["audio_filepath"])]))
         return out
+
+
+def lease_released(output: Path) -> bool:
+    """Whether the output's lease was let go: its newest lease file alone is left, marked
+    released (the fence of any older holder keeps refusing writes)."""
+    files = sorted((Path(output) / "_lease").glob("*.json"))
+    return len(files) == 1 and bool(json.loads(files[0].read_text()).get("released"))

@@ -7,6 +7,7 @@ import collections
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,6 +131,24 @@ def test_a_finished_job_rerun_prints_its_figures_again(finished_job, capsys):
     assert ("reached the token limit before the end of speech (audio cut there; decoding.max_new_tokens "
             "is 16, decoding.max_speech_ratio 1.5)") in out
     assert f"{first['throughput']['tokens_per_s']} tok/s" in out  # the first run's figures, not nulls
+
+
+def test_a_finished_output_without_its_summary_gets_one_from_the_commit_records(finished_job, tmp_path, capsys):
+    """A driver stopped after its last commit leaves no summary.json: the next run writes a whole
+    one from the commit records (the figures of the runs that committed them), never nulls."""
+    spec, first = finished_job
+    shutil.copytree(spec.output.uri, tmp_path / "out")
+    (tmp_path / "out" / "summary.json").unlink()
+    moved = spec.model_copy(update={"output": spec.output.model_copy(update={"uri": str(tmp_path / "out")})})
+    summary = JobRunner(moved).run()
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
+    assert summary["figures_from"].startswith("the commit records")
+    assert summary["shards"]["run_now"] == 0 and summary["shards"]["committed_before"] == summary["shards"]["total"]
+    assert summary["rows_ok"] == first["rows_ok"] and summary["generated_tokens"] == first["generated_tokens"]
+    assert summary["throughput"]["tokens_per_s"] > 0 and summary["utilisation"]["worker_busy_fraction"] is not None
+    assert set(summary["workers"]) == set(first["workers"])
+    out = capsys.readouterr().out
+    assert "no summary was written; writing it from the commit records" in out and "None" not in out
 
 
 def test_eval_of_a_job_output_finds_its_manifests_and_codec(local_ray, kit_dir, tmp_path, groups_cache, kit_groups,

@@ -161,3 +161,19 @@ def test_a_result_read_after_its_workers_death_hands_that_worker_no_more_shards(
     assert committed == [{"shard": plan_shards[1].id}]
     assert 0 not in pool.actors and list(pool.free) == []
     assert [s.id for _, s in pool.delayed] == [plan_shards[0].id] and pool.report.retries == 1
+
+
+def test_a_workers_death_and_a_shards_failure_are_said_cause_first_in_under_200_characters():
+    from ray.exceptions import RayActorError
+
+    from engine.runtime.pool import cause_line, first_line
+
+    oom = RayActorError(error_msg="Task was killed due to the node running low on memory. " + "Memory details. " * 60
+                        + "ray.exceptions.OutOfMemoryError: consider provisioning more memory on this node")
+    assert cause_line(oom).startswith("out of memory") and len(cause_line(oom)) < 200
+    assert cause_line(RayActorError()) == "its process exited unexpectedly"
+    long = ValueError("chunk long#0030: " + "no speech codes to decode and more words " * 30)
+    line = cause_line(long)
+    assert len(line) < 200 and line.endswith(" ...") and line.startswith("chunk long#0030: no speech codes")
+    assert not line[:-4].endswith(("wor", "decod"))  # cut at a word, not inside one
+    assert first_line(ValueError("short")) == "short"

@@ -6,8 +6,12 @@ killed holding the lease: the rerun takes the lease over and resumes to the code
 uninterrupted run (float64); one stopped by SIGTERM releases it. The output's filesystem full
 mid-job (a real 8 MiB tmpfs, mounted by the test: it needs root, and is skipped without): one
 line naming the file and the cause, the summary of what was committed, no traceback; after space
-is freed the rerun completes with every row once. A job refused before any work leaves no
-output folder."""
+is freed the rerun completes with every row once, and a driver refused on the full disk leaves
+no lease folder. A job refused before any work leaves no output folder. SIGTERM while Ray
+starts and while the workers load: exit 143 in one line, lease released. A driver and its
+worker frozen (SIGSTOP) and replaced by a second driver, locally and on S3 (moto): the worker's
+writes after the takeover are refused and counted, the first driver names its successor in one
+line, every row is there once with an uninterrupted run's codes."""
 
 from __future__ import annotations
 
@@ -22,9 +26,19 @@ from pathlib import Path
 
 import pytest
 
+from engine.io.storage import Storage
 from engine.runtime.job import JobRunner
 
-from jobhelpers import comparable, fill, job_spec, read_output, small_filesystem, texts, write_manifest
+from jobhelpers import (
+    comparable,
+    fill,
+    job_spec,
+    lease_released,
+    read_output,
+    small_filesystem,
+    texts,
+    write_manifest,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 12
@@ -139,7 +153,8 @@ def test_files_and_folders_of_a_job_follow_the_umask(raced):
     spec, _ = raced
     output = Path(spec.output.uri)
     modes = {str(p.relative_to(output)): p.stat().st_mode & 0o777 for p in output.rglob("*")}
-    assert {name for name in modes if "/" not in name} == {"_commits", "data", "_job.json", "summary.json"}
+    assert {name for name in modes if "/" not in name} == {"_commits", "data", "_job.json", "_lease",
+                                                                "summary.json"}
     assert {m for name, m in modes.items() if (output / name).is_file()} == {0o644}  # umask 022
     assert {m for name, m in modes.items() if (output / name).is_dir()} | {output.stat().st_mode & 0o777} == {0o755}
 
@@ -168,7 +183,7 @@ def test_a_killed_drivers_lease_is_taken_over_and_the_job_resumes_identically(ra
     rows = read_output(spec)
     assert collections.Counter(r["id"] for r in rows) == collections.Counter(t["id"] for t in texts(ROWS))
     assert comparable(rows) == comparable(read_output(reference))
-    assert not (output / "_lease").exists()
+    assert lease_released(output)
 
 
 def test_a_terminated_driver_stops_in_one_line_and_releases_its_lease(kit_dir, manifest, tmp_path, launch):
@@ -186,7 +201,25 @@ def test_a_terminated_driver_stops_in_one_line_and_releases_its_lease(kit_dir, m
     assert [line for line in err.splitlines() if line.startswith("terminated")] == [
         "terminated (SIGTERM): committed shards are kept; rerun the same command to resume"]
     assert 2 <= len(commits(output)) < SHARDS, "the signal must land mid-job"
-    assert not (output / "_lease").exists()
+    assert lease_released(output)
+
+
+@pytest.mark.parametrize("phase,sign", [("ray start-up", "gcs_server"), ("model loading", "ray::SynthesisWorker")])
+def test_a_driver_terminated_before_its_first_commit_stops_in_one_line(phase, sign, kit_dir, manifest, tmp_path,
+                                                                       launch):
+    """SIGTERM while Ray starts (its GCS is up) and while the workers load their models: exit 143,
+    the one line of a terminated driver (not Ray's silent exit, not Ctrl-C's), its lease released."""
+    path, _ = spec_file(kit_dir, tmp_path, manifest, tmp_path / "out")
+    proc = launch(path)
+    wait_for(lambda: session_pids(proc.pid, sign), proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (phase, err)
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith(("terminated", "interrupted"))] == [
+        "terminated (SIGTERM): committed shards are kept; rerun the same command to resume"]
+    assert not commits(tmp_path / "out"), f"the signal must land during {phase}"
+    assert lease_released(tmp_path / "out")
 
 
 def test_a_full_output_filesystem_ends_in_one_line_and_the_rerun_completes(raced, kit_dir, manifest, tmp_path,
@@ -212,6 +245,10 @@ def test_a_full_output_filesystem_ends_in_one_line_and_the_rerun_completes(raced
         assert summary["shards"]["committed"] == kept and summary["shards"]["failed"] == SHARDS - kept
         assert f"shards       {kept}/{SHARDS} committed" in out  # and the table
         assert not (output / "summary.json").exists() and not list(output.rglob(".*.tmp"))
+        refused = launch(path)  # on the full disk: refused before any work, at the lease
+        _, err = refused.communicate(timeout=120)
+        assert refused.returncode == 1 and err.count("\n") == 1 and "No space left on device" in err
+        assert not (output / "_lease").exists()  # no empty folder of its own left behind
         filler.unlink()
         rerun = launch(path)
         out, err = rerun.communicate(timeout=300)
@@ -231,3 +268,76 @@ def test_a_job_refused_before_any_work_leaves_no_output_folder(kit_dir, tmp_path
     with pytest.raises(ValueError, match=r"input.manifests\[0\]: no manifest files"):
         JobRunner(job_spec(kit_dir, [str(tmp_path / "missing.jsonl")], str(out)), progress=False).run()
     assert not (tmp_path / "runs").exists()  # nor the folder above it, made for it
+
+
+# ---- fencing: a displaced driver's workers write nothing after the takeover --------------------
+
+
+def session_pids(leader: int, title: str) -> list[int]:
+    """Processes of `leader`'s session (its Ray: GCS, raylet, workers) whose command line holds
+    `title` (a Ray actor's process title, e.g. `ray::SynthesisWorker`; `gcs_server`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if stat[stat.rindex(")") + 2:].split()[3] == str(leader) and title in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_stopped_driver_replaced_by_another_commits_nothing_after_the_takeover(where, raced, kit_dir, manifest,
+                                                                                 tmp_path, launch, request):
+    """A driver and its worker frozen (SIGSTOP: a paused machine) while the worker holds shards;
+    a second driver waits for the lease to go stale, takes it over and finishes the job; the
+    worker then runs again and its writes are refused (fenced); the first driver, running again,
+    says in one line who took the output over and how many of its shards were refused. Every
+    row is in the output once, with the codes of an uninterrupted run."""
+    reference, _ = raced
+    storage_over = {}
+    if where == "s3":
+        endpoint, bucket = request.getfixturevalue("s3_endpoint"), request.getfixturevalue("s3_bucket")
+        output, storage_over = f"s3://{bucket}/out", {"endpoint_url": endpoint, "region": "us-east-1"}
+    else:
+        output = str(tmp_path / "out")
+    spec = job_spec(kit_dir, [str(manifest)], output, models={"dtype": "float64"}, storage=storage_over,
+                    resources={"workers": 1, "rows_per_shard": 2, "shard_window": 2})
+    spec = spec.model_copy(update={"output": spec.output.model_copy(update={"lease_stale_s": 6.0})})
+    path = tmp_path / "spec.yaml"
+    path.write_text(json.dumps(spec.model_dump(mode="json")))
+    storage = Storage(spec.storage)
+    committed = lambda: storage.list(f"{output}/_commits")  # noqa: E731
+    first = launch(path)
+    wait_for(lambda: len(committed()) >= 1, first)
+    frozen = session_pids(first.pid, "ray::SynthesisWorker")
+    assert frozen, "the first driver's worker must be running"
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = launch(path, "--wait")
+        out, err = second.communicate(timeout=300)
+        assert second.returncode == 0, err
+        assert any("took over the lease" in line and f"(pid {first.pid}, " in line for line in err.splitlines())
+        for pid in frozen:  # the worker runs again, its shards' writes are refused
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(8.0)  # time for it to reach the writes of the shards it held
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 1 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"error: lost the lease on {output}: the lease was taken over by job 'test-job' on host ")
+    assert f"(pid {second.pid}, " in line and "refused after the takeover; stopped with " in line
+    refused = int(line.split("; ")[1].split(" ")[0])
+    assert refused >= 1  # the frozen worker held shards: their writes were refused
+    records = [json.loads(storage.read_bytes(uri)) for uri in committed()]
+    takeover = json.loads(storage.read_bytes(f"{output}/_lease/0000000002.json"))["started"]
+    assert len(records) == SHARDS
+    assert all(r["committed_at"] < takeover for r in records if r["lease_generation"] == 1)
+    rows = read_output(spec)
+    assert collections.Counter(r["id"] for r in rows) == collections.Counter(t["id"] for t in texts(ROWS))
+    assert comparable(rows) == comparable(read_output(reference))

@@ -4,7 +4,10 @@ lease; a frozen holder (SIGSTOP: alive, not renewing) is refused while its lease
 over once it is stale, and learns it lost the lease when it runs again; a holder of this machine
 that was killed is taken over at once; one arriving while the holder writes its lease file is
 told who holds it; on S3 (moto on 127.0.0.1) the lease is a conditional
-create (`If-None-Match: *`)."""
+create (`If-None-Match: *`). Fencing, locally and on S3: a displaced holder's writes are refused
+and stay refused after its successor released the lease, a newer holder's commit record is
+never replaced, S3's conditional writes fail once the object changed, and on a local disk a
+takeover waits for the write an older holder checked for."""
 
 from __future__ import annotations
 
@@ -14,14 +17,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from engine.config import StorageOptions
-from engine.io.lease import LeaseHeld, OutputLease
+from engine.io.lease import Fence, Fenced, FencedStorage, LeaseHeld, OutputLease
 from engine.io.storage import Storage
+
+from jobhelpers import lease_released
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # hold_s < 0 it holds until it has lost the lease, and says why.
 DRIVER = textwrap.dedent("""
     import json, sys, time
-    from engine.io.lease import LeaseHeld, OutputLease
+    from engine.io.lease import Fence, Fenced, FencedStorage, LeaseHeld, OutputLease
     from engine.io.storage import Storage
     root, job = sys.argv[1], sys.argv[5]
     stale_s, start_at, hold_s = (float(x) for x in sys.argv[2:5])
@@ -84,7 +90,7 @@ def test_drivers_starting_at_one_instant_end_with_exactly_one_holder(tmp_path):
     for text in refused:  # one line naming the holder: its job, host, pid, start time, the lease's age
         assert "\n" not in text and f"{tmp_path / 'out'} is in use by another driver: job '" in text
         assert f"(pid {winner.pid}, user " in text and ", started " in text and "lease renewed" in text
-    assert not (tmp_path / "out" / "_lease").exists()  # released at the end
+    assert lease_released(tmp_path / "out")  # at the end: its generation's file, marked released
 
 
 def test_drivers_taking_over_a_stale_lease_at_one_instant_end_with_exactly_one_holder(tmp_path):
@@ -189,14 +195,116 @@ def test_the_lease_on_s3_is_a_conditional_create(s3_endpoint, s3_bucket):
         assert second.gen == 2 and storage.list(f"{root}/_lease") == [f"{root}/_lease/0000000002.json"]
         assert notes[0].startswith(f"took over the lease of {root} from job 'first'")
         assert first.check().startswith("the lease was taken over by job 'second'")
-    assert storage.list(root) == []  # released: nothing left
+    left = f"{root}/_lease/0000000002.json"
+    assert storage.list(root) == [left] and json.loads(storage.read_bytes(left))["released"]  # released, kept
 
 
 def test_a_lease_on_an_fsspec_store(tmp_path):
     """fsspec's in-memory filesystem stands for gs:// and az:// (its create is exclusive)."""
     storage = Storage()
     with OutputLease(storage, "memory://lease-test/out", 5.0, job="one") as lease:
-        assert storage.list("memory://lease-test/out/_lease") == [lease.uri]
+        held = lease.uri
+        assert storage.list("memory://lease-test/out/_lease") == [held]
         with pytest.raises(LeaseHeld, match="memory://lease-test/out is in use by another driver: job 'one'"):
             OutputLease(storage, "memory://lease-test/out", 5.0, job="two").acquire()
-    assert storage.list("memory://lease-test/out") == []
+    assert storage.list("memory://lease-test/out") == [held]  # marked released
+    with OutputLease(storage, "memory://lease-test/out", 5.0, job="two") as lease:  # taken at once
+        assert lease.gen == 2
+
+
+# ---- fencing --------------------------------------------------------------------------------
+
+
+def take_over(storage: Storage, root: str, first: OutputLease, job: str = "second") -> OutputLease:
+    """A second driver takes `first`'s lease over once it stopped renewing (a frozen driver)."""
+    first._stop.set()
+    first._thread.join()
+    time.sleep(2.5)  # past its 2 s stale time (S3's modification times have whole seconds)
+    second = OutputLease(storage, root, 30.0, job=job, notify=lambda _: None)
+    second.acquire()
+    return second
+
+
+@pytest.fixture(params=["local", "s3"])
+def output_root(request, tmp_path):
+    """An output on the local disk, or on S3 (moto on 127.0.0.1); yields (storage, root)."""
+    if request.param == "local":
+        return Storage(), str(tmp_path / "out")
+    endpoint, bucket = request.getfixturevalue("s3_endpoint"), request.getfixturevalue("s3_bucket")
+    return Storage(StorageOptions(endpoint_url=endpoint, region="us-east-1")), f"s3://{bucket}/out"
+
+
+def test_the_writes_of_a_displaced_holder_are_refused_and_stay_refused(output_root):
+    storage, root = output_root
+    first = OutputLease(storage, root, 2.0, job="first")
+    first.acquire()
+    old = FencedStorage(storage, first.fence)
+    old.write_bytes(f"{root}/data/a.bin", b"first")
+    old.write_commit(f"{root}/_commits/a.json", {"shard": "a"})
+    assert json.loads(storage.read_bytes(f"{root}/_commits/a.json"))["lease_generation"] == 1
+    second = take_over(storage, root, first)
+    with pytest.raises(Fenced, match=f"{root} was taken over by job 'second' on host .* \\(lease generation 2; "
+                                     "this driver's is 1\\): write refused"):
+        old.write_bytes(f"{root}/data/a.bin", b"late")
+    with pytest.raises(Fenced):
+        old.write_commit(f"{root}/_commits/b.json", {"shard": "b"})
+    new = FencedStorage(storage, second.fence)
+    new.write_commit(f"{root}/_commits/a.json", {"shard": "a", "again": True})  # a newer holder redoes it
+    second.release()
+    with pytest.raises(Fenced, match="released .* ago"):  # its released record still fences the old holder
+        old.write_bytes(f"{root}/data/a.bin", b"later")
+    assert storage.read_bytes(f"{root}/data/a.bin") == b"first"
+    assert not storage.exists(f"{root}/_commits/b.json")
+    assert json.loads(storage.read_bytes(f"{root}/_commits/a.json"))["lease_generation"] == 2
+
+
+def test_a_commit_record_of_a_newer_holder_is_never_replaced(output_root):
+    """Even where the lease files say nothing newer (a check that passed just before a takeover),
+    an older holder's commit record does not replace a newer holder's."""
+    storage, root = output_root
+    FencedStorage(storage, Fence(root, 3)).write_commit(f"{root}/_commits/a.json", {"shard": "a"})
+    with pytest.raises(Fenced, match="lease generation 3; this driver's is 2"):
+        FencedStorage(storage, Fence(root, 2)).write_commit(f"{root}/_commits/a.json", {"shard": "a"})
+    assert json.loads(storage.read_bytes(f"{root}/_commits/a.json"))["lease_generation"] == 3
+
+
+def test_a_conditional_write_on_s3_fails_once_the_object_changed(s3_endpoint, s3_bucket):
+    storage = Storage(StorageOptions(endpoint_url=s3_endpoint, region="us-east-1"))
+    uri = f"s3://{s3_bucket}/record.json"
+    assert storage.read_versioned(uri) is None
+    assert storage.write_if(uri, b"one", None) and not storage.write_if(uri, b"two", None)  # If-None-Match: *
+    data, etag = storage.read_versioned(uri)
+    storage.write_bytes(uri, b"changed meanwhile")
+    assert not storage.write_if(uri, b"three", etag)  # If-Match: the version read
+    assert storage.write_if(uri, b"four", storage.read_versioned(uri)[1])
+    assert storage.read_bytes(uri) == b"four"
+
+
+def test_on_a_local_disk_a_takeover_waits_for_the_write_an_older_holder_checked_for(tmp_path):
+    """The check and the write are one step: a writer that passed its check finishes before the
+    next generation's file exists; its next write is refused."""
+    storage, root = Storage(), str(tmp_path / "out")
+    first = OutputLease(storage, root, 60.0, job="first")
+    first.acquire()
+    first.release()  # its record stays: generation 1
+    fence = Fence(root, 1)
+    inside, wrote = threading.Event(), []
+
+    def writer() -> None:
+        with fence.guard(storage):
+            inside.set()
+            time.sleep(0.5)
+            storage.write_bytes(f"{root}/data/a.bin", b"first")
+            wrote.append(time.time())
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    inside.wait(5)
+    second = OutputLease(storage, root, 60.0, job="second")
+    second.acquire()
+    created = os.stat(second.uri).st_mtime
+    thread.join()
+    assert wrote and wrote[0] <= created  # the takeover waited for the write in progress
+    with pytest.raises(Fenced):
+        FencedStorage(storage, fence).write_bytes(f"{root}/data/a.bin", b"late")
+    second.release()

@@ -17,7 +17,9 @@ stage copies a row into a container of its own:
 What is decoded is a row's `units()`: the row itself, or its parts when its text was split. A
 part is a `Row` whose `parent` is the manifest row; it shares the parent's settings and voice
 prompt, has its own text (the chunk's), seed (`engine.text.chunks.chunk_seeds`) and attempts,
-and settles on its own; the shard is written once every unit of every row has settled.
+and settles on its own; the shard is written once every unit of every row has settled. A part's
+attempt that ends without a speech code is decoded again (`Row.retry`, `text.chunk_retries`)
+before anything looks at it: one chunk lost would lose the whole row.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.config import DecodingSettings
-from engine.records import AttemptScores, RowStats, SynthesisResult, attempt_seed
+from engine.records import AttemptScores, RowStats, SynthesisResult, attempt_seed, retry_seed
 from engine.text.chunks import TextPlan
 
 
@@ -42,6 +44,8 @@ class Attempt:
         number: 1 for a row's first decode; the quality gate's regenerations and best-of
             candidates count on (`attempt_seed(row.seed, number)` is its seed).
         seed: the seed it was decoded with.
+        retry: 0 for the attempt's first decode; k for its k-th decode again after it ended
+            without a speech code (`Row.retry`; seed `retry_seed(row.seed, number, k)`).
         codes, finish_reason, stats: the decoder's output (stats: the work it cost).
         wave: its audio as it will be written (codec stage), until the row is written.
         error: why it has no audio (the codec refused its codes) or could not be checked.
@@ -51,6 +55,7 @@ class Attempt:
     row: Row
     number: int
     seed: int
+    retry: int = 0
     codes: list[int] = field(default_factory=list)
     finish_reason: str = "error"
     stats: RowStats | None = None
@@ -86,6 +91,10 @@ class Row:
         prompt_audio: how a voice prompt's audio enters this row's audio, where not as the
             job's `output.prompt_audio` (a joined row's later parts: as context, since only the
             joined clip's start includes it).
+        chunk_retries: how many times an attempt that ends without a speech code is decoded
+            again (`text.chunk_retries` for a part; 0 for a manifest row).
+        retried: the attempts that ended without a speech code and were decoded again (each
+            replaced in `attempts` by its next decode; their statistics still count as work).
     """
 
     index: int
@@ -106,6 +115,8 @@ class Row:
     parent: Row | None = None
     segment: int | None = None
     prompt_audio: str | None = None
+    chunk_retries: int = 0
+    retried: list[Attempt] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -136,6 +147,19 @@ class Row:
         self.attempts.append(made)
         return made
 
+    def retry(self, attempt: Attempt) -> Attempt | None:
+        """`attempt`'s next decode when it ended without a speech code and has retries left (it
+        takes the attempt's place in `attempts`, so the quality gate numbers and chooses among
+        attempts as before); None otherwise (an attempt the decoder refused has its `error`: no
+        seed changes that)."""
+        if attempt.codes or attempt.error is not None or attempt.retry >= self.chunk_retries:
+            return None
+        retry = attempt.retry + 1
+        again = Attempt(self, attempt.number, retry_seed(self.seed, attempt.number, retry), retry)
+        self.attempts[self.attempts.index(attempt)] = again
+        self.retried.append(attempt)
+        return again
+
     def keep(self, attempt: Attempt) -> None:
         """Make `attempt` the one written: its codes, finish reason, statistics and seed become
         the row's result (an attempt without codes leaves the row an error row)."""
@@ -163,8 +187,14 @@ class Row:
         return self.result.quality is not None and not self.result.quality.passed
 
     def work(self) -> list[RowStats]:
-        """Statistics of every attempt decoded (what decoding the row, or its parts, cost)."""
-        return [a.stats for unit in self.units() for a in unit.attempts if a.stats is not None]
+        """Statistics of every attempt decoded, decoded again ones included (what decoding the
+        row, or its parts, cost)."""
+        return [a.stats for unit in self.units() for a in (*unit.retried, *unit.attempts) if a.stats is not None]
+
+    def retries(self) -> int:
+        """Decodes again of its attempts (of a split row: of its parts') that ended without a
+        speech code."""
+        return sum(len(unit.retried) for unit in self.units())
 
 
 @dataclass(eq=False)
@@ -182,6 +212,8 @@ class ShardTask:
         decoded: when its last row settled.
         future: resolves to the commit record (or the error that failed the shard).
         codec_s, verify_s: seconds the codec and the quality gate spent on its rows.
+        fence: the lease holder's fencing token its writes are checked against
+            (`engine.io.lease.Fence`; None: writes unchecked, a shard written outside a job).
     """
 
     shard: object
@@ -194,6 +226,7 @@ class ShardTask:
     future: Future = field(default_factory=Future)
     codec_s: float = 0.0
     verify_s: float = 0.0
+    fence: object = None
 
     def __post_init__(self) -> None:
         for row in self.rows:

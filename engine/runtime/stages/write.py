@@ -9,7 +9,9 @@ whose text was split is written as one row, its parts joined (`split.join_row`),
 `text.split_output: rows` as one row per part, with the parent's id and the part's segment.
 The commit record is written last, so a shard counts as done only when its files are complete; a
 worker that dies in between leaves an uncommitted shard that is redone (its files overwritten
-with the same rows).
+with the same rows). In a job every write is fenced by the driver's lease (`engine.io.lease`):
+refused once a newer driver holds the output, and the commit record names the lease generation
+that wrote it (`lease_generation`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from engine.io.dataset import (
     with_quality,
 )
 from engine.io.formats import write_shard
+from engine.io.lease import FencedStorage
 from engine.io.storage import Storage, join
 from engine.records import FAILED_EXAMPLES, aggregate
 from engine.runtime.plan import Layout
@@ -123,13 +126,14 @@ class WriteStage:
         """Write the shard's files, then its commit record (returned). `figures()` gives what the
         pipeline measured since the last record (taken when called, after the files are written)."""
         shard = task.shard
+        storage = FencedStorage(self.storage, task.fence) if task.fence is not None else self.storage
         written = [out for row in task.rows for out in self.outputs(row)]
         kept = [out for out in written if not out.rejected]
         rejected = [out for out in written if out.rejected]
         tables, voiced = self.tables(kept)
-        files = write_shard(self.storage, self.spec.output, shard.id, tables, self.schema)
+        files = write_shard(storage, self.spec.output, shard.id, tables, self.schema)
         if rejected and self.spec.quality.on_reject == "rejects":
-            self.storage.write_bytes(self.rejects(shard), self.table_bytes(rejected))
+            storage.write_bytes(self.rejects(shard), self.table_bytes(rejected))
         silent = [row for row in task.rows if not all(id(out) in voiced for out in self.outputs(row))]
         ok = len(task.rows) - len(silent)
         rows_rejected = sum(row.rejected for row in task.rows)
@@ -157,8 +161,13 @@ class WriteStage:
             "storage_retries": self.storage.retries,  # this worker's, so far (transient failures ridden out)
         }
         if profile is not None:  # finished with this shard's rounds: written once, named in this record
-            record["profile"] = self.write_profile(profile, record)
-        self.storage.write_bytes(self.layout.commit(shard), json.dumps(record, indent=1).encode())
+            record["profile"] = self.write_profile(profile, record, storage)
+        record["committed_at"] = round(time.time(), 3)  # unix time: the span of a job's commits
+        if isinstance(storage, FencedStorage):
+            storage.write_commit(self.layout.commit(shard), record)
+            record["lease_generation"] = task.fence.generation
+        else:
+            storage.write_bytes(self.layout.commit(shard), json.dumps(record, indent=1).encode())
         return record
 
     def verdicts(self, task: ShardTask) -> dict:
@@ -177,7 +186,7 @@ class WriteStage:
                             "verify_s": round(task.verify_s, 4)},
                 "rejects": self.rejects(task.shard) if any(not v.passed for v in judged) and not dropped else None}
 
-    def write_profile(self, profile: dict, record: dict) -> str:
+    def write_profile(self, profile: dict, record: dict, storage: Storage) -> str:
         """Write a finished decode-loop profile under `_profiles/` (and its Chrome trace, if
         kept); returns the profile's URI."""
         trace = profile.pop("trace_gz", None)
@@ -186,12 +195,17 @@ class WriteStage:
                    "batch_size": self.spec.resources.batch_size, **profile}
         if trace is not None:
             profile["trace"] = self.layout.profile(f"{name}.trace.json.gz")
-            self.storage.write_bytes(profile["trace"], trace)
+            storage.write_bytes(profile["trace"], trace)
         uri = self.layout.profile(f"{name}.json")
-        self.storage.write_bytes(uri, json.dumps(profile, indent=1).encode())
+        storage.write_bytes(uri, json.dumps(profile, indent=1).encode())
         return uri
 
 
 def row_error(row: Row) -> str:
-    """Why a manifest row has no audio: its own error, or its first failing part's."""
-    return next((r.result.error for r in (row, *row.parts) if r.result.error), "no audio")
+    """Why a manifest row has no audio: its own error, or its first failing part's, or why its
+    kept attempt has none (no speech codes to decode, the codec refused them)."""
+    for r in (row, *row.parts):
+        why = r.result.error or (r.kept.error if r.kept is not None else None)
+        if why:
+            return why
+    return "no audio"
