@@ -809,7 +809,7 @@ def main() -> None:
                         runs[name][f"alone_after_{a}"].append(run_alone(synth, spec, rows[name], a))
                         print(name, "alone after", a, rate(runs[name][f"alone_after_{a}"][-1]), flush=True)
                     report(args, runs, models, label, dtype, synth, load_start, t0, out)
-                if args.probe:  # the kept worker first: a short lease needs it most (results/README.md)
+                if args.probe:  # the kept worker first: a short lease needs it most
                     runs[name]["job_kept_arrival"].append(run_job_kept(spec, rep, "arrival"))
                     report(args, runs, models, label, dtype, synth, load_start, t0, out)
                     runs[name]["alone_thread_arrival"].append(run_alone_in_thread(synth, spec, rows[name], "arrival"))

@@ -255,7 +255,7 @@ class Synthesizer:
         budget) at `batch_size`, and return their results. What a first run pays for at each
         new shape (the full batch at every key length up to the budget's, admissions while the
         batch runs, the final drain, a compiled round's graph) is then paid here, not inside what is
-        timed next. Not every first-run cost goes (benchmarks/results/job_throughput_cuda_llasa_1b_shape_h100.log).
+        timed next. Not every first-run cost goes.
         Results decoded afterwards are the same as without it."""
         settings = settings or DecodingSettings()
         batch = batch_size or self.batch_size

@@ -9,7 +9,7 @@ A fresh local cluster starts without Ray's dashboard unless `PCG_SYNTH_RAY_DASHB
 it (to watch a local job at http://127.0.0.1:8265): the dashboard's head and modules are more
 processes that wake up while a job runs, and on a small machine each wake-up takes a core from
 one of the OpenMP threads a round decodes on: a job's decode thread is preempted less often
-without it (benchmarks/results/ray_beside_decoding_cpu_tiny_xeon.md). The Jobs API that `pcg-synth submit`
+without it. The Jobs API that `pcg-synth submit`
 uses lives on a real cluster's head, which `ray start` starts, not here.
 
 An address of a cluster (`HOST:PORT`, `ray://HOST:PORT`, `auto`) is first tried with a plain TCP

@@ -6,7 +6,7 @@
   tied head), built in memory on the device; the draft is 3 of its 16 layers. Its middle
   layers write to the residual stream at `LLASA_1B_MIDDLE_SCALE` of the outer layers' size
   (see `middle_scale`): how far a layer-subset draft starts from the target is a parameter of a
-  synthetic target, set there (the scan that chose it: benchmarks/results/README.md).
+  synthetic target, set there.
 - any checkpoint directories (`--target`/`--draft`), e.g. real Llasa copies.
 """
 
@@ -41,7 +41,7 @@ LLASA_1B_DRAFT_LAYERS = (0, 1, 15)
 # Trained LLMs change the residual stream little in their middle layers; random weights do not.
 # The preset scales what layers 2..14 write (attention output and MLP down projections) by this
 # factor, chosen so that the untrained 0,1,15 subset starts clearly below 0.5 exact acceptance
-# and reaching it is the distillation's work (the scan: benchmarks/results/README.md).
+# and reaching it is the distillation's work.
 LLASA_1B_MIDDLE_SCALE = 0.2
 PRESET_VERSION = 2  # 1: no middle scaling (no 3-layer draft could follow that target)
 

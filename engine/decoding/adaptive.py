@@ -27,7 +27,7 @@ def host_per_round(host_s: float, pilot_gamma: int, gamma: int) -> float:
     """Host seconds per round at `gamma`, from `host_s` measured at `pilot_gamma`: it grows
     about linearly in the draft length with an offset of about two drafts' work (sampling of
     the bonus token, the sync, bookkeeping), as eager rounds of the llasa-1b-shape preset
-    measured (benchmarks/results/llasa_1b_shape_cpu_bf16_xeon_s16.json). A compiled round
+    measure. A compiled round
     fuses that work with its forwards: there the pilot reports none."""
     return host_s * (gamma + HOST_OFFSET) / (pilot_gamma + HOST_OFFSET)
 

@@ -4,9 +4,8 @@ A batch decodes rows of different lengths; once the last rows of a job (or of a 
 call) are admitted it can only drain, and the drain lasts as long as the longest row admitted
 last. Admitting the longest rows first leaves short rows for the end, so the batch stays full
 until the last few rounds. How much that buys depends on how well the estimate below predicts
-a row's length (`benchmarks/results/job_throughput_cpu_tiny.md`: on the kit, where lengths
-follow the text, a job's slot utilisation went from 0.88 to 0.93; where they do not, it is
-chance).
+a row's length: where lengths follow the text it shortens the drain; where they do not, the
+order is chance.
 
 Lengths are not known before decoding; a speech LM's output length follows its text (a row's
 audio lasts as long as its text takes to say), so the estimate is the text's speaking time at

@@ -99,11 +99,10 @@ def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     """What `dtype: auto` means on `device`, and why.
 
     bfloat16 on CUDA; on a CPU, bfloat16 where it has native bfloat16 matrix instructions
-    (there a bf16 matmul of several rows costs less than a 1-row float32 one:
-    benchmarks/results/cpu_dtype.json), else float32: without them bfloat16 takes a kernel whose
-    cost grows with the rows, faster than float32 for one row but slower from a few
-    (benchmarks/results/cpu_dtype_avx2.json), and batched decoding and verification run several
-    rows a step.
+    (there a bf16 matmul of several rows costs less than a 1-row float32 one), else float32:
+    without them bfloat16 takes a kernel whose cost grows with the rows, faster than float32 for
+    one row but slower from a few, and batched decoding and verification run several rows a
+    step.
     """
     if device.type == "cuda":
         return torch.bfloat16, "CUDA"

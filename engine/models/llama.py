@@ -91,8 +91,8 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
     Why on CUDA: torch dispatches masked grouped-query attention to cuDNN's kernel on Hopper
     GPUs, and caches a cuDNN graph per shape, while a decode loop's key length grows every round
-    and every prompt length is new: each call cost host time several matrix products long
-    (benchmarks/results/job_throughput_cuda_llasa_1b_shape_h100_probe.md). These few ops set
+    and every prompt length is new: each call costs host time several matrix products long.
+    These few ops set
     nothing up per shape, and the query heads of a KV head share one batched product (the keys are
     not repeated per query head). Rows are taken in chunks whose scores fit
     `GROUPED_SCORES_BYTES`, one row at a time where even one row's do not
@@ -216,8 +216,7 @@ class PackedLinear(nn.Module):
     Why: ATen's CPU matmul lays the weight out for its kernel on every call. For the decode
     step's one- to few-row products that relayout reads the whole weight once more, which about
     doubled a step at Llasa-1B's shape, with bit-identical logits (both run oneDNN's kernel; only
-    the relayout moves to load time): benchmarks/results/compile_cpu.json ("eager" against
-    "eager, prepacked").
+    the relayout moves to load time).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:

@@ -101,8 +101,8 @@ def rope_parameters(config: dict) -> dict | None:
 def own_rope_tables(config: dict) -> tuple[torch.Tensor, float] | None:
     """Rotary inverse frequencies and cos/sin scaling for `rope_parameters`' kinds, computed as
     transformers computes them (`tests/cpu/test_llama_parity.py` compares them bit for bit)
-    without importing transformers' Llama model, a large share of a fresh process's start-up
-    (benchmarks/results/startup_cpu_avx2.json). None where `rope_parameters` is None."""
+    without importing transformers' Llama model, a large share of a fresh process's start-up.
+    None where `rope_parameters` is None."""
     params = rope_parameters(config)
     if params is None:
         return None
@@ -251,7 +251,7 @@ def backend_class_named(path: Path) -> bool:
     (Llasa's does), without custom code, for a Llama checkpoint or tokenizer files alone (model
     types for which transformers registers no tokenizer class of its own). Then `load_tokenizer`
     builds that class directly, without `AutoTokenizer`'s reading of the model config, which
-    imports most of transformers' model code (benchmarks/results/startup_cpu_avx2.json).
+    imports most of transformers' model code.
     `tests/cpu/test_tokenizer_load.py` checks that both give the same tokenizer,
     of the same class, with the transformers installed."""
     path = Path(path)
@@ -268,8 +268,8 @@ def load_tokenizer(path: Path):
     """The checkpoint's tokenizer, shared by every load of identical tokenizer files in this
     process (a target and its draft; every model a process loads again), built without
     transformers' copies of the added tokens where `added_tokens_in_backend` (about half the
-    load time: `benchmarks/results/tokenizer_load_cpu_avx2.json`), and as `TokenizersBackend` directly where
-    `backend_class_named` (which spares most of those imports: `results/startup_cpu_avx2.json`).
+    load time), and as `TokenizersBackend` directly where `backend_class_named` (which spares
+    most of those imports).
     The engine only reads it (encodes without truncation or padding, so concurrent use never
     changes its settings); callers must not modify it."""
     try:

@@ -8,13 +8,11 @@ is trimmed, and a thread's arena deletes a heap that falls empty. The next round
 fresh pages again, each a minor page fault in which the kernel zeroes 4 KiB, and on 2 cores a
 fault in either OpenMP thread stalls the other at the op's barrier.
 
-Keeping that memory removes nearly all of those faults and speeds up decoding alone and jobs
-(benchmarks/results/malloc_cpu_tiny_xeon.md, job_throughput_cpu_tiny_xeon_dec02_malloc.md,
-wakeups_cpu_tiny_xeon.md).
+Keeping that memory removes nearly all of those faults and speeds up decoding alone and jobs.
 
 Blocks above glibc's largest mmap threshold (32 MiB) come from the heap too (`mmap_max` 0): a
 target's probabilities at batch 32 and gamma 3 are such a block, and mapped afresh each round they
-were faulted in page by page every round (benchmarks/results/malloc_mmap_max_cpu_tiny.md). Where a
+would be faulted in page by page every round. Where a
 heap cannot grow, glibc still maps memory as its fallback, so a request never fails for this; and
 a thread's arena grows in heaps of at most 64 MiB, so on a thread of its own (a job worker's decode
 loop) a block above 64 MiB (the target's probabilities from batch 64 at gamma 3) is still mapped
@@ -22,15 +20,15 @@ afresh each time.
 
 The two thresholds go together: setting either turns off glibc's own adjustment of both (it
 raises them as large blocks are freed), and either one set alone makes a job fault more than
-glibc's defaults (benchmarks/results/wakeups_cpu_tiny_xeon_malloc_{mmap,trim}_threshold.md). The
+glibc's defaults. The
 top pad is for a thread's arena: with the thresholds alone, a thread of its own still faults on
 every round's large blocks (tests/cpu/test_malloc.py pins both).
 
 Where glibc is not the C library, or the user has set the allocator's environment variables
 (`MALLOC_*_`, `GLIBC_TUNABLES`), or `PCG_SYNTH_MALLOC=default`, nothing is changed. What is kept
 is about the process's peak, a round's temporaries coming back every round anyway; a heap holds
-what its holes cannot place as well (peak resident memory 3-5 % above the earlier settings' in
-benchmarks/results/malloc_mmap_max_cpu_tiny{,_second}.md).
+what its holes cannot place as well (a few per cent more peak resident memory than with blocks
+over 32 MiB mapped).
 """
 
 from __future__ import annotations

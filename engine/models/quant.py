@@ -3,8 +3,7 @@
 A draft only proposes; every acceptance rule corrects with the draft's probabilities as computed,
 so a coarser draft changes acceptance, never the target's distribution. On a CPU the decode step
 is bound by the bytes of weights it reads, and int8 weights halve them; ATen's weight-only
-`_weight_int8pack_mm` is compute-bound instead and loses as rows grow
-(benchmarks/results/int8_draft_cpu.json).
+`_weight_int8pack_mm` is compute-bound instead and loses as rows grow.
 
 Rows stay independent: each row of the input is mapped onto [-1, 1] by its own midpoint and
 half-range before it is quantised to uint8 with a fixed scale, so a row's proposals do not
@@ -39,8 +38,8 @@ def int8_supported(device: torch.device | str) -> bool:
 
 def cpu_vnni() -> bool:
     """Whether this CPU has int8 dot-product instructions (VNNI, AMX int8), as torch detects them.
-    Without them oneDNN's int8 matmul is slower than float32
-    (benchmarks/results/int8_draft_cpu_avx2.json), so int8 draft weights pay only with them."""
+    Without them oneDNN's int8 matmul is slower than float32, so int8 draft weights pay only
+    with them."""
     return bool(cpu_instructions(VNNI))
 
 

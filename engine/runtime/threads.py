@@ -10,8 +10,7 @@ the models are loaded on a short-lived thread. OpenMP gives every thread that ru
 a team of helper threads that lives as long as that thread; once a process holds more such
 threads than it has cores, every team's threads stop spinning between ops and sleep almost at
 once (GNU OpenMP's throttled spinning), and each op then pays to wake them: decoding on a
-thread beside another thread's team ran markedly slower than alone
-(benchmarks/results/job_throughput_cpu_tiny_omp_default_probe.md; docs/benchmarks.md, Job throughput).
+thread beside another thread's team runs markedly slower than alone.
 """
 
 from __future__ import annotations

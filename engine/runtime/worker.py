@@ -187,9 +187,8 @@ class ShardProcessor:
         built) are paid for before anything is timed (`Synthesizer.warmup`). Each runs on the
         thread that will run it in the job (the decode loop's, the IO thread's on the codec's
         CUDA stream), since part of that cost is per thread: with `models.compile: cudagraphs`,
-        a thread's graphs. (Before the writer was warmed up, the first shard's write paid for
-        those first uses inside the job's timed window, beside the decode loop:
-        benchmarks/results/job_throughput_cpu_tiny_zen4_dec02_vs_2baeb1d.md.)"""
+        a thread's graphs. Unwarmed, the first shard's write would pay for those first uses
+        inside the job's timed window, beside the decode loop."""
         results = self.stream.on_decode_thread(
             lambda: self.synth.warmup(self.spec.decoding, self.spec.resources.batch_size)).result()
 

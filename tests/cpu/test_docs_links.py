@@ -1,7 +1,8 @@
 """The documentation's references hold: every relative link (and its #anchor) in README.md, the
-site in docs/, cluster/README.md and the result files' notes leads somewhere, and every benchmark
-result file they cite is committed. The site's pages are read as mkdocs renders them (the
-generated reference pages included), their anchors as mkdocs makes them; the rest as GitHub does."""
+site in docs/, cluster/README.md and the benchmarks index leads somewhere, every benchmark result
+file they cite is committed, and the index names every result file. The site's pages are read as
+mkdocs renders them (the generated reference pages included), their anchors as mkdocs makes them;
+the rest as GitHub does."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from markdown.extensions.toc import slugify
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
+INDEX = ROOT / "benchmarks" / "README.md"
+MOST_RESULT_FILES = 60  # one current result per question; earlier ones live in git history
 SITE = ROOT / "docs"
-DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(SITE.rglob("*.md")), ROOT / "cluster" / "README.md",
-        RESULTS / "README.md"]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(SITE.rglob("*.md")), ROOT / "cluster" / "README.md", INDEX]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -63,14 +65,17 @@ def expand(name: str) -> list[str]:
     return [x for alt in m.group(1).split(",") for x in expand(name[:m.start()] + alt + name[m.end():])]
 
 
-def cited_results(doc: Path) -> list[str]:
-    """Result files a document names: `results/...` in code spans, and links into benchmarks/results/."""
+def cited_results(doc: Path, results: Path = RESULTS) -> list[str]:
+    """Result files a document names: `results/...` in code spans (not one cited at a commit,
+    `abc1234:benchmarks/results/...`, which git history holds), and links into `results`."""
     body = text(doc)
     names = [tok.rstrip(".,") for span in re.findall(r"`([^`]+)`", body)
+             if not re.search(r"\b[0-9a-f]{7,40}:(benchmarks/)?results/", span)
              for tok in re.findall(r"results/([\w{},*.\-]+)", span)]
-    names += [target.split("results/", 1)[1].partition("#")[0] for target in LINK.findall(body)
-              if "benchmarks/results/" in target or (doc.parent == RESULTS and "/" not in target
-                                                     and re.search(r"\.(md|json)$", target))]
+    for target in LINK.findall(body):
+        path = target.partition("#")[0]
+        if path and not re.match(r"[a-z]+:", path) and results in (doc.parent / path).resolve().parents:
+            names.append((doc.parent / path).resolve().relative_to(results).as_posix())
     return [n for name in names for n in expand(name)]
 
 
@@ -89,6 +94,12 @@ def broken_links(docs: list[Path]) -> list[str]:
     return broken
 
 
+def unlisted(index: Path, results: Path = RESULTS) -> list[str]:
+    """Files in `results` the index does not name."""
+    listed = set(cited_results(index, results))
+    return sorted(p.name for p in results.iterdir() if p.name not in listed)
+
+
 def uncommitted(docs: list[Path]) -> list[str]:
     return [f"{doc}: {name}" for doc in docs for name in cited_results(doc)
             if not list(RESULTS.glob(name)) and not list(RESULTS.glob(name + ".*"))]
@@ -101,11 +112,18 @@ def test_every_relative_link_and_anchor_resolves():
 
 def test_every_cited_result_file_is_committed():
     cited = {doc.relative_to(ROOT).as_posix(): cited_results(doc) for doc in DOCS}
-    # the parser sees them: the README's at-a-glance links, the performance page, the notes
+    # the parser sees them: the README's at-a-glance links, the performance page
     assert len(cited["README.md"]) >= 6 and len(cited["docs/performance.md"]) > 10
-    assert len(cited["benchmarks/results/README.md"]) > 100
     missing = uncommitted(DOCS)
     assert not missing, "\n".join(missing)
+
+
+def test_the_results_are_few_and_each_is_in_the_benchmarks_index():
+    """`benchmarks/results/` keeps the current result of each question, and the index
+    (question -> script -> result file) names every one of them."""
+    files = list(RESULTS.iterdir())
+    assert 0 < len(files) <= MOST_RESULT_FILES, len(files)
+    assert not unlisted(INDEX), unlisted(INDEX)
 
 
 def test_the_checks_catch_what_they_are_for(tmp_path):
@@ -121,3 +139,13 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     assert len(broken) == 3 and "no-such-heading" in broken[0] and "nor-this" in broken[1], broken
     assert "missing.md (no such file)" in broken[2]
     assert uncommitted([doc]) == [f"{doc}: no_such_result.json"]
+    # a result file the index does not name is reported; one cited at a commit is not required
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("a.md", "a.json", "b.md"):
+        (results / name).write_text("{}")
+    index = tmp_path / "README.md"
+    index.write_text("[`a.md`](results/a.md), [`.json`](results/a.json); "
+                     "`git show bb9e6c2:benchmarks/results/old.md`\n")
+    assert unlisted(index, results) == ["b.md"]
+    assert uncommitted([index]) == []
