@@ -26,15 +26,8 @@ from collections.abc import Callable
 
 import torch
 
+from engine.decoding.sizing import gpu_of_device
 from engine.models.llama import LlamaLM
-
-# Peak DRAM bandwidth (bytes/s) from vendor data sheets, matched against the device name.
-SPEC_BANDWIDTH = {
-    "H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12,
-    "A100-SXM4-80GB": 2.039e12, "A100 80GB PCIe": 1.935e12, "A100": 1.555e12,
-    "L40S": 0.864e12, "L4": 0.3e12, "A10G": 0.6e12, "A10": 0.6e12, "RTX 4090": 1.008e12,
-    "V100": 0.9e12, "T4": 0.32e12,
-}
 
 
 def sync(device: torch.device) -> None:
@@ -218,11 +211,8 @@ def spec_bandwidth(device: torch.device) -> float | None:
     """Data-sheet bandwidth of a known GPU, else None."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, value in SPEC_BANDWIDTH.items():
-        if key in name:
-            return value
-    return None
+    gpu = gpu_of_device(torch.cuda.get_device_name(device))
+    return gpu.bandwidth if gpu is not None else None
 
 
 def bandwidth_bound(target: LlamaLM, batch: int, context: int, bandwidth: float) -> dict[str, float]:

@@ -170,8 +170,14 @@ class Family(ABC):
         frame_samples: audio samples per frame.
         cycle: codes per frame.
         context: tokens the LM was trained with, prompt included (the context a text must fit).
+        codebook: codes per frame position (the head keeps `codebook * cycle + 1` output ids).
+        codec_parameters: (parameters a worker holds to decode codes in the models' dtype, those
+            it holds in float32), for sizing a worker without loading the codec.
         sampling: the family's sampling defaults (`DecodingSettings` fields), applied where a
             job or a call leaves them unset.
+        checkpoints: the released checkpoints' dimensions (their config.json's Llama fields), for
+            sizing without weights (`engine.decoding.sizing`, docs/sizing.md); a loaded model
+            reads its own config.
     """
 
     name: str
@@ -181,7 +187,15 @@ class Family(ABC):
     frame_samples: int
     cycle: int
     context: int
+    codebook: int
+    codec_parameters: tuple[int, int]
     sampling: dict = {}
+    checkpoints: dict[str, dict] = {}
+
+    @property
+    def output_ids(self) -> int:
+        """Rows of the LM head the engine keeps: every code of every frame position, and end of speech."""
+        return self.codebook * self.cycle + 1
 
     @property
     def codes_per_second(self) -> float:
@@ -272,6 +286,14 @@ class TokenTable:
 
     def __len__(self) -> int:
         return max(self.ids.values(), default=-1) + 1
+
+
+def llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, head_dim: int,
+          vocab: int, tied: bool) -> dict:
+    """The Llama fields of a config.json (a released checkpoint's, in `Family.checkpoints`)."""
+    return {"model_type": "llama", "hidden_size": hidden, "intermediate_size": intermediate,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "head_dim": head_dim, "vocab_size": vocab, "tie_word_embeddings": tied}
 
 
 def token_id(tokenizer, token: str, family: str) -> int:

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.families.base import Family, SpeechLayout, check_codes_run, token_id
+from engine.families.base import Family, SpeechLayout, check_codes_run, llama, token_id
 
 NUM_SPEECH_TOKENS = 65536  # X-codec2: one FSQ codebook, levels [4] * 8
 SAMPLE_RATE = 16_000  # X-codec2's audio
 HOP = 320  # X-codec2: samples per code
 CONTEXT = 2048  # tokens Llasa was trained with, prompt included
 DEFAULT_DATE_STRING = "26 Jul 2024"  # what Llama-3.1-8B's template pins; keeps ids stable
+DECODER_PARAMETERS = 187_000_000  # X-codec2's decode path (quantizer + acoustic decoder), what workers hold
+# the published config.json of each released checkpoint (Llama-3.2-1B, -3B and Llama-3.1-8B bodies)
+CHECKPOINTS = {
+    "HKUSTAudio/Llasa-1B": llama(2048, 8192, 16, 32, 8, 64, 193_800, True),
+    "HKUSTAudio/Llasa-3B": llama(3072, 8192, 28, 24, 8, 128, 193_800, True),
+    "HKUSTAudio/Llasa-8B": llama(4096, 14336, 32, 32, 8, 128, 193_800, False),
+}
 
 TEXT_START = "<|TEXT_UNDERSTANDING_START|>"
 TEXT_END = "<|TEXT_UNDERSTANDING_END|>"
@@ -96,7 +103,10 @@ class Llasa(Family):
     frame_samples = HOP
     cycle = 1
     context = CONTEXT
+    codebook = NUM_SPEECH_TOKENS
+    codec_parameters = (DECODER_PARAMETERS, 0)  # the decode path takes the models' dtype
     sampling = {"temperature": 0.8}  # the model card's
+    checkpoints = CHECKPOINTS
 
     def detect(self, tokenizer) -> bool:
         unk = tokenizer.unk_token_id

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.families.base import Family, SpeechLayout, check_codes_run, token_id
+from engine.families.base import Family, SpeechLayout, check_codes_run, llama, token_id
 
 CODEBOOK = 4096  # SNAC codes per level
 FRAME = 7  # codes a frame: level 0 once, level 1 twice, level 2 four times
@@ -30,6 +30,9 @@ CONTEXT = 2048  # the context the authors serve Orpheus with (max_model_len), pr
 END_OF_TEXT = "<|eot_id|>"
 CONTROLS = {"start_speech": 1, "end_speech": 2, "start_human": 3, "end_human": 4, "start_ai": 5, "end_ai": 6}
 VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")  # the -ft English voices
+SNAC_PARAMETERS = 19_800_000  # SNAC 24 kHz (its README), held whole by a worker
+# the published config.json of the released fine-tuned checkpoint (a Llama-3.2-3B body)
+CHECKPOINTS = {"canopylabs/orpheus-3b-0.1-ft": llama(3072, 8192, 28, 24, 8, 128, 156_940, True)}
 
 
 def custom_token(n: int) -> str:
@@ -92,6 +95,10 @@ class Orpheus(Family):
     frame_samples = FRAME_SAMPLES
     cycle = FRAME
     context = CONTEXT
+    codebook = CODEBOOK
+    # SNAC's decoder takes the models' dtype, its encoder and quantizer stay float32: all counted as float32
+    codec_parameters = (0, SNAC_PARAMETERS)
+    checkpoints = CHECKPOINTS
     # the authors' settings; their README: repetition_penalty >= 1.1 "is required for stable generations"
     sampling = {"temperature": 0.6, "top_p": 0.8, "repetition_penalty": 1.3}
 

@@ -29,6 +29,7 @@ from engine.io.storage import Storage, StorageError, join, parse, relative_to
 from engine.runtime import numerics
 from engine.runtime.family import with_family
 from engine.runtime.plan import Layout, Plan, make_plan, plan_of
+from engine.runtime.sizing import dry_run_sizing, gpu_named, sizing_lines
 from engine.runtime.sweep_grid import points, run_uri, schedule
 from engine.text.prepare import TextPlanner
 
@@ -342,12 +343,15 @@ def lease_holder(spec: JobSpec, storage: Storage, root: str) -> str | None:
     return holder.describe(time.time())
 
 
-def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
-    """What `pcg-synth run` would do with `spec`, found without models, Ray or writing.
+def dry_run(spec: JobSpec, allow_numerics_change: bool = False, gpu: str | None = None) -> dict:
+    """What `pcg-synth run` would do with `spec`, found without models, Ray or writing; with the
+    projected sizing of its workers (on the GPU `gpu` names, else on cards of 24, 40 and 80 GB).
 
     Raises:
-        ValueError: what would stop the job before any work (as `pcg-synth run` reports it).
+        ValueError: what would stop the job before any work (as `pcg-synth run` reports it), or
+            a `gpu` the sizing does not know.
     """
+    card = gpu_named(gpu) if gpu else None
     storage = Storage(spec.storage)
     layout = Layout(spec.output.uri)
     preflight(spec, storage, create=False)
@@ -383,6 +387,9 @@ def dry_run(spec: JobSpec, allow_numerics_change: bool = False) -> dict:
                  "normalize": spec.text.normalize, "output_format": spec.output.format},
         "estimated_audio_hours": round(check.tokens / rate / 3600, 4),
         "quality": gate_cost(spec, check.tokens, rate), "fingerprint": plan.fingerprint})
+    if spec.kind != "sweep":  # a sweep's workers and batches come from its grid
+        report["sizing"], said = dry_run_sizing(spec, storage, family, card, report["estimated_audio_hours"])
+        report["warnings"] += said
     if spec.kind == "sweep":
         del report["fingerprint"]  # the base spec's plan: no point runs it
         runs = schedule(points(spec), spec.sweep.repetitions)
@@ -439,6 +446,8 @@ def dry_run_text(report: dict) -> str:
               + (f", {counted(report['workers'], 'worker')} at batch {report['batch_size']}" if not sweep else ""),
               f"  speech     about {report['estimated_tokens']} codes, {duration(report['estimated_audio_hours'])} "
               "of audio (estimated from the texts' length, capped by max_new_tokens)"]
+    if report.get("sizing"):
+        lines += sizing_lines(report["sizing"])
     text = report["text"]
     if text["rows_split"]:
         lines.append(f"  split      {counted(text['rows_split'], 'row')} would be split into "
