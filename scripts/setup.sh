@@ -18,6 +18,8 @@
 # FFmpeg: `datasets` decodes audio with torchcodec, which loads FFmpeg's shared libraries. When
 #   they are missing and this runs as root on a Debian/Ubuntu machine, apt-get installs them
 #   (PCG_SYNTH_APT=0 skips that); otherwise it says how to get them.
+# espeak-ng and Chromium (the quality gate's and the headless-browser tests') are installed the
+#   same way where missing; without them those tests skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -120,6 +122,21 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
     apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1 \
       || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1; } \
       || echo "setup: note: espeak-ng could not be installed: the quality gate's speech test will skip"
+  fi
+fi
+
+# Chromium: the headless-browser tests (tests/cpu/browser.py: the report, the documentation site)
+# drive Debian's chromium through Playwright, never Playwright's own browser download. Installed
+# with apt-get as FFmpeg is (as root on Debian/Ubuntu; PCG_SYNTH_APT=0 skips it); without it those
+# tests skip.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "${PCG_SYNTH_APT:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing chromium with apt-get (the browser tests open pages in it;" \
+         "PCG_SYNTH_APT=0 skips this)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } \
+      || echo "setup: note: chromium could not be installed: the headless-browser tests will skip"
   fi
 fi
 
