@@ -23,5 +23,7 @@ else
     --max-new-tokens 100 --quiet --out out/quickstart/methods.json
 fi
 echo
+echo "Listen to it: .venv/bin/pcg-synth report out/quickstart writes out/quickstart/report.html (players,"
+echo "histograms, every row; it opens offline in any browser). What each line above means: docs/getting-started.md."
 echo "Next: .venv/bin/pcg-synth --help (or \`source .venv/bin/activate\` and pcg-synth --help); the dataset"
 echo "loads with datasets.load_dataset(\"parquet\", data_files=\"out/quickstart/data/*.parquet\") (docs/guides/audio.md)."

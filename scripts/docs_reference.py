@@ -11,18 +11,33 @@ reference cannot drift from it:
 
 `expand(markdown)` is the same replacement outside mkdocs (tests/cpu/test_docs_links.py reads the
 pages as the site shows them).
+
+The site builds with the [docs] extra's packages alone: the generator reads the checkout's
+`engine` (put first on the path, installed or not) and imports only its light modules (the
+settings and the parser: pydantic and pyyaml, no torch or Ray); tests/cpu/test_docs_offline.py
+holds the build to that.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
+
+# The code these pages document is the checkout's, installed or not. Imported here, while the
+# checkout is on the path (mkdocs restores sys.path once a hook has loaded): its modules then
+# resolve through the package.
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+import engine  # noqa: E402, F401
 
 
 def cell(text: object) -> str:

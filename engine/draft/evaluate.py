@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from engine.config import DecodingSettings, decoding_default
 from engine.console import bar_disabled
 
@@ -95,6 +93,8 @@ def evaluate_drafts(target: str | Path, drafts: Sequence[str | Path], texts: Seq
                               "device": device, "dtype": str(tgt.model.dtype).replace("torch.", ""),
                               "draft_weights": draft_weights},
                  "drafts": {}}
+    from tqdm.auto import tqdm  # not at the top: the CLI's parser imports this module with light imports only
+
     bar = tqdm(total=len(drafts) * len(methods), desc="draft eval", unit="run", disable=bar_disabled(progress))
     for draft in drafts:
         drf = load_model(draft, device=device, dtype=dtype, tokenizer=vocabulary_view(draft).tokenizer,
