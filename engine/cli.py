@@ -389,8 +389,11 @@ def cmd_run(args) -> int:
     spec = JobSpec.load(args.spec)  # an invalid spec fails here, before torch and Ray load
     from engine.runtime.preflight import dry_run, dry_run_text, preflight
 
+    if args.gpu and not args.dry_run:
+        raise UsageError("--gpu sizes a dry run's workers: add --dry-run")
+
     if args.dry_run:
-        report = dry_run(spec, allow_numerics_change=args.allow_numerics_change)
+        report = dry_run(spec, allow_numerics_change=args.allow_numerics_change, gpu=args.gpu)
         print(json.dumps(report) if args.quiet else dry_run_text(report))
         return 0
     from engine.io.storage import Storage
@@ -448,6 +451,9 @@ def add_jobs(sub) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="check the job without models, Ray or writing: models and output reachable, "
                         "every manifest row validated, the plan and what the output holds; print it")
+    p.add_argument("--gpu", metavar="NAME",
+                   help="with --dry-run: size the workers for this GPU (H100, H200, A100-80GB, A100-40GB, L40S, "
+                        "A10G, L4, RTX 4090, ...: docs/sizing.md); without it, for cards of 24, 40 and 80 GB")
     p.add_argument("--wait", action="store_true",
                    help="if another driver is writing the same output (it holds the output's lease), wait "
                         "for it to end, then go on (typically finding the job finished and printing its "
@@ -546,11 +552,13 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.codec.cli import register as register_codec
     from engine.draft.cli import register as register_draft
     from engine.groups.cli import register as register_groups
+    from engine.report.cli import register as register_report
 
     register_codec(sub)
     register_groups(sub)
     register_draft(sub)
     register_bench(sub)
+    register_report(sub)
     add_verbose(parser, top=True)
     return parser
 

@@ -250,6 +250,12 @@ class WorkerPool:
     def run(self, shards: list[Shard]) -> PoolReport:
         self.pending = deque(shards)
         self.target = min(self.spec.resources.workers, len(self.pending))  # workers the job runs on
+        if self.target and cluster_capacity(self.spec) == 0:  # Ray would keep them pending, silently
+            res = self.spec.resources
+            need = f"{res.cpus_per_worker:g} CPU" + (f", {res.gpus_per_worker:g} GPU" if res.gpus_per_worker else "")
+            self.notify(f"no live node can host a worker ({need} each) now: the workers wait for nodes to join "
+                        "(an autoscaler); on a machine without what they need, change resources (e.g. "
+                        "resources.gpus_per_worker: 0 on a machine without GPUs)")
         for _ in range(self.target):
             self.start_worker()
         finished = False
@@ -430,7 +436,8 @@ def cause_line(exc: BaseException) -> str:
     if isinstance(exc, RayActorError):
         text = str(exc)
         if "OutOfMemoryError" in text or "out of memory" in text.lower() or "memory monitor" in text:
-            return "out of memory, the node's memory monitor killed it: lower shards_held or batch_size"
+            return ("out of memory, the node's memory monitor killed it: lower resources.batch_size or "
+                    "resources.shard_window")
         if "SIGKILL" in text or "killed" in text.lower():
             return "its process was killed"
         if "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):

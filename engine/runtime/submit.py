@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import glob
+import hashlib
+import os
+import re
+import shutil
 import sys
 import tempfile
 import time
@@ -14,6 +19,10 @@ from engine.io.storage import is_remote
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 MODEL_LOCATIONS = ("target", "draft", "codec", "groups", "groups_cache")  # models.* naming places
+# Ray sets this, on each node, to where the job's working directory was unpacked there, before it
+# installs the runtime environment's `pip` entries; pip expands it in their text.
+NODE_WORKING_DIR = "${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}"
+LOCAL_WHEEL = re.compile(r"(?P<path>[^\[\]]+\.whl)(?P<extras>\[[^\]]*\])?")  # dist/x.whl, dist/x.whl[gpu]
 
 
 def client(address: str):
@@ -54,12 +63,52 @@ def local_paths(spec: JobSpec) -> list[str]:
     return [f"{name}={value}" for name, value in fields.items() if not is_remote(value)]
 
 
+def ship_wheels(env: dict, work: Path) -> dict:
+    """`env` with every `pip` entry that names a wheel on this machine (a path or glob relative to
+    the current directory, e.g. `dist/pcg_synth-*.whl` or `dist/pcg_synth-*.whl[gpu]`) copied
+    into the job's working directory `work` and named where each node unpacks it.
+
+    Ray's pip runs on every node, in a directory of its own: a path of this machine names nothing
+    there, while the working directory travels with the job. Each wheel goes into a folder named
+    by its hash, because Ray keys a node's environments by the entries' text: a rebuilt wheel of
+    the same version then gets a fresh environment instead of a cached one.
+
+    Raises:
+        ValueError: a wheel entry matches no file, or more than one.
+    """
+    pip = env.get("pip")
+    packages = pip.get("packages") if isinstance(pip, dict) else pip
+    if not isinstance(packages, list):  # none, or a requirements file Ray reads itself
+        return env
+    shipped = []
+    for entry in packages:
+        local = LOCAL_WHEEL.fullmatch(entry.strip()) if isinstance(entry, str) else None
+        if local is None or "://" in entry or "$" in entry:  # a requirement, a URL, a node's path
+            shipped.append(entry)
+            continue
+        found = sorted(glob.glob(os.path.expanduser(local["path"])))
+        if len(found) != 1:
+            where = f"{len(found)} files ({', '.join(found)}): name one" if found else (
+                f"no file (from {os.getcwd()}): build the wheel with `python -m build --wheel`")
+            raise ValueError(f"runtime environment pip entry {entry!r} matches {where}")
+        wheel = Path(found[0])
+        folder = Path("wheels") / hashlib.sha256(wheel.read_bytes()).hexdigest()[:16]
+        (work / folder).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(wheel, work / folder / wheel.name)
+        shipped.append(f"{NODE_WORKING_DIR}/{folder.as_posix()}/{wheel.name}{local['extras'] or ''}")
+    return {**env, "pip": {**pip, "packages": shipped} if isinstance(pip, dict) else shipped}
+
+
 def submit(spec_path: str | Path, address: str, runtime_env: str | Path | None = None,
            dry_run: bool = False) -> str:
     """Validate the spec here, upload it as the job's working directory and start
     `pcg-synth run job.yaml --address auto` on the cluster (`dry_run`: `pcg-synth run job.yaml
     --dry-run`, which checks the job where it will run: the cluster's paths and credentials).
-    Returns the submission id."""
+    Local wheels the runtime environment's `pip` names travel in the working directory
+    (`ship_wheels`). Returns the submission id.
+
+    Raises:
+        ValueError: a wheel entry matches no file or several; the Jobs API refused the job."""
     spec = JobSpec.load(spec_path)
     local = local_paths(spec)
     if local:
@@ -70,11 +119,15 @@ def submit(spec_path: str | Path, address: str, runtime_env: str | Path | None =
         raise ValueError(f"{runtime_env}: a runtime environment is a YAML mapping")
     with tempfile.TemporaryDirectory(prefix="pcg-synth-submit-") as work:
         (Path(work) / "job.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-        env = {**(env or {}), "working_dir": work}
-        return client(address).submit_job(
-            entrypoint="pcg-synth run job.yaml " + ("--dry-run" if dry_run else "--address auto"), runtime_env=env,
-            submission_id=f"pcg-synth-{spec.name}{'-dry-run' if dry_run else ''}-{int(time.time())}",
-            metadata={"pcg_synth_job": spec.name, "output": spec.output.uri})
+        env = {**ship_wheels(env or {}, Path(work)), "working_dir": work}
+        jobs = client(address)
+        try:
+            return jobs.submit_job(
+                entrypoint="pcg-synth run job.yaml " + ("--dry-run" if dry_run else "--address auto"), runtime_env=env,
+                submission_id=f"pcg-synth-{spec.name}{'-dry-run' if dry_run else ''}-{int(time.time())}",
+                metadata={"pcg_synth_job": spec.name, "output": spec.output.uri})
+        except RuntimeError as exc:  # the Jobs API's HTTP errors, e.g. "No available agent" on a head without one
+            raise ValueError(f"the Ray Jobs API at {address} refused the job: {str(exc).splitlines()[0]}") from None
 
 
 def status(job_id: str, address: str, wait: bool = False, poll_s: float = 2.0) -> tuple[str, str]:

@@ -34,11 +34,13 @@ def start_head(jobs_api: bool = True) -> tuple[subprocess.Popen, str]:
 
     bindir = str(Path(sys.executable).parent)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
-    port, dash = free_port(), free_port()
+    # the job agent's port too: its default (52365) is taken by any other Ray on the machine, and a
+    # head without its job agent refuses jobs ("No available agent")
+    port, dash, agent = free_port(), free_port(), free_port()
     head = subprocess.Popen([str(Path(bindir) / "ray"), "start", "--head", f"--port={port}",
-                             f"--dashboard-port={dash}", "--num-cpus=2", f"--include-dashboard={str(jobs_api).lower()}",
-                             "--block"], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}", "--num-cpus=2",
+                             f"--include-dashboard={str(jobs_api).lower()}", "--block"],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     jobs = f"http://127.0.0.1:{dash}"
 
     def answer() -> str | None:
@@ -76,7 +78,12 @@ def test_submit_runs_the_job_on_the_cluster_and_status_reports_it(ray_head, kit_
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), resources={"workers": 1})
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    env_file = ROOT / "cluster" / "runtime-env.yaml"
+    # cluster/runtime-env.yaml without its wheel: this head's Python has pcg-synth installed already
+    # (tests/cpu/test_wheel.py submits the file as it is, to a head without pcg-synth)
+    env = yaml.safe_load((ROOT / "cluster" / "runtime-env.yaml").read_text())
+    env.pop("pip")
+    env_file = tmp_path / "runtime-env.yaml"
+    env_file.write_text(yaml.safe_dump(env))
     # first a dry run, on the cluster: its report in the job's log, nothing written
     assert main(["submit", str(spec_file), "--address", ray_head, "--runtime-env", str(env_file), "--dry-run"]) == 0
     dry_id = capsys.readouterr().out.split()[1]
