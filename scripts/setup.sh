@@ -93,17 +93,20 @@ check_torch_floor
 .venv/bin/python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > .venv/torch-constraint.txt
 pip install -q -c .venv/torch-constraint.txt -e ".[$EXTRAS]"
 
+# System packages: installed with apt-get where this runs as root on Debian/Ubuntu (PCG_SYNTH_APT=0
+# skips it); apt_install PACKAGE WHY: quiet, refreshing the package lists once if the first try fails.
+can_apt() { [ "${PCG_SYNTH_APT:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
+apt_install() {
+  echo "setup: installing $1 with apt-get ($2; PCG_SYNTH_APT=0 skips this)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q --no-install-recommends "$1" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends "$1" >/dev/null 2>&1; }
+}
+
 # FFmpeg's shared libraries for torchcodec (datasets' audio decoding).
 decodes() { .venv/bin/python -c "from torchcodec.decoders import AudioDecoder" >/dev/null 2>&1; }
 if ! decodes; then
-  if [ "${PCG_SYNTH_APT:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing FFmpeg's shared libraries with apt-get (datasets decodes audio through them;" \
-         "PCG_SYNTH_APT=0 skips this)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends ffmpeg >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends ffmpeg >/dev/null 2>&1; } \
-      || true
-  fi
+  if can_apt; then apt_install ffmpeg "datasets decodes audio through its shared libraries" || true; fi
   if ! decodes; then
     echo "setup: note: datasets cannot decode the audio column until FFmpeg's shared libraries are installed" \
          "(sudo apt-get install ffmpeg, or conda install ffmpeg); until then read the audio bytes with" \
@@ -112,32 +115,18 @@ if ! decodes; then
 fi
 
 # espeak-ng: the quality gate's tests (tests/cpu/test_quality_gate.py) tell real speech from the
-# tiny kit's noise with clips it speaks. Installed with apt-get as FFmpeg is (as root on
-# Debian/Ubuntu; PCG_SYNTH_APT=0 skips it); without it those tests try the same, else skip.
-if ! command -v espeak-ng >/dev/null 2>&1; then
-  if [ "${PCG_SYNTH_APT:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing espeak-ng with apt-get (the quality gate's tests speak with it;" \
-         "PCG_SYNTH_APT=0 skips this)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1; } \
-      || echo "setup: note: espeak-ng could not be installed: the quality gate's speech test will skip"
-  fi
+# tiny kit's noise with clips it speaks; without it those tests skip.
+if ! command -v espeak-ng >/dev/null 2>&1 && can_apt; then
+  apt_install espeak-ng "the quality gate's tests speak with it" \
+    || echo "setup: note: espeak-ng could not be installed: the quality gate's speech test will skip"
 fi
 
 # Chromium: the headless-browser tests (tests/cpu/browser.py: the report, the documentation site)
-# drive Debian's chromium through Playwright, never Playwright's own browser download. Installed
-# with apt-get as FFmpeg is (as root on Debian/Ubuntu; PCG_SYNTH_APT=0 skips it); without it those
-# tests skip.
-if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
-  if [ "${PCG_SYNTH_APT:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing chromium with apt-get (the browser tests open pages in it;" \
-         "PCG_SYNTH_APT=0 skips this)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } \
-      || echo "setup: note: chromium could not be installed: the headless-browser tests will skip"
-  fi
+# drive Debian's chromium through Playwright, never Playwright's own browser download; without it
+# those tests skip.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 && can_apt; then
+  apt_install chromium "the browser tests open pages in it" \
+    || echo "setup: note: chromium could not be installed: the headless-browser tests will skip"
 fi
 
 .venv/bin/python -c "import torch, transformers, engine; print('pcg-synth', engine.__version__, '| torch', torch.__version__, '| cuda', torch.cuda.is_available())"
