@@ -117,6 +117,8 @@ class Resources(HTMLParser):
 
 
 ELSEWHERE = re.compile(r"^(https?:)?//", re.I)
+CDN = re.compile(r"https?://(unpkg\.com|cdn\.jsdelivr\.net|cdnjs\.cloudflare\.com|fonts\.googleapis\.com|"
+                 r"fonts\.gstatic\.com)/", re.I)
 CSS_URL = re.compile(r"""(?:url\(\s*['"]?|@import\s+['"])([^'")\s]+)""")
 
 
@@ -133,6 +135,10 @@ def test_no_page_or_stylesheet_loads_anything_from_elsewhere(site):
     assert not {f: u for f, u in elsewhere.items() if u}
     diagram = loaded[site / "concepts" / "architecture" / "index.html"]
     assert any(u.endswith(".min.js") and "/vendor/mermaid-" in u for u in diagram), diagram
+    # nor does any file name a CDN (the theme's never-taken fallbacks are emptied at build time)
+    texts = [f for f in site.rglob("*") if f.suffix in (".html", ".js", ".css", ".map", ".json")]
+    named = {str(f.relative_to(site)) for f in texts if CDN.search(f.read_text(errors="replace"))}
+    assert len(texts) > 20 and not named, named
 
 
 def nodes(node: dict):

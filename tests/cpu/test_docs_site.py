@@ -47,7 +47,8 @@ def test_the_strict_build_fails_on_a_broken_anchor_and_a_page_outside_the_nav(tm
     subprocess.run(["cp", "-r", str(ROOT / "docs"), str(docs)], check=True)
     (docs / "stray.md").write_text("# Not in the nav\n\n[jobs](guides/jobs.md#no-such-heading)\n")
     cfg = (ROOT / "mkdocs.yml").read_text().replace("docs_dir: docs", f"docs_dir: {docs}")
-    cfg = cfg.replace("scripts/docs_reference.py", str(ROOT / "scripts" / "docs_reference.py"))
+    for hook in ("docs_reference.py", "docs_offline.py"):
+        cfg = cfg.replace(f"scripts/{hook}", str(ROOT / "scripts" / hook))
     (tmp_path / "mkdocs.yml").write_text(cfg)
     done = build(tmp_path / "site", tmp_path / "mkdocs.yml")
     assert done.returncode != 0
