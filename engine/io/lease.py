@@ -417,8 +417,8 @@ class OutputLease:
         waited_since = noted = None
         while True:
             holder = self.latest_readable()
-            if holder is None or not holder.holds:
-                gone = holder is not None and holder.gone
+            gone = holder is not None and holder.gone  # read once: it looks at /proc
+            if holder is None or holder.released or holder.stale or gone:
                 if self.create(holder.gen + 1 if holder else 1):
                     if holder is not None and not holder.released:
                         why = ("its process is gone" if gone else

@@ -188,3 +188,17 @@ def lease_released(output: Path) -> bool:
     released (the fence of any older holder keeps refusing writes)."""
     files = sorted((Path(output) / "_lease").glob("*.json"))
     return len(files) == 1 and bool(json.loads(files[0].read_text()).get("released"))
+
+
+def run_on_local_ray(spec: JobSpec) -> dict:
+    """Run `spec` to its end on a local Ray of two CPUs started for it and shut down after;
+    returns its summary."""
+    import ray
+
+    from engine.runtime.job import JobRunner
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        return JobRunner(spec, progress=False).run()
+    finally:
+        ray.shutdown()

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import ray
 import soundfile as sf
 
 from engine.config import DecodingSettings, OutputSpec, StorageOptions
@@ -26,9 +25,8 @@ from engine.io.dataset import build_table
 from engine.io.formats import write_shard
 from engine.io.storage import Storage
 from engine.runtime.convert import convert
-from engine.runtime.job import JobRunner
 
-from jobhelpers import NemoManifest, job_spec, texts, write_manifest
+from jobhelpers import NemoManifest, job_spec, run_on_local_ray, texts, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 RATE = 16_000
@@ -40,11 +38,7 @@ def kit_output(kit_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("job")
     manifest = write_manifest(folder / "m.jsonl", [*texts(7), "{broken json"])
     spec = job_spec(kit_dir, [str(manifest)], str(folder / "out"), resources={"workers": 1})
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        JobRunner(spec, progress=False).run()
-    finally:
-        ray.shutdown()
+    run_on_local_ray(spec)
     return folder / "out"
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import boto3
 import pyarrow.parquet as pq
 import pytest
-import ray
 import soundfile as sf
 
 from engine.cli import main
@@ -24,10 +23,9 @@ from engine.report import write_report
 from engine.report.figures import choose_sample
 from engine.report.read import ReportRow
 from engine.runtime.convert import convert
-from engine.runtime.job import JobRunner
 
 from browser import chromium, page
-from jobhelpers import job_spec, texts, write_manifest
+from jobhelpers import job_spec, run_on_local_ray, texts, write_manifest
 
 MARKUP = "Tags </script><!-- & <b>this</b> stay text."  # a row's text must not break the page
 
@@ -45,11 +43,7 @@ def gated_output(kit_dir, tmp_path_factory):
     spec = job_spec(kit_dir, [str(manifest)], str(folder / "out"), decoding={"max_new_tokens": 40},
                     resources={"workers": 1, "rows_per_shard": 5},
                     quality={"asr": "pocketsphinx", "min_duration_s": 0.1})
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        JobRunner(spec, progress=False).run()
-    finally:
-        ray.shutdown()
+    run_on_local_ray(spec)
     return folder / "out"
 
 
