@@ -1,9 +1,10 @@
 """The cost model of speculative decoding: measured step times and the memory-bandwidth bound.
 
 One round costs a draft phase (one 2-token forward, then gamma - 1 one-token forwards, as
-`SpeculativeDecoder.propose` does) plus one target forward over gamma + 1 tokens; an `ar` step
-is one target forward over one token. With L tokens per round (mean accepted length, the
-bonus/recovered token included) the model predicts
+`SpeculativeDecoder.propose` does; with stream heads, one pass of the heads and of the target's
+head over their gamma states, as `round.propose_streams` and `round.follow_streams` do) plus one
+target forward over gamma + 1 tokens; an `ar` step is one target forward over one token. With L
+tokens per round (mean accepted length, the bonus/recovered token included) the model predicts
 
     speedup = L * t_ar / (t_draft_phase + t_verify),
 
@@ -28,6 +29,7 @@ import torch
 
 from engine.decoding.sizing import gpu_of_device
 from engine.models.llama import LlamaLM
+from engine.models.streams import StreamHeads
 
 
 def sync(device: torch.device) -> None:
@@ -72,12 +74,33 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], device: torch.devi
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def step_times(target: LlamaLM, draft: LlamaLM | None, batch: int, gamma: int, context: int,
+def streams_timer(target: LlamaLM, heads: StreamHeads, batch: int, gamma: int):
+    """A closure running one round's work of stream heads: their pass over a `[batch, H]` hidden
+    state and the token after it (the states of the next round), then the target's head over
+    `[batch, gamma, H]` of those states (its proposals' logits)."""
+    if gamma > heads.heads:
+        raise ValueError(f"gamma {gamma} needs {gamma} stream heads; these have {heads.heads}")
+    hidden = torch.randn(batch, target.shape.hidden_size, dtype=target.dtype, device=target.device)
+    tokens = target.output_token_ids[torch.randint(0, target.vocab_out, (batch,), device=target.device)]
+
+    def run():
+        with torch.inference_mode():
+            states = heads.follow(target, hidden, tokens)  # [B, heads, H]
+            return heads.logits(target, states[:, :gamma], widen=False)  # [B, gamma, V]
+    return run
+
+
+def step_times(target: LlamaLM, draft: LlamaLM | StreamHeads | None, batch: int, gamma: int, context: int,
                reps: int = 10) -> dict[str, float]:
     """Median seconds of an `ar` step, a verify forward and a draft phase at this batch size,
-    measured in turns (`interleaved_medians`)."""
+    measured in turns (`interleaved_medians`). `draft_step_s` is a draft model's one-token step;
+    stream heads have no step of their own, so theirs is the phase over gamma."""
     fns = {"ar_s": forward_timer(target, batch, 1, context, "all"),
            "verify_s": forward_timer(target, batch, gamma + 1, context, "all")}
+    if isinstance(draft, StreamHeads):
+        fns["draft_phase_s"] = streams_timer(target, draft, batch, gamma)
+        times = interleaved_medians(fns, target.device, reps)
+        return {**times, "draft_step_s": times["draft_phase_s"] / gamma}
     if draft is not None:
         first = forward_timer(draft, batch, 2, context, "last")
         rest = forward_timer(draft, batch, 1, context + 2, "last")
@@ -137,32 +160,38 @@ def drain_factor(acceptance: float, gamma: int, tokens: float, batch: int, rows:
 
 class ForwardClock:
     """Seconds spent inside the forwards of some models while active, split into prefill
-    (forwards that return no logits: filling a slot's cache) and decode forwards; the rest of a
-    decode's wall time is host work. It times the models' `_step`, which eager rounds and
+    (forwards that fill chosen slots' caches: an admission) and decode forwards (a round's); the rest of a
+    decode's wall time is host work. It times the models' `step`, which eager rounds and
     prefills call; a compiled round's forwards are inside its graph, out of its sight (use the
-    round runner's figures there). On CUDA each forward is synchronised to be timed, which
-    removes the overlap of host and device work: use it to profile, not for headline figures.
+    round runner's figures there). Stream heads given beside the target are timed too, their
+    passes (`follow`) and their proposals' logits (`logits`) counted as decode forwards (an
+    admission's one pass of them as well), so that a pilot's host time does not hold them twice.
+    On CUDA each forward is synchronised to be timed, which removes the overlap of host and
+    device work: use it to profile, not for headline figures.
 
-        with ForwardClock(target, draft) as clock:
+        with ForwardClock(target, synth.drafter) as clock:
             synth.synthesize(items, settings)
         clock.decode_s, clock.prefill_s
     """
 
-    def __init__(self, *models: LlamaLM | None) -> None:
+    def __init__(self, *models: LlamaLM | StreamHeads | None) -> None:
+        lms = [m for m in models if isinstance(m, LlamaLM)]
         # a model whose rounds run compiled is left alone: its forwards are inside the graph
-        self.models = [m for m in models if m is not None and m.compile_mode == "none"]
+        self.models = [m for m in lms if m.compile_mode == "none"]
+        # stream heads run inside the target's rounds: out of sight too where those are compiled
+        eager = bool(lms) and len(self.models) == len(lms)
+        self.heads = [m for m in models if isinstance(m, StreamHeads)] if eager else []
         self.decode_s = self.prefill_s = 0.0
 
-    def _timed(self, model: LlamaLM):
-        step = model._step
-
-        def timed(tokens, positions, cache, kv_len, slots, logits_at, **options):
-            sync(model.device)
+    def _timed(self, fn: Callable, device: torch.device, admission: Callable[[dict], bool]):
+        """`fn` timed into `prefill_s` where `admission(its keyword arguments)`, else `decode_s`."""
+        def timed(*args, **options):
+            sync(device)
             start = time.perf_counter()
-            out = step(tokens, positions, cache, kv_len, slots, logits_at, **options)
-            sync(model.device)
+            out = fn(*args, **options)
+            sync(device)
             elapsed = time.perf_counter() - start
-            if logits_at == "none":
+            if admission(options):
                 self.prefill_s += elapsed
             else:
                 self.decode_s += elapsed
@@ -170,13 +199,22 @@ class ForwardClock:
         return timed
 
     def __enter__(self) -> ForwardClock:
+        def prefill(options: dict) -> bool:  # an admission's prefill writes chosen rows; a round all
+            return options.get("slots") is not None
+
+        # instance attributes shadow the classes' methods until `__exit__` deletes them
         for m in self.models:
-            m._step = self._timed(m)  # the instance attribute shadows the class's method
+            m.step = self._timed(m.step, m.device, prefill)
+        for h in self.heads:
+            h.follow = self._timed(h.follow, h.device, lambda options: False)
+            h.logits = self._timed(h.logits, h.device, lambda options: False)
         return self
 
     def __exit__(self, *exc) -> None:
         for m in self.models:
-            del m._step
+            del m.step
+        for h in self.heads:
+            del h.follow, h.logits
 
 
 def break_even_length(times: dict[str, float]) -> float | None:
@@ -223,24 +261,31 @@ def bandwidth_bound(target: LlamaLM, batch: int, context: int, bandwidth: float)
             "weights_kv_bound_s": (w + kv) / bandwidth}
 
 
-def speculation_outlook(target: LlamaLM, draft: LlamaLM, gamma: int, context: int,
+def speculation_outlook(target: LlamaLM, draft: LlamaLM | StreamHeads, gamma: int, context: int,
                         accepted: dict[str, float], reps: int = 10) -> str:
-    """Why speculation does or does not pay for this model pair at batch 1, in words: the step
-    times measured now, the break-even accepted length, and the cost model's speedup for each
-    method's measured mean accepted length (`accepted`: method -> tokens per round)."""
+    """Why speculation does or does not pay for this target and drafter (a draft model or stream
+    heads) at batch 1, in words: the step times measured now, the break-even accepted length,
+    and the cost model's speedup for each method's measured mean accepted length (`accepted`:
+    method -> tokens per round)."""
+    heads = isinstance(draft, StreamHeads)
     times = step_times(target, draft, 1, gamma, context, reps)
     even = break_even_length(times)
     ms = {k: v * 1e3 for k, v in times.items()}
-    lines = [f"Speculation at batch 1, gamma {gamma} (step times measured now): a round costs the draft "
-             f"{ms['draft_phase_s']:.1f} ms + verify {ms['verify_s']:.1f} ms against an `ar` step of "
-             f"{ms['ar_s']:.1f} ms, so it pays only above {even:.2f} accepted tokens per round "
-             f"(the draft step is {times['draft_step_s'] / times['ar_s']:.2f}x the target's)."]
+    drafter = (f"the stream heads {ms['draft_phase_s']:.1f} ms (one pass for {gamma} proposals)" if heads
+               else f"the draft {ms['draft_phase_s']:.1f} ms")
+    step = ("" if heads else
+            f" (the draft step is {times['draft_step_s'] / times['ar_s']:.2f}x the target's)")
+    lines = [f"Speculation at batch 1, gamma {gamma} (step times measured now): a round costs {drafter} "
+             f"+ verify {ms['verify_s']:.1f} ms against an `ar` step of "
+             f"{ms['ar_s']:.1f} ms, so it pays only above {even:.2f} accepted tokens per round{step}."]
     for method, length in accepted.items():
         lines.append(f"  {method}: {length:.2f} tokens per round -> predicted "
                      f"{predicted_speedup(length, gamma, times):.2f}x `ar`")
     if even >= gamma + 1:
         lines.append(f"No draft can pay here: even accepting every token ({gamma + 1} per round) is below the "
                      "break-even.")
+    if heads:  # one pass a round, whatever gamma: no per-step share to weigh
+        return "\n".join(lines)
     share = weight_bytes(draft) / weight_bytes(target)  # what a decode step reads: the step's cost
     if share > 0.5:
         lines.append(f"The draft reads {share:.0%} of the target's weights per step. Speculation pays when it "

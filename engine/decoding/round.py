@@ -37,6 +37,7 @@ from engine.decoding.sampling import RowWarp, penalised_logits, sample_from, war
 from engine.decoding.verify import Block, PCGRule, Rule, judge_mixed
 from engine.models.kv_cache import KVCache
 from engine.models.llama import LlamaLM, StepTables
+from engine.models.streams import StreamHeads
 
 OUT_COUNT, OUT_FINISHED, OUT_FIX = 0, 1, 2  # columns of a round's result `[B, 3]`
 
@@ -136,10 +137,14 @@ class RoundState:
         frame_bias: `[cycle, V]` in the models' dtype, -inf at the output ids each frame position
             may not sample, else 0 (`OutputSpace.bias_table`; None with `phases`).
         cycle: positions per frame.
+        streams: the stream heads that draft instead of a draft model (`engine.models.streams`).
+        stream_state: `[B, heads, H]` each row's heads' states, the next round's proposals'
+            source (`follow_streams`); stream_source: `[B, H]` the target's normed hidden state
+            they came from (the fallback redoes a row's states from it).
     """
 
     target: LlamaLM
-    draft: LlamaLM | None
+    draft: LlamaLM | None  # a draft model, or None (stream heads or `ar`)
     tcache: KVCache
     dcache: KVCache | None
     out_to_token: torch.Tensor
@@ -169,13 +174,16 @@ class RoundState:
     phases: torch.Tensor | None = None
     frame_bias: torch.Tensor | None = None
     cycle: int = 1
+    streams: StreamHeads | None = None
+    stream_state: torch.Tensor | None = None
+    stream_source: torch.Tensor | None = None
 
     def tensors(self) -> list[torch.Tensor]:
         """Every state tensor a round reads or writes (CUDA graphs replay into their addresses)."""
         names = ("tokens", "seq_len", "limit", "active", "keys", "temperature", "top_k", "top_p", "penalty",
                  "greedy", "rule_index", "stat_reached", "stat_accepted", "stat_counts", "seen",
                  "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "ar_draws", "out_to_token",
-                 "start", "phases", "frame_bias")
+                 "start", "phases", "frame_bias", "stream_state", "stream_source")
         caches = self.tcache.tensors() + (self.dcache.tensors() if self.dcache else [])
         return [t for t in [getattr(self, n) for n in names] + caches if t is not None]
 
@@ -223,22 +231,16 @@ def choose(logits: torch.Tensor, seen: torch.Tensor | None, warp: RowWarp, u: to
     return x, probs
 
 
-def propose(state: RoundState, plan: RoundPlan, warp: RowWarp, span: torch.Tensor, tables: StepTables,
-            u: dict, kv_len):
-    """Draft `gamma` tokens per row. The draft is fed the last two committed tokens first
-    (covering a fully accepted block whose last draft token it never saw). `span` `[B, g+2]`:
-    the positions the round feeds (from the row's last but one); `tables`: the draft's
-    `step_tables` of them.
+def sample_proposals(state: RoundState, plan: RoundPlan, warp: RowWarp, lens: torch.Tensor, u: dict,
+                     logits: torch.Tensor, advance):
+    """Sample `gamma` proposals per row at positions `lens + 0..g-1`: the first from `logits`
+    `[B, 1, V]`, each next one from `advance(i, x)`, the logits after proposal `i` was `x` `[B]`.
 
     Returns:
         tokens `[B, g]`, probs `[B, g, V]` (None when no row samples), and the penalty histories
         `[B, g+1, V]` the target must reuse (None without a penalty).
     """
     g = plan.gamma
-    pos = span[:, :2]  # [B, 2]
-    logits = state.draft._step(state.tokens.gather(1, pos), pos, state.dcache, kv_len, None, "last", widen=False,
-                               tables=tables.columns(0, 2))  # [B, 1, V]
-    lens = span[:, 2]  # [B] the first position drafted
     seen = state.seen if plan.penalty else None
     histories, tokens, probs = [seen], [], []
     drafted = u[rng.DRAFT] if plan.sampled else None  # [B, g, 1]
@@ -251,12 +253,47 @@ def propose(state: RoundState, plan: RoundPlan, warp: RowWarp, span: torch.Tenso
             seen = seen.scatter(-1, x[:, None], True)
             histories.append(seen)
         if i < g - 1:
-            feed = state.out_to_token[x][:, None]  # [B, 1]
-            logits = state.draft._step(feed, span[:, i + 2:i + 3], state.dcache, kv_len, None, "last", widen=False,
-                                       tables=tables.columns(i + 2, i + 3))
+            logits = advance(i, x)
     stacked = torch.stack(probs, 1) if probs else None
     history = torch.stack(histories, 1) if plan.penalty else None
     return torch.stack(tokens, 1), stacked, history
+
+
+def propose(state: RoundState, plan: RoundPlan, warp: RowWarp, span: torch.Tensor, tables: StepTables,
+            u: dict, kv_len):
+    """Draft `gamma` tokens per row with the draft model. The draft is fed the last two committed
+    tokens first (covering a fully accepted block whose last draft token it never saw). `span`
+    `[B, g+2]`: the positions the round feeds (from the row's last but one); `tables`: the draft's
+    `step_tables` of them. Returns what `sample_proposals` does."""
+    pos = span[:, :2]  # [B, 2]
+    logits = state.draft.step(state.tokens.gather(1, pos), pos, state.dcache, kv_len=kv_len, logits_at="last",
+                              widen=False, tables=tables.columns(0, 2))  # [B, 1, V]
+
+    def advance(i: int, x: torch.Tensor) -> torch.Tensor:
+        feed = state.out_to_token[x][:, None]  # [B, 1]
+        return state.draft.step(feed, span[:, i + 2:i + 3], state.dcache, kv_len=kv_len, logits_at="last",
+                                widen=False, tables=tables.columns(i + 2, i + 3))
+    return sample_proposals(state, plan, warp, span[:, 2], u, logits, advance)
+
+
+def propose_streams(state: RoundState, plan: RoundPlan, warp: RowWarp, lens: torch.Tensor, u: dict):
+    """`gamma` proposals per row from the stream heads' states the last round (or the admission)
+    left (`RoundState.stream_state`): one pass of the target's head over them, then sampling.
+    Returns what `sample_proposals` does."""
+    logits = state.streams.logits(state.target, state.stream_state[:, :plan.gamma], widen=False)  # [B, g, V]
+    return sample_proposals(state, plan, warp, lens, u, logits[:, :1],
+                            lambda i, x: logits[:, i + 1:i + 2])
+
+
+def follow_streams(state: RoundState, normed: torch.Tensor, accepted: torch.Tensor, token: torch.Tensor) -> None:
+    """The stream heads' states for the next round: from the target's normed hidden state at each
+    row's last accepted position (`normed` `[B, g+1, H]`, index `accepted` `[B]`) and the token
+    emitted after it (`token` `[B]`, an output id). Rows whose token is drawn after the round
+    (PCG's fallback) are redone then (`SpeculativeDecoder.fix_fallbacks`, from `stream_source`)."""
+    rows = torch.arange(accepted.shape[0], device=accepted.device)
+    source = normed[rows, accepted]  # [B, H]
+    state.stream_source.copy_(source)
+    state.stream_state.copy_(state.streams.follow(state.target, source, state.out_to_token[token]))
 
 
 def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | None = None) -> torch.Tensor:
@@ -270,20 +307,30 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
     warp = plan.warp(state)
     lens = state.seq_len  # [B]
     u = draws(state, plan, lens)
-    if g:
+    target_tables, normed = None, None
+    if g and state.streams is not None:
+        drafts, draft_probs, history = propose_streams(state, plan, warp, lens, u)
+        pos = (lens - 1)[:, None] + torch.arange(g + 1, device=lens.device)  # [B, g+1]
+    elif g:
         # every position the round feeds, from the last committed but one: mask and rope tables once
         span = (lens - 2)[:, None] + torch.arange(g + 2, device=lens.device)  # [B, g+2]
         tables = state.draft.step_tables(span, kv_len)
         drafts, draft_probs, history = propose(state, plan, warp, span, tables, u, kv_len)
         pos = span[:, 1:]  # [B, g+1] the target's: the last committed one onwards
         target_tables = tables.columns(1, g + 2) if state.same_rope else None
-        feed = torch.cat([state.tokens.gather(1, pos[:, :1]), state.out_to_token[drafts]], 1)  # [B, g+1]
     else:
         pos = (lens - 1)[:, None]  # [B, 1] the last committed position
-        drafts, draft_probs, feed, target_tables = None, None, state.tokens.gather(1, pos), None
+        drafts, draft_probs = None, None
         history = state.seen[:, None] if plan.penalty else None
-    logits = state.target._step(feed, pos, state.tcache, kv_len, None, "all", widen=False,
-                                tables=target_tables)  # [B, g+1, V]
+    feed = state.tokens.gather(1, pos[:, :1])  # [B, 1] the last committed token
+    if g:
+        feed = torch.cat([feed, state.out_to_token[drafts]], 1)  # [B, g+1]
+    if state.streams is not None and g:  # the heads read the hidden states the head's logits come from
+        normed = state.target.step(feed, pos, state.tcache, kv_len=kv_len, logits_at="normed", widen=False)
+        logits = state.target.project(normed, widen=False)  # [B, g+1, V]
+    else:
+        logits = state.target.step(feed, pos, state.tcache, kv_len=kv_len, logits_at="all", widen=False,
+                                   tables=target_tables)  # [B, g+1, V]
     logits = in_frame(logits, state, lens)
     penalised = penalised_logits(logits, history, warp)
     target_probs = warp_penalised(penalised, warp) if plan.sampled else None
@@ -301,6 +348,8 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
             keep_fallback_inputs(state, target_probs, draft_probs, slot)
             fix = verdict.fallback
         record(state, verdict, g)
+        if normed is not None:
+            follow_streams(state, normed, accepted, next_token)
         return commit(state, plan, lens, new, accepted, fix)
     if plan.sampled:
         next_token = sample_from(target_probs[:, 0], u[rng.BONUS].view(-1, 1))[:, 0]

@@ -7,6 +7,9 @@ Invariants per active row (slot), with `L = seq_len`:
                        committed tokens, which covers the case where the whole block was
                        accepted and the draft has not yet seen x_gamma (a one-token rewrite
                        of identical keys otherwise).
+    stream heads       (instead of a draft) `stream_state` holds the heads' states made from the
+                       target's hidden state at position L - 2 and the token at L - 1: the
+                       next round's proposals come from them (`engine.models.streams`).
 A round (`decoding/round.py`) runs over every slot with fixed shapes, eagerly or as a captured
 graph (`decoding/graphs.py`), and returns one small tensor per round: the only read back to the
 host (committed counts, finished rows). Rejected slots in the caches are overwritten by later
@@ -37,6 +40,7 @@ from engine.decoding.sampling import RowWarp
 from engine.decoding.verify import Rule
 from engine.families.base import OutputSpace
 from engine.models.llama import LlamaLM
+from engine.models.streams import StreamHeads
 from engine.records import RowStats
 
 
@@ -100,7 +104,8 @@ class SpeculativeDecoder:
 
     Args:
         target: the target model.
-        draft: the draft model (None for `ar`).
+        draft: what drafts: a draft model, stream heads on the target (`engine.models.streams`;
+            gamma at most their count), or None for `ar`.
         gamma: draft tokens per round (0 for `ar`).
         batch_size: slots decoded together.
         max_len: longest sequence (prompt + generated) a row may reach.
@@ -110,14 +115,20 @@ class SpeculativeDecoder:
             `compile_mode` says; see `decoding/graphs.py`).
     """
 
-    def __init__(self, target: LlamaLM, draft: LlamaLM | None, gamma: int, batch_size: int,
+    def __init__(self, target: LlamaLM, draft: LlamaLM | StreamHeads | None, gamma: int, batch_size: int,
                  max_len: int, space: OutputSpace, runner: RoundRunner | None = None) -> None:
         if (draft is None) != (gamma == 0):
             raise ValueError("a draft and gamma >= 1 go together (neither for 'ar')")
-        if draft is not None and draft.vocab_out != target.vocab_out:
+        streams = draft if isinstance(draft, StreamHeads) else None
+        if streams is not None:
+            streams.fits(target)
+            if gamma > streams.heads:
+                raise ValueError(f"gamma {gamma} needs {gamma} stream heads; these have {streams.heads}")
+            draft = None
+        elif draft is not None and draft.vocab_out != target.vocab_out:
             raise ValueError(
                 f"draft emits {draft.vocab_out} output ids but the target {target.vocab_out}")
-        self.target, self.draft = target, draft
+        self.target, self.draft, self.streams = target, draft, streams
         self.gamma, self.batch, self.space, self.eos_out = gamma, batch_size, space, space.eos
         self.max_len = max_len
         self.device = target.device
@@ -138,7 +149,12 @@ class SpeculativeDecoder:
             same_rope=draft is not None and draft.same_rope(target),
             ar_draws=torch.zeros(b, self.cache_len, dtype=torch.float64, device=dev) if gamma == 0 else None,
             start=zeros(b), phases=space.phase_table(dev) if space.framed else None,
-            frame_bias=space.bias_table(dev, target.dtype) if space.framed else None, cycle=space.cycle)
+            frame_bias=space.bias_table(dev, target.dtype) if space.framed else None, cycle=space.cycle,
+            streams=streams,
+            stream_state=None if streams is None else torch.zeros(
+                b, streams.heads, target.shape.hidden_size, dtype=streams.dtype, device=dev),
+            stream_source=None if streams is None else torch.zeros(
+                b, target.shape.hidden_size, dtype=target.dtype, device=dev))
         self.runner = runner or RoundRunner.for_model(target)
         # its first n entries' length is a round's key count (a compiled round's dynamic size)
         self.keys_read = torch.empty(self.cache_len, dtype=torch.int8, device=dev)
@@ -257,9 +273,23 @@ class SpeculativeDecoder:
         feed = ids[:, : width - 1]
         pos = torch.arange(width - 1, device=self.device).expand(len(requests), -1)
         kv_len = min(round_up(width), self.cache_len)
-        self.target(feed, pos, st.tcache, kv_len, slots=rows, logits_at="none")
+        if self.streams is None:
+            self.target(feed, pos, st.tcache, kv_len, slots=rows, logits_at="none")
+        else:  # the heads' first states: the hidden state of the last prompt token but one, and the last
+            normed = self.target(feed, pos, st.tcache, kv_len, slots=rows, logits_at="normed")
+            last = lens - 2
+            source = normed[torch.arange(len(requests), device=self.device), last]
+            self.follow(rows, source, ids.gather(1, (lens - 1)[:, None])[:, 0])
         if self.draft is not None:
             self.draft(feed, pos, st.dcache, kv_len, slots=rows, logits_at="none")
+
+    def follow(self, rows: torch.Tensor, source: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Set the stream heads' states of `rows` from the target's normed hidden states `source`
+        `[n, H]` and the vocabulary ids `tokens` `[n]` that follow them."""
+        st = self.state
+        with torch.inference_mode():
+            st.stream_source[rows] = source
+            st.stream_state[rows] = self.streams.follow(self.target, source, tokens)
 
     def set_warps(self, slots: list[int], rows: torch.Tensor, requests: list[Request]) -> None:
         """Write the rows' sampling settings (and penalty histories) into their slots."""
@@ -331,6 +361,8 @@ class SpeculativeDecoder:
             lens = st.seq_len[rows]
             token, _ = rule.exact_residual(st.fallback_target[rows], st.fallback_draft[rows], st.keys[rows], lens)
             st.tokens[rows, lens] = st.out_to_token[token]
+            if self.streams is not None:  # the heads' states of these rows follow the token drawn now
+                self.follow(rows, st.stream_source[rows], st.out_to_token[token])
             if st.seen is not None:
                 st.seen[rows, token] = True
             st.seq_len[rows] = lens + 1

@@ -37,7 +37,38 @@ def settings_from(args):
     return TrainSettings(**{k: v for k, v in fields.items() if v is not None})
 
 
+def streams_settings_from(args):
+    from engine.config import StorageOptions
+    from engine.draft.streams import StreamsSettings
+
+    if args.draft:
+        raise ValueError("--kind streams trains new heads on the target: drop --draft")
+    if args.workers:
+        raise ValueError("--kind streams trains on one device (--workers is for draft models)")
+    if not args.target:
+        raise ValueError("--kind streams needs --target DIR (the model the heads run on)")
+    fields = {k: getattr(args, k) for k in (
+        "data", "target", "out", "heads", "intermediate_size", "temperature", "steps", "anchors", "lr",
+        "warmup_steps", "max_length", "heldout_fraction", "heldout_max", "seed", "device", "dtype")}
+    storage = {k: getattr(args, k) for k in ("endpoint_url", "region", "profile") if getattr(args, k)}
+    fields["storage"] = StorageOptions(**storage)
+    return StreamsSettings(**{k: v for k, v in fields.items() if v is not None})
+
+
 def cmd_train(args) -> int:
+    if args.kind == "streams":
+        from engine.draft.streams import train_streams
+
+        streams = streams_settings_from(args)  # validated before any loading
+        record = train_streams(streams, progress=not args.quiet)
+        per_head = record.get("acceptance_after")
+        print(f"stream heads written to {streams.out}: {record['parameters']:,} parameters "
+              f"({record['parameters'] / record['target_parameters']:.1%} of the target's); held-out acceptance "
+              f"per head {record.get('acceptance_before')} -> {per_head}")
+        return 0
+    if not args.draft:
+        raise ValueError("draft train needs --draft DIR (the initial draft, e.g. from `draft init`), "
+                         "or --kind streams")
     settings = settings_from(args)  # validated before any loading
     if args.workers:
         from engine.draft.distributed import train_draft_ray
@@ -93,13 +124,17 @@ def add_init(dsub) -> None:
 def add_train(dsub) -> None:
     from engine.draft.settings import TrainSettings
 
-    p = dsub.add_parser("train", help="distil (kd) or fine-tune (ce) a draft on speech codes",
+    p = dsub.add_parser("train", help="distil (kd) or fine-tune (ce) a draft, or distil stream heads",
                         description="Train a draft on speech-code sequences: knowledge distillation "
                                     "from the target on datasets this engine produced, cross-entropy "
-                                    "on other code datasets. Rerunning the same command resumes.")
+                                    "on other code datasets. Rerunning the same command resumes. "
+                                    "--kind streams distils stream heads on the target instead (no "
+                                    "draft model; the heads only are written).")
+    p.add_argument("--kind", choices=["model", "streams"], default="model",
+                   help="model: a draft model (default); streams: stream heads on the target")
     p.add_argument("--data", required=True, help=".parquet/.jsonl file, directory or s3:// prefix, or a "
                    "`generate --out FILE.json` file")
-    p.add_argument("--draft", required=True, help="initial draft (e.g. from `draft init`)")
+    p.add_argument("--draft", help="initial draft (e.g. from `draft init`; --kind model)")
     p.add_argument("--out", required=True, help="output directory (trained draft, checkpoints, log)")
     p.add_argument("--target", help="target checkpoint (the kd teacher; held-out acceptance)")
     p.add_argument("--temperature", type=float, help="kd temperature (default: the data's, else 0.8)")
@@ -109,6 +144,11 @@ def add_train(dsub) -> None:
         "loss", "steps", "batch_size", "micro_batch_size", "max_length", "lr", "warmup_steps", "weight_decay",
         "grad_clip", "heldout_fraction", "heldout_max", "eval_every", "checkpoint_every",
         "keep_checkpoints", "seed"])
+    heads = p.add_argument_group("stream heads (--kind streams)")
+    heads.add_argument("--heads", type=int, help="heads: the largest gamma they draft (default 4)")
+    heads.add_argument("--intermediate-size", type=int,
+                       help="each head's MLP width (default: the target's hidden size)")
+    heads.add_argument("--anchors", type=int, help="anchor positions per step (default 128)")
     p.add_argument("--cache-target", action="store_true", default=None,
                    help="keep the target's logits of every sequence in memory (small datasets)")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N (single-process runs)")

@@ -220,3 +220,18 @@ def batch_order(num: int, batch_size: int, step: int, seed: int) -> list[int]:
     epoch, k = divmod(step, per_epoch)
     perm = torch.randperm(num, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
     return perm[k * size: (k + 1) * size].tolist()
+
+
+def training_split(rows: list[dict], model, settings) -> tuple[list[CodeSequence], list[CodeSequence], Counter]:
+    """(train, held-out, skipped rows by reason) of `rows` as sequences of `model`'s family
+    (anything with `family`, `tokenizer` and `layout`), split as `settings` (`DataSettings`) say.
+
+    Raises:
+        ValueError: no usable rows, or none left to train on.
+    """
+    seqs, skipped = to_sequences(rows, model.family.prompter(model.tokenizer, model.layout), model.layout,
+                                 settings.max_length)
+    if not seqs:
+        raise ValueError(f"{settings.data}: no usable rows ({dict(skipped) or 'empty'})")
+    train, heldout = split_heldout(seqs, settings.heldout_fraction, settings.heldout_max)
+    return train, heldout, skipped

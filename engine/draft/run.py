@@ -24,8 +24,7 @@ from engine.draft.data import (
     read_rows,
     sampled_temperatures,
     sampling_temperature,
-    split_heldout,
-    to_sequences,
+    training_split,
 )
 from engine.draft.init import DRAFT_INFO, save_draft, vocabulary_view
 from engine.draft.objective import TEACHER_LOSSES, SpeechLM, set_trainable
@@ -112,11 +111,7 @@ def plan_run(settings: TrainSettings) -> Plan:
     engine_data = produced_by_engine(rows)
     loss = resolve_loss(settings, engine_data)
     temperature, source = resolve_temperature(settings, rows, view.family)
-    seqs, skipped = to_sequences(rows, view.family.prompter(view.tokenizer, view.layout), view.layout,
-                                 settings.max_length)
-    if not seqs:
-        raise ValueError(f"{settings.data}: no usable rows ({dict(skipped) or 'empty'})")
-    train, heldout = split_heldout(seqs, settings.heldout_fraction, settings.heldout_max)
+    train, heldout, skipped = training_split(rows, view, settings)
     hyper = Hyper(loss=loss, temperature=temperature, batch_size=settings.batch_size,
                   micro_batch_size=settings.micro_batch_size, lr=settings.lr,
                   warmup_steps=settings.warmup_steps, weight_decay=settings.weight_decay,

@@ -16,12 +16,28 @@ RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoint
                      "storage", "cache_target")
 
 
-class TrainSettings(BaseModel):
-    """Everything `draft train` needs; field descriptions are the documentation."""
+class DataSettings(BaseModel):
+    """What every `draft train` kind reads and how it splits it (field descriptions are the
+    documentation)."""
 
     model_config = ConfigDict(extra="forbid")
 
     data: str = Field(description="Training data: a .parquet/.jsonl file, or a directory / s3:// prefix of them.")
+    temperature: float | None = Field(None, gt=0, description=(
+        "KD / acceptance temperature; default: the temperature the dataset was sampled at, else 0.8."))
+    max_length: int = Field(2048, ge=8, description="Tokens per sequence at most (prompt included).")
+    warmup_steps: int = Field(20, ge=0, description="Linear learning-rate warm-up steps.")
+    heldout_fraction: float = Field(0.05, ge=0, lt=1, description="Share of texts held out for evaluation.")
+    heldout_max: int = Field(64, ge=0, description="Held-out sequences evaluated at most.")
+    seed: int = Field(0, description="Data order seed.")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N (single-process runs).")
+    storage: StorageOptions = Field(default_factory=StorageOptions, description=(
+        "S3 endpoint/region/profile for s3:// data and models."))
+
+
+class TrainSettings(DataSettings):
+    """Everything `draft train` needs; field descriptions are the documentation."""
+
     draft: str = Field(description="Initial draft checkpoint (e.g. from `draft init`).")
     out: str = Field(description="Output directory: the trained draft, checkpoints/, train_log.jsonl, training.json.")
     target: str | None = Field(None, description="Target checkpoint: the teacher for kd, and held-out acceptance.")
@@ -29,26 +45,18 @@ class TrainSettings(BaseModel):
         "kd: forward KL to the target's softened distribution; tv: total variation to it (one "
         "minus the exact-SD acceptance, optimised directly); ce: cross-entropy on the codes; "
         "auto: kd for datasets this engine produced, ce for other code datasets."))
-    temperature: float | None = Field(None, gt=0, description=(
-        "KD / acceptance temperature; default: the temperature the dataset was sampled at, else 0.8."))
     steps: int = Field(1000, ge=1, description="Optimizer steps in total (a resumed run counts those done).")
     batch_size: int = Field(16, ge=1, description="Sequences per step, over all workers.")
     micro_batch_size: int | None = Field(None, ge=1, description="Sequences per forward on one worker (memory).")
-    max_length: int = Field(2048, ge=8, description="Tokens per sequence at most (prompt included).")
     lr: float = Field(2e-4, gt=0, description="AdamW learning rate (after warm-up; constant).")
-    warmup_steps: int = Field(20, ge=0, description="Linear learning-rate warm-up steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, ge=0, description="Gradient-norm clip (0 = off).")
     trainable: list[str] = Field(list(DEFAULT_TRAINABLE), description=(
         f"Trained parts among {', '.join(PARTS)}; the rest is frozen (tied models: embeddings and "
         "head together)."))
-    heldout_fraction: float = Field(0.05, ge=0, lt=1, description="Share of texts held out for evaluation.")
-    heldout_max: int = Field(64, ge=0, description="Held-out sequences evaluated at most.")
     eval_every: int = Field(100, ge=0, description="Held-out evaluation every N steps (and at the end).")
     checkpoint_every: int = Field(200, ge=0, description="Checkpoint every N steps (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept.")
-    seed: int = Field(0, description="Data order seed.")
-    device: str = Field("auto", description="auto | cpu | cuda | cuda:N (single-process runs).")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description=(
         "auto: bfloat16 autocast and a bfloat16 target where bfloat16 is native (CUDA; CPUs with "
         "AVX512-BF16 or AMX), float32 elsewhere; master weights are float32 either way."))
@@ -57,8 +65,6 @@ class TrainSettings(BaseModel):
         "2 bytes in bfloat16 runs, 4 in float32): the target runs once per sequence; for datasets "
         "trained for several epochs (a run of at most one epoch keeps nothing: no sequence comes "
         "back)."))
-    storage: StorageOptions = Field(default_factory=StorageOptions, description=(
-        "S3 endpoint/region/profile for s3:// data and models."))
 
     @field_validator("trainable")
     @classmethod

@@ -297,9 +297,13 @@ def _hub_failure(ref: HubRef, exc: Exception) -> StorageError:
     return StorageError(f"{local or 'Hugging Face model ' + str(ref) + ': '}{why}")
 
 
-def hub_snapshot(ref: HubRef, config_only: bool = False) -> Path:
+STREAMS_INFO = "pcg_streams.json"  # what marks a directory of stream heads (`engine.models.streams`)
+
+
+def hub_snapshot(ref: HubRef, config_only: bool = False, only: tuple[str, ...] = ()) -> Path:
     """The local snapshot directory of a Hub model, downloaded into huggingface_hub's cache on
-    first use (offline: from the cache only). `config_only` fetches just `config.json`.
+    first use (offline: from the cache only). `config_only` fetches just `config.json`, `only`
+    just those files.
 
     Raises:
         StorageError: not cached while offline, unknown model or revision, no access.
@@ -308,7 +312,7 @@ def hub_snapshot(ref: HubRef, config_only: bool = False) -> Path:
 
     try:
         return Path(snapshot_download(ref.repo_id, revision=ref.revision, local_files_only=constants.HF_HUB_OFFLINE,
-                                      allow_patterns=["config.json"] if config_only else None))
+                                      allow_patterns=["config.json"] if config_only else list(only) or None))
     except Exception as exc:  # noqa: BLE001 - huggingface_hub's errors become one message
         raise _hub_failure(ref, exc) from None
 
@@ -810,14 +814,16 @@ class Storage:
         else:
             self._fs_call(src, "fetch", fetch)
 
-    def has_checkpoint(self, ref: str) -> bool:
-        """Whether `ref` (a path, URI or Hub model) holds a checkpoint (`config.json`). A Hub model
-        is asked for its config only (from the cache when offline).
+    def has_checkpoint(self, ref: str, markers: tuple[str, ...] = ("config.json",)) -> bool:
+        """Whether `ref` (a path, URI or Hub model) holds a checkpoint: one of the `markers` files
+        (a model's `config.json`; stream heads' `pcg_streams.json`). A Hub model is asked for those
+        files only (from the cache when offline).
 
         Raises:
             StorageError: a Hub model that cannot be had (the message says why and what to do).
         """
         hub = hub_ref(ref)
         if hub is not None:
-            return (hub_snapshot(hub, config_only=True) / "config.json").is_file()
-        return self.exists(join(os.fspath(ref), "config.json"))
+            snapshot = hub_snapshot(hub, only=markers)
+            return any((snapshot / m).is_file() for m in markers)
+        return any(self.exists(join(os.fspath(ref), m)) for m in markers)

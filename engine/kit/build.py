@@ -6,6 +6,8 @@ default, or Orpheus).
                  layout, tied embeddings
     DIR/draft/   a subset of the target's layers (the paper's recipe), distilled on target
                  samples by `engine.draft` (the path `pcg-synth draft init/train` takes)
+    DIR/streams/ stream heads on the target (`engine.models.streams`), distilled on the same
+                 samples by `engine.draft.streams` (the path `pcg-synth draft train --kind streams` takes)
     DIR/codec/   a small random codec: X-codec2 (transformers `Xcodec2Model`) for Llasa, SNAC
                  24 kHz (the `snac` package) for Orpheus
     DIR/kit.json what was built, from which seed, with a content hash
@@ -33,10 +35,11 @@ from engine.families import family_named
 from engine.families.base import SpeechLayout
 from engine.families.llasa import NUM_SPEECH_TOKENS
 from engine.hf import from_transformers
-from engine.kit.draft import KitDraftRecipe, build_kit_draft
+from engine.kit.draft import KitDraftRecipe, KitStreamsRecipe, build_kit_draft, build_kit_streams, kit_samples
 from engine.kit.tokenizer import build_tokenizer
 
-KIT_VERSION = 3  # 2: the draft is distilled, not the bare layer subset; 3: a family (kit.json `family`)
+# 2: the draft is distilled, not the bare layer subset; 3: a family (kit.json `family`); 4: stream heads
+KIT_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class KitSpec:
     num_kv_heads: int = 2
     draft_layers: tuple[int, ...] = (0, 1, 3)
     draft_training: KitDraftRecipe = field(default_factory=KitDraftRecipe)  # KD of the draft
+    streams_training: KitStreamsRecipe = field(default_factory=KitStreamsRecipe)  # KD of the stream heads
     text_vocab_size: int = 1024
     num_clusters: int = 4096  # acoustic clusters over the 65,536 speech tokens
     cluster_cosine: float = 0.6  # expected cosine between two tokens of one cluster
@@ -275,11 +279,15 @@ def build_kit(out_dir: str | Path, spec: KitSpec | None = None, force: bool = Fa
     save_checkpoint(out / "target", target_cfg, tensors, tok_dir)
     eos_scale = calibrate_eos(spec, out / "target", tensors, layout)
     save_checkpoint(out / "target", target_cfg, tensors, tok_dir)
+    seqs = kit_samples(out / "target", spec.draft_training, spec.seed)
     draft_training = build_kit_draft(out / "target", out / "draft", spec.draft_layers,
-                                     spec.draft_training, spec.seed)
+                                     spec.draft_training, spec.seed, seqs)
+    streams_training = build_kit_streams(out / "target", out / "streams", spec.streams_training,
+                                         spec.draft_training.temperature, spec.seed, seqs)
     build_codec(out / "codec", spec, fam.name)
     shutil.rmtree(tok_dir)
     manifest = {"kit_version": KIT_VERSION, "family": fam.name, "spec": asdict(spec), "eos_scale": eos_scale,
-                "draft_training": draft_training, "layout": layout.to_dict(), "sha256": kit_hash(out)}
+                "draft_training": draft_training, "streams_training": streams_training, "layout": layout.to_dict(),
+                "sha256": kit_hash(out)}
     (out / "kit.json").write_text(json.dumps(manifest, indent=2))
     return out

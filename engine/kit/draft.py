@@ -106,13 +106,17 @@ def distil(init_dir: Path, target: Path, seqs: list[CodeSequence], recipe: KitDr
     return trainer.trainable_state(), losses
 
 
+def kit_samples(target: Path, recipe: KitDraftRecipe, seed: int) -> list[CodeSequence]:
+    """The target samples the kit's draft and stream heads are distilled on."""
+    return sample_sequences(target, KIT_TRAIN_TEXTS, recipe.max_new_tokens, recipe.temperature, seed)
+
+
 def build_kit_draft(target: Path, out: Path, layers: Sequence[int], recipe: KitDraftRecipe,
-                    seed: int) -> dict:
-    """Write the kit's distilled draft to `out` (created); returns what training did."""
+                    seed: int, seqs: list[CodeSequence]) -> dict:
+    """Write the kit's draft, distilled on `seqs`, to `out` (created); returns what training did."""
     init_dir = out.parent / f".{out.name}-init"
     init_draft(target, init_dir, layers, force=True)
     try:
-        seqs = sample_sequences(target, KIT_TRAIN_TEXTS, recipe.max_new_tokens, recipe.temperature, seed)
         tensors, losses = distil(init_dir, target, seqs, recipe, seed)
         info = json.loads((init_dir / DRAFT_INFO).read_text())
         info["trained"] = {"loss": "kd", "temperature": recipe.temperature, "steps": recipe.steps,
@@ -125,3 +129,26 @@ def build_kit_draft(target: Path, out: Path, layers: Sequence[int], recipe: KitD
         return info["trained"]
     finally:
         shutil.rmtree(init_dir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class KitStreamsRecipe:
+    """How the kit's stream heads are distilled (`engine.draft.streams`), on the draft's samples."""
+
+    heads: int = 4
+    steps: int = 60
+    anchors: int = 32
+    lr: float = 1e-2
+    warmup_steps: int = 10
+
+
+def build_kit_streams(target: Path, out: Path, recipe: KitStreamsRecipe, temperature: float, seed: int,
+                      seqs: list[CodeSequence]) -> dict:
+    """Write the kit's stream heads, distilled on `seqs`, to `out`; returns what training did."""
+    from engine.draft.streams import train_heads
+    from engine.models.loading import load_model
+
+    model = load_model(target, device="cpu", dtype="float32", prepack=False).model
+    return train_heads(model, target.name, seqs, [], out, heads=recipe.heads, temperature=temperature,
+                       steps=recipe.steps, anchors=recipe.anchors, lr=recipe.lr,
+                       warmup_steps=recipe.warmup_steps, seed=seed)

@@ -20,7 +20,7 @@ from engine.models.kv_cache import KVCache
 from engine.models.ops import opaque_op
 from engine.models.quant import Int8Linear
 
-LogitsAt = Literal["all", "last", "none", "hidden"]
+LogitsAt = Literal["all", "last", "none", "hidden", "normed"]
 GROUPED_SCORES_BYTES = 256 * 2**20  # float32 scores one `grouped_attention` call holds at once
 
 
@@ -525,14 +525,15 @@ class LlamaLM(nn.Module):
             kv_len: keys `[0, kv_len)` are read; must exceed every position.
             slots: cache rows of the `b` inputs; None means rows `0..b-1` of a cache of `b`.
             logits_at: which positions get head logits; "hidden" returns the final-normed
-                hidden states instead.
+                hidden states instead (in float32), "normed" the same in the model's dtype
+                (`project` turns them into logits).
 
         Returns:
             float32 logits `[b, T or 1, V_out]` over the output ids, hidden states
             `[b, T, hidden]`, or None.
         """
         with torch.inference_mode():
-            return self._step(tokens, positions, cache, kv_len, slots, logits_at)
+            return self.step(tokens, positions, cache, kv_len=kv_len, slots=slots, logits_at=logits_at)
 
     def step_tables(self, positions: torch.Tensor, kv_len: int) -> StepTables:
         """The attention mask and rope tables of `positions` `[b, T]` reading `kv_len` keys; a
@@ -551,12 +552,12 @@ class LlamaLM(nn.Module):
         s = self.shape
         return "folded" if s.num_heads > s.num_kv_heads and fold_pays(self.dtype, tokens.shape[1]) else "sdpa"
 
-    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
-              slots: torch.Tensor | None, logits_at: LogitsAt, widen: bool = True,
-              tables: StepTables | None = None) -> torch.Tensor | None:
-        """`forward` without inference mode. `widen` False: the head's logits in the model's dtype
-        (a decode round widens them in its first float32 op, one pass over the vocabulary less);
-        `tables`: `step_tables(positions, kv_len)`, made beforehand."""
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *, kv_len: int,
+             slots: torch.Tensor | None = None, logits_at: LogitsAt = "all", widen: bool = True,
+             tables: StepTables | None = None) -> torch.Tensor | None:
+        """`forward` without inference mode: what a decode round calls. `widen` False: the head's
+        logits in the model's dtype (a decode round widens them in its first float32 op, one pass
+        over the vocabulary less); `tables`: `step_tables(positions, kv_len)`, made beforehand."""
         mask, cos, sin = tables if tables is not None else self.step_tables(positions, kv_len)
         kind = self.attention_kind(tokens)
         if kind == "folded":  # once for every layer
@@ -571,8 +572,14 @@ class LlamaLM(nn.Module):
             return None
         if logits_at == "hidden":
             return wide(self.model.norm(x))
+        if logits_at == "normed":  # what `project` takes: the head's logits are then computed as "all"'s
+            return self.model.norm(x)
         if logits_at == "last":
             x = x[:, -1:]
-        x = self.model.norm(x)
-        logits = self.packed_head(x) if self.packed_head is not None else F.linear(x, self.head)
-        return wide(logits) if widen else logits  # [b, T, V_out]
+        return self.project(self.model.norm(x), widen)
+
+    def project(self, normed: torch.Tensor, widen: bool = True) -> torch.Tensor:
+        """The head's logits `[..., V_out]` of final-normed hidden states `[..., hidden]` (float32
+        unless `widen` is False: the model's dtype)."""
+        logits = self.packed_head(normed) if self.packed_head is not None else F.linear(normed, self.head)
+        return wide(logits) if widen else logits

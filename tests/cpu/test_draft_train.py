@@ -277,3 +277,27 @@ def test_cache_target_keeps_logits_only_for_runs_longer_than_an_epoch(engine_dat
     i = next(iter(two._target_cache))
     seq = make_batch([two.train_seqs[i]], two.layout)
     torch.testing.assert_close(two._target_cache[i].float(), two.target(seq.input_ids, seq.rows, seq.cols))
+
+
+def test_stream_heads_train_from_the_cli_and_raise_heldout_acceptance(engine_data, kit_dir, tmp_path, capsys):
+    """`draft train --kind streams`: the heads only are written (a few percent of the target's
+    parameters), and their held-out acceptance rises; they load onto the target."""
+    from engine.models.loading import load_model
+    from engine.models.streams import load_streams
+
+    out = tmp_path / "streams"
+    code = draft_cli(["draft", "train", "--kind", "streams", "--data", str(engine_data), "--target",
+                      str(kit_dir / "target"), "--out", str(out), "--heads", "2", "--steps", "40", "--anchors", "16",
+                      "--lr", "1e-2", "--heldout-fraction", "0.3", "--seed", "3", "--device", "cpu", "--quiet"])
+    assert code == 0 and "stream heads written to" in capsys.readouterr().out
+    record = json.loads((out / "training.json").read_text())["final"]
+    assert record["acceptance_after"][0] > record["acceptance_before"][0] + 0.02, record
+    assert record["parameters"] < 0.1 * record["target_parameters"]
+    assert sorted(p.name for p in out.iterdir()) == ["pcg_streams.json", "streams.safetensors", "training.json"]
+    heads = load_streams(out, load_model(kit_dir / "target", device="cpu", dtype="float32").model)
+    assert heads.heads == 2
+    assert draft_cli(["draft", "train", "--kind", "streams", "--data", str(engine_data), "--target",
+                      str(kit_dir / "target"), "--draft", str(kit_dir / "draft"), "--out", str(out)]) != 0
+    assert "--kind streams trains new heads on the target: drop --draft" in capsys.readouterr().err
+    assert draft_cli(["draft", "train", "--data", str(engine_data), "--out", str(out)]) != 0
+    assert "draft train needs --draft DIR" in capsys.readouterr().err
