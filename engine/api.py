@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from engine.config import ADMISSIONS, Admission, DecodingSettings, TextSpec
 from engine.console import bar_disabled
-from engine.decoding.adaptive import GammaChoice, decide, measure_steps
+from engine.decoding.adaptive import GammaChoice, decide, gamma_candidates, measure_steps
 from engine.decoding.admission import expected_tokens, speech_budget
 from engine.decoding.cost import ForwardClock
 from engine.decoding.graphs import RoundRunner
@@ -33,13 +33,16 @@ from engine.families import check_max_new_tokens, family_settings
 from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
 from engine.groups.source import stored_speech_rows
+from engine.io.storage import model_dir
 from engine.models.device import resolve_compile, resolve_device
 from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
 from engine.models.malloc import keep_freed_memory
+from engine.models.streams import StreamHeads, is_streams_dir, load_streams
 from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate, attempt_seed, item_seed
 
 if TYPE_CHECKING:  # the gate's verifiers load only for a call that brings one
     from engine.metrics.gate import QualityGate
+    from engine.models.llama import LlamaLM
     from engine.text.items import SplitItems
 
 log = logging.getLogger(__name__)
@@ -56,20 +59,29 @@ COMPARE_WARMUP_TOKENS = 8
 
 
 class Synthesizer:
-    """Holds a target (and optionally a draft) and decodes batches of utterances.
+    """Holds a target (and optionally a drafter: a draft model or stream heads) and decodes
+    batches of utterances.
 
     Args:
         target: the loaded target model.
-        draft: the loaded draft model; needed by every method except `ar`.
+        draft: the loaded draft model; it or `streams` is needed by every method except `ar`.
         batch_size: rows decoded together (continuous batching refills finished rows).
         max_context: longest sequence, prompt included (None: the family's context, e.g. the
             2,048 tokens Llasa was trained with).
+        streams: stream heads on the target that draft instead of a draft model
+            (`engine.models.streams`; gamma at most their count).
     """
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, batch_size: int = 8,
-                 max_context: int | None = None) -> None:
+                 max_context: int | None = None, streams: StreamHeads | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+        if draft is not None and streams is not None:
+            raise ValueError("give a draft model or stream heads, not both: one drafter proposes a round's tokens")
+        if streams is not None:
+            streams.fits(target.model)
+            if streams.device != target.model.device:
+                raise ValueError("stream heads and target must live on the same device")
         if draft is not None:
             check_same_vocabulary(target, draft)
             if draft.model.device != target.model.device:
@@ -77,7 +89,7 @@ class Synthesizer:
             shared = draft.model.share_tables(target.model)  # one copy where the draft's are the target's
             if shared:
                 log.info("the draft uses the target's %s (the same values)", " and ".join(shared))
-        self.target, self.draft = target, draft
+        self.target, self.draft, self.streams = target, draft, streams
         if self.device.type == "cpu":  # from now on this process's C allocator keeps what a round
             keep_freed_memory()  # frees (engine.models.malloc; PCG_SYNTH_MALLOC=default: as it is)
         self.family, self.layout = target.family, target.layout
@@ -98,24 +110,70 @@ class Synthesizer:
     def load(cls, target: str | Path, draft: str | Path | None = None, device: str = "auto",
              dtype: str = "auto", compile: str = "auto", draft_weights: str = "native",
              family: str = "auto", **kwargs) -> Synthesizer:
-        """Load target (and draft) from local Hugging Face directories; `compile` as in
-        `ModelsSpec.compile` (both models: `auto` resolved once, for the pair; under `auto` a round
-        whose graph fails to compile runs eagerly, with a warning, and so do the rounds after it),
-        `draft_weights` as `load_model`'s `weights`, `family` as `ModelsSpec.family`."""
+        """Load target (and draft) from Hugging Face checkpoints (a directory, a Hub model or an
+        object-store URI, as `load_model` takes them); `draft` may instead name a directory of
+        stream heads (`pcg_streams.json`: `pcg-synth draft train --kind streams`), loaded onto the
+        target in its dtype. `compile` as in `ModelsSpec.compile` (both models: `auto` resolved
+        once, for the pair; under `auto` a round whose graph fails to compile runs eagerly, with a
+        warning, and so do the rounds after it), `draft_weights` as `load_model`'s `weights` (a
+        draft model's only), `family` as `ModelsSpec.family`."""
         device = resolve_device(device)
         auto = compile == "auto"
+        if draft is not None:  # a Hub model or URI: its local copy, whose files say which drafter it is
+            draft = model_dir(draft)
+        heads = draft is not None and is_streams_dir(draft)
+        if heads and draft_weights != "native":
+            raise ValueError(f"draft_weights {draft_weights} applies to a draft model; the stream heads at {draft} "
+                             "run in the target's dtype (use native)")
         compile = resolve_compile(compile, device, draft_weights if draft is not None else "native")
         tgt = load_model(target, device=device, dtype=dtype, compile=compile, family=family)
-        drf = (load_model(draft, device=device, dtype=dtype, compile=compile, weights=draft_weights,
-                          family=tgt.family.name)
-               if draft is not None else None)
-        synth = cls(tgt, drf, **kwargs)
+        drf = streams = None
+        if heads:
+            streams = load_streams(draft, tgt.model)
+        elif draft is not None:
+            drf = load_model(draft, device=device, dtype=dtype, compile=compile, weights=draft_weights,
+                             family=tgt.family.name)
+        synth = cls(tgt, drf, streams=streams, **kwargs)
         synth.runner.fallback = auto  # auto's graphs that fail to compile give way to eager rounds
         return synth
 
     @property
     def device(self) -> torch.device:
         return self.target.model.device
+
+    @property
+    def drafter(self) -> LlamaLM | StreamHeads | None:
+        """What proposes a round's tokens: the stream heads, else the draft model, else None."""
+        if self.streams is not None:
+            return self.streams
+        return self.draft.model if self.draft is not None else None
+
+    @property
+    def drafter_kind(self) -> str | None:
+        """`streams`, `model`, or None (no drafter: `ar` only)."""
+        return "streams" if self.streams is not None else "model" if self.draft is not None else None
+
+    @property
+    def max_gamma(self) -> int | None:
+        """The longest draft the drafter allows: the stream heads' count (None: any)."""
+        return self.streams.heads if self.streams is not None else None
+
+    def check_speculative(self, settings: DecodingSettings) -> None:
+        """Raise unless this synthesizer can decode `settings`: a drafter for a speculative
+        method, and a concrete gamma within what it proposes.
+
+        Raises:
+            ValueError: no drafter, or a gamma above the stream heads' count.
+        """
+        if not settings.speculative:
+            return
+        if self.drafter is None:
+            raise ValueError(f"method {settings.method!r} needs a draft model or stream heads; load one or use 'ar'")
+        limit = self.max_gamma
+        if limit is not None and settings.gamma != "auto" and settings.gamma > limit:
+            where = getattr(self.streams, "path", "these heads")
+            raise ValueError(f"gamma {settings.gamma} needs {settings.gamma} stream heads; {where} has {limit} "
+                             f"(use gamma {limit} or less, or auto)")
 
     def speech_embeddings(self) -> torch.Tensor:
         """`[codes, hidden]` input-embedding rows of the code tokens (the groups' source), as the
@@ -165,11 +223,14 @@ class Synthesizer:
         return self._rules[key]
 
     def make_decoder(self, settings: DecodingSettings, batch: int) -> SpeculativeDecoder:
-        """A new decoder for `settings`' structure (draft or not, gamma) at `batch` slots."""
+        """A new decoder for `settings`' structure (draft or not, gamma) at `batch` slots.
+
+        Raises:
+            ValueError: as `check_speculative`.
+        """
         if settings.speculative:
-            if self.draft is None:
-                raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
-            return SpeculativeDecoder(self.target.model, self.draft.model, settings.gamma, batch,
+            self.check_speculative(settings)
+            return SpeculativeDecoder(self.target.model, self.drafter, settings.gamma, batch,
                                       self.max_context, self.layout.output_space(), self.runner)
         return SpeculativeDecoder(self.target.model, None, 0, batch, self.max_context,
                                   self.layout.output_space(), self.runner)
@@ -188,11 +249,12 @@ class Synthesizer:
 
     def resolve_gamma(self, settings: DecodingSettings, requests: list[Request], batch: int,
                       stream: bool = False) -> tuple[DecodingSettings, GammaChoice | None]:
-        """Settings with a concrete gamma. For `gamma: auto` a pilot (gamma 4, a few short rows)
-        measures acceptance and the host's time per round, and the steps are timed at `batch`
-        (kept per structural settings and batch size); `decide` then weighs them for these
-        rows: their length, and unless `stream` (more rows will follow: a job worker) the drain
-        at the end of `requests`. Speculation off means `ar`."""
+        """Settings with a concrete gamma. For `gamma: auto` a pilot (`pilot_gamma`, a few short
+        rows) measures acceptance and the host's time per round, and the steps are timed at
+        `batch` for the draft lengths the drafter allows (kept per structural settings and batch
+        size); `decide` then weighs them for these rows: their length, and unless `stream` (more
+        rows will follow: a job worker) the drain at the end of `requests`. Speculation off means
+        `ar`."""
         if settings.gamma != "auto" or not settings.speculative:
             return (settings.model_copy(update={"gamma": 3}) if settings.gamma == "auto" else settings), None
         key = (structure(settings), batch)
@@ -200,7 +262,7 @@ class Synthesizer:
             self._gamma[key] = self._pilot(settings, requests, batch)
         acceptance, host, steps = self._gamma[key]
         tokens = sum(r.max_new_tokens for r in requests) / max(len(requests), 1)
-        choice = decide(batch, acceptance, steps, host_s=host, pilot_gamma=PILOT_GAMMA, tokens=tokens,
+        choice = decide(batch, acceptance, steps, host_s=host, pilot_gamma=self.pilot_gamma, tokens=tokens,
                         rows=None if stream else len(requests))
         update = {"gamma": choice.gamma} if choice.gamma else {"method": "ar", "gamma": 1}
         return settings.model_copy(update=update), choice
@@ -218,20 +280,27 @@ class Synthesizer:
         next point: that point's choice is its own)."""
         self._gamma.clear()
 
+    @property
+    def pilot_gamma(self) -> int:
+        """The draft length of `gamma: auto`'s pilot: `PILOT_GAMMA`, or fewer where the stream
+        heads propose fewer."""
+        return min(PILOT_GAMMA, self.max_gamma or PILOT_GAMMA)
+
     def _pilot(self, settings: DecodingSettings, requests: list[Request], batch: int) -> tuple:
         """(acceptance per draft position, host seconds per round, step times per candidate
         gamma at `batch`) from a short eager decode of a few of `requests` at gamma
-        `PILOT_GAMMA`. The host time is what an eager round adds to its forwards; rounds run as
+        `pilot_gamma`. The host time is what an eager round adds to its forwards; rounds run as
         compiled graphs fuse that work with the forwards, so for them it counts as none."""
-        pilot = settings.model_copy(update={"gamma": PILOT_GAMMA, "max_new_tokens": PILOT_TOKENS})
+        gamma = self.pilot_gamma
+        pilot = settings.model_copy(update={"gamma": gamma, "max_new_tokens": PILOT_TOKENS})
         rule = self.rule(pilot)
         probe = [Request(key=i, prompt_ids=r.prompt_ids, seed=r.seed, max_new_tokens=PILOT_TOKENS, warp=r.warp,
                          rule=rule) for i, r in enumerate(requests[: min(8, batch)])]
-        decoder = SpeculativeDecoder(self.target.model, self.draft.model, PILOT_GAMMA, min(8, batch),
+        decoder = SpeculativeDecoder(self.target.model, self.drafter, gamma, min(8, batch),
                                      self.max_context, self.layout.output_space(), RoundRunner("none"))
         rows, hosts = [], []
         decoder.submit(probe)
-        with ForwardClock(self.target.model, self.draft.model) as clock:
+        with ForwardClock(self.target.model, self.drafter) as clock:
             while not decoder.idle:  # host seconds of each round: its wall time less its forwards'
                 start, forwards, rounds = time.perf_counter(), clock.prefill_s + clock.decode_s, decoder.rounds_run
                 rows += [row for _, row in decoder.advance()]
@@ -247,7 +316,8 @@ class Synthesizer:
         del decoder
         acceptance = sum(stats.accepted) / max(sum(stats.reached), 1)
         context = int(sum(len(r.prompt_ids) for r in probe) / max(len(probe), 1)) + 64
-        return acceptance, host, measure_steps(self.target.model, self.draft.model, batch, context)
+        return acceptance, host, measure_steps(self.target.model, self.drafter, batch, context,
+                                               candidates=gamma_candidates(self.max_gamma))
 
     def warmup(self, settings: DecodingSettings | None = None,
                batch_size: int | None = None) -> list[SynthesisResult]:
@@ -329,8 +399,7 @@ class Synthesizer:
     def _start(self, items: Sequence[SynthesisItem | str], settings: DecodingSettings | None,
                batch_size: int | None, admission: Admission, quality: QualityGate | None = None) -> _Call:
         settings = self.settings(settings)
-        if settings.speculative and self.draft is None:
-            raise ValueError(f"method {settings.method!r} needs a draft model; load one or use 'ar'")
+        self.check_speculative(settings)  # before any row is queued: the call fails as a whole
         check_max_new_tokens(settings.max_new_tokens, self.max_context, self.family.name)  # the call's, not an item's
         session = self.session(batch_size, admission=admission)
         call = _Call(settings, session) if quality is None else _GatedCall(settings, session, self, quality)
@@ -391,8 +460,9 @@ class Synthesizer:
                 finishes. None: the texts as they are.
 
         Raises:
-            ValueError: settings this synthesizer cannot honour (a method that needs a draft
-                without one, a `max_new_tokens` above its context); an item's own are its error.
+            ValueError: settings this synthesizer cannot honour (a method that needs a drafter
+                without one, a gamma above its stream heads' count, a `max_new_tokens` above its
+                context); an item's own are its error.
         """
         split = self.split_items(items, settings, text)
         call = self._start(split.decoded if split else items, settings, batch_size, admission, quality)
@@ -446,7 +516,8 @@ class Synthesizer:
                              decode_rounds=session.scheduler.rounds,
                              slot_rounds=session.scheduler.slot_rounds, batch_size=session.batch,
                              cut=sum(r.cut for r in results), quality=call.counts(),
-                             codes_per_second=self.family.codes_per_second)
+                             codes_per_second=self.family.codes_per_second,
+                             drafter=self.drafter_kind if settings.speculative else None)
         return results, summary
 
 

@@ -57,8 +57,9 @@ def cmd_kit_build(args) -> int:
     out = build_kit(args.dir, KitSpec(seed=args.seed), force=args.force, family=args.family)
     manifest = json.loads((out / "kit.json").read_text())
     print(f"tiny {manifest['family']} kit written to {out} (sha256 {manifest['sha256'][:16]}...)")
-    for part in ("target", "draft", "codec"):
-        print(f"  {part:7s} {out / part}")
+    for part in ("target", "draft", "streams", "codec"):
+        if (out / part).is_dir():
+            print(f"  {part:7s} {out / part}")
     return 0
 
 
@@ -210,6 +211,41 @@ def export_results(args, kind: str | None, items, settings, results, codec, seve
                 print(f"[{settings.method}] no audio for {path}: the text failed (above)", file=sys.stderr)
 
 
+DRAFTERS = ("model", "streams")  # `--drafter`: a draft model, or stream heads on the target
+
+
+def drafter_path(args) -> Path | str | None:
+    """The drafter `generate` loads: `--draft` (whose files say which kind it is; a local one is
+    checked against `--drafter` here, a Hub model or URI once loaded), else the kit's `draft/`
+    or, with `--drafter streams`, its `streams/`.
+
+    Raises:
+        UsageError: `--drafter` names another kind than `--draft` holds, or the kit has no
+            `streams/`.
+    """
+    if not (args.draft or args.kit):
+        return None
+    from engine.models.streams import is_streams_dir  # torch: only where a drafter will load
+
+    if args.draft:
+        local = Path(args.draft)
+        if args.drafter and local.is_dir():
+            holds = "streams" if is_streams_dir(local) else "model"
+            if holds != args.drafter:
+                raise UsageError(f"--drafter {args.drafter} but --draft {args.draft} holds "
+                                 + ("stream heads (pcg_streams.json)" if holds == "streams" else "a draft model")
+                                 + f": use --drafter {holds}, or leave --drafter out (the path decides)")
+        return args.draft
+    if args.drafter == "streams":
+        heads = Path(args.kit) / "streams"
+        if not is_streams_dir(heads):
+            raise UsageError(f"--drafter streams: the kit {args.kit} has no stream heads ({heads}/pcg_streams.json "
+                             f"is missing); rebuild it with `pcg-synth kit build {args.kit} --force`, give "
+                             "--draft HEADS_DIR (`pcg-synth draft train --kind streams`), or use --drafter model")
+        return heads
+    return Path(args.kit) / "draft"
+
+
 def cmd_generate(args) -> int:
     method = args.method or decoding_default("method")
     methods = METHODS if method == "all" else [method]
@@ -225,12 +261,13 @@ def cmd_generate(args) -> int:
         raise UsageError(f"--kit {args.kit}: not a tiny kit (no target/ in it); build one with "
                          f"`pcg-synth kit build {args.kit}`")
     target = args.target or (Path(args.kit) / "target" if args.kit else None)
-    draft = args.draft or (Path(args.kit) / "draft" if args.kit else None)
+    draft = drafter_path(args)
     codec_dir = args.codec or (Path(args.kit) / "codec" if args.kit else None)
     if target is None:
         raise UsageError("give --kit DIR or --target DIR (and --draft DIR)")
     if draft is None and any(s.speculative for s in all_settings):
-        raise UsageError(f"method {method!r} needs a draft: give --draft DIR (or use --method ar)")
+        raise UsageError(f"method {method!r} needs a draft model or stream heads: give --draft DIR "
+                         "(or use --method ar)")
     audio = kind in ("parquet", *AUDIO_FILES) or bool(args.wav_dir)
     if (audio or clips or quality.enabled) and codec_dir is None:
         raise UsageError(("writing audio" if audio else "items naming voice-prompt clips" if clips
@@ -262,6 +299,10 @@ def cmd_generate(args) -> int:
     synth = Synthesizer.load(target, draft=draft, device=args.device, dtype=args.dtype,
                              compile=args.compile, draft_weights=args.draft_weights, family=args.family,
                              batch_size=args.batch_size)
+    if args.drafter and synth.drafter_kind not in (None, args.drafter):  # a Hub model or URI, known once loaded
+        raise UsageError(f"--drafter {args.drafter} but --draft {draft} holds "
+                         + ("stream heads" if synth.drafter_kind == "streams" else "a draft model")
+                         + f": use --drafter {synth.drafter_kind}, or leave --drafter out")
     if codec is not None:
         synth.family.check_codec(codec, f"--codec {codec_dir}")
     if clips:
@@ -302,19 +343,20 @@ def cmd_generate(args) -> int:
     summaries = [r["summary"] for r in runs]
     print(summary_table(summaries))
     outlook = None
-    if len(all_settings) > 1 and synth.draft is not None:  # comparing rules: say what speed to expect
+    if len(all_settings) > 1 and synth.drafter is not None:  # comparing rules: say what speed to expect
         from engine.decoding.cost import speculation_outlook
 
         gamma = next(s.gamma for s in all_settings if s.speculative)
-        gamma = gamma if isinstance(gamma, int) else decoding_default("gamma")  # auto: the default's
+        if not isinstance(gamma, int):  # auto: the default's, within what stream heads propose
+            gamma = min(decoding_default("gamma"), synth.max_gamma or decoding_default("gamma"))
         context = int(sum(len(synth.prompter.build(it.text)) for it in items) / max(len(items), 1))
-        outlook = speculation_outlook(synth.target.model, synth.draft.model, gamma, context + 32, {
+        outlook = speculation_outlook(synth.target.model, synth.drafter, gamma, context + 32, {
             s["method"]: s["mean_accepted_length"] for s in summaries if s["method"] != "ar"})
         print(outlook)
     if kind == "json":
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"target": str(target), "draft": str(draft) if draft else None,
+        doc = {"target": str(target), "draft": str(draft) if draft else None, "drafter": synth.drafter_kind,
                "device": str(synth.device), "runs": runs, "outlook": outlook,
                "warmup_tokens": COMPARE_WARMUP_TOKENS if len(all_settings) > 1 else 0}
         out.write_text(json.dumps(doc, indent=1))
@@ -325,15 +367,22 @@ def cmd_generate(args) -> int:
 def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="synthesize speech codes for texts on this machine",
                        description="Decode texts into speech codes (X-codec2 for Llasa, SNAC for Orpheus) "
-                                   "with a target and a draft "
-                                   "model; prints per-method statistics; --out writes the codes (JSON), an "
-                                   "audio dataset (Parquet) or one text's clip (WAV/FLAC).")
+                                   "with a target and a drafter (a draft model or stream heads); prints "
+                                   "per-method statistics; --out writes the codes (JSON), an audio dataset "
+                                   "(Parquet) or one text's clip (WAV/FLAC).")
     src = p.add_argument_group("models")
-    src.add_argument("--kit", help="a tiny kit directory (uses its target and draft)")
+    src.add_argument("--kit", help="a tiny kit directory (uses its target and draft, or its streams with "
+                                   "--drafter streams)")
     src.add_argument("--target", help="target checkpoint (Hugging Face Llama format): a directory, a Hub "
                                       "model id such as HKUSTAudio/Llasa-1B[@revision] or "
                                       "canopylabs/orpheus-3b-0.1-ft, or an s3:// / gs:// / ... URI")
-    src.add_argument("--draft", help="draft checkpoint, same forms as --target (same vocabulary as the target)")
+    src.add_argument("--draft", help="draft checkpoint, same forms as --target (same vocabulary as the target), "
+                                     "or a directory of stream heads made for the target (`pcg-synth draft train "
+                                     "--kind streams`; gamma at most their count)")
+    src.add_argument("--drafter", choices=DRAFTERS,
+                     help="what drafts: model (a draft model: the kit's draft/) or streams (stream heads on the "
+                          "target: the kit's streams/); with --draft the path decides and this must agree "
+                          "(default: model with --kit, else what --draft holds)")
     src.add_argument("--codec", help="the family's codec checkpoint, same forms (HKUSTAudio/xcodec2-hf for Llasa, "
                                      "hubertsiuzdak/snac_24khz for Orpheus; for audio output and clips)")
     src.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")

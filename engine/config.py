@@ -180,8 +180,11 @@ class ModelsSpec(BaseModel):
         "The model family (docs: models): auto detects it from the target's tokenizer (the dry "
         "run names it); llasa or orpheus is checked against it. It sets the prompt format, the "
         "output space (Orpheus: seven code ranges a frame), the codec and the sampling defaults."))
-    draft: str | None = Field(None, description="Draft checkpoint sharing the target's vocabulary; "
-                                                "required unless decoding.method is 'ar'.")
+    draft: str | None = Field(None, description=(
+        "The drafter, required unless decoding.method is 'ar': a draft checkpoint sharing the target's "
+        "vocabulary, or a directory of stream heads made for the target (`pcg-synth draft train --kind "
+        "streams`: small heads on the target's own hidden state, no draft model), which cap "
+        "decoding.gamma at their count (auto chooses among the lengths they allow)."))
     codec: str = Field(description=(
         "The family's codec checkpoint: X-codec2 for Llasa (transformers format, e.g. "
         "HKUSTAudio/xcodec2-hf), SNAC 24 kHz for Orpheus (e.g. hubertsiuzdak/snac_24khz)."))
@@ -581,7 +584,9 @@ class ModelPair(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$", description="Label of the pair in results and plots.")
     target: str = Field(description="Target checkpoint.")
-    draft: str | None = Field(None, description="Draft checkpoint (None: only 'ar' points run).")
+    draft: str | None = Field(None, description=(
+        "Draft checkpoint or stream-heads directory (`pcg-synth draft train --kind streams`; gamma at "
+        "most their count); None: only 'ar' points run."))
 
 
 class SweepSpec(BaseModel):
@@ -595,7 +600,8 @@ class SweepSpec(BaseModel):
     thetas: list[float] = Field([0.4], min_length=1, description="PCG thresholds (pcg points only).")
     methods: list[Method] = Field(["ar", "pcg"], min_length=1, description="Acceptance rules.")
     model_pairs: list[ModelPair] = Field(default_factory=list, description=(
-        "Target/draft pairs to compare (default: models.target and models.draft)."))
+        "Target/draft pairs to compare (default: models.target and models.draft); a pair's draft may be "
+        "a draft checkpoint or stream heads."))
     repetitions: int = Field(1, ge=1, description="Runs per point (results keep each; plots use the median).")
     reuse_workers: bool = Field(True, description=(
         "Keep workers loaded from one point to the next of the same model pair: a point takes "

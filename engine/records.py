@@ -220,6 +220,7 @@ class RunSummary:
     cut: int = 0  # items that reached their token limit (max_new_tokens or the context) before end of speech
     quality: dict | None = None  # the quality gate's counts (passed, rejected, ...), None without one
     codes_per_second: float = 0.0  # the model family's (audio_seconds); 0: unknown
+    drafter: str | None = None  # what proposed the drafts: "model", "streams"; None: no drafter ran (ar)
 
     @property
     def slot_utilisation(self) -> float:
@@ -252,6 +253,7 @@ class RunSummary:
             "fallbacks": s.fallbacks,
             "slot_utilisation": round(self.slot_utilisation, 4),
             "gamma_choice": self.gamma_choice,
+            "drafter": self.drafter,
             **({"quality": self.quality} if self.quality is not None else {}),
         }
 

@@ -8,6 +8,9 @@
   (see `middle_scale`): how far a layer-subset draft starts from the target is a parameter of a
   synthetic target, set there.
 - any checkpoint directories (`--target`/`--draft`), e.g. real Llasa copies.
+
+`--draft` may also name stream heads (`engine.models.streams`), which then draft instead of the
+preset's draft model.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import torch
 from engine.api import Synthesizer
 from engine.families import detect
 from engine.families.llasa import FAMILY as LLASA
-from engine.io.storage import cache_dir
+from engine.io.storage import cache_dir, model_dir
 from engine.kit.build import KIT_VERSION, KitSpec, build_kit, layer_subset, llama_config, random_llama, save_checkpoint
 from engine.kit.tokenizer import build_tokenizer
 from engine.models.device import resolve_compile, resolve_device, resolve_dtype
 from engine.models.loading import LoadedModel, check_weights, empty_model, load_model, ready_for_decoding
+from engine.models.streams import StreamHeads, is_streams_dir, load_streams
 
 PRESETS = ("tiny", "llasa-1b-shape")
 LLASA_VOCAB = 193_800
@@ -158,7 +162,7 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
 
     `draft` overrides a preset's draft: this is where a distilled draft (`pcg-synth draft`)
     for the `llasa-1b-shape` target goes, after `--save-preset DIR` wrote that target to disk
-    for the distillation.
+    for the distillation; stream heads made for the target go there too.
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -166,10 +170,14 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
     compile = resolve_compile(compile, dev, draft_weights)
     pack = None
     dw = {"weights": draft_weights}
+    if draft is not None:  # a Hub model or URI: its local copy, whose files say which drafter it is
+        draft = model_dir(draft)
+    heads = draft is not None and is_streams_dir(draft)
     if preset == "tiny" or (preset is None and kit is not None):
         root = tiny_kit(kit)
         tgt = load_model(root / "target", dev, dt, prepack=pack)
-        drf = load_model(draft or root / "draft", dev, dt, tokenizer=tgt.tokenizer, prepack=pack, **dw)
+        drf = None if heads else load_model(draft or root / "draft", dev, dt, tokenizer=tgt.tokenizer,
+                                            prepack=pack, **dw)
         desc = {"preset": "tiny", "target": str(root / "target"), "draft": str(draft or root / "draft"),
                 **kit_description(root)}
     elif preset == "llasa-1b-shape":
@@ -178,7 +186,9 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
         # The target is deterministic (seed 0), so a draft distilled against the saved copy
         # (`--save-preset DIR`, then `pcg-synth draft init --target DIR/target --layers 0,1,15`
         # and `pcg-synth draft train`) fits this target.
-        if draft is not None:
+        if heads:
+            drf = None
+        elif draft is not None:
             drf = load_model(draft, dev, dt, tokenizer=tgt.tokenizer, prepack=pack, **dw)
         desc = {"preset": preset, "target": str(tgt.path), "draft": str(draft or drf.path),
                 "weights": f"random (kit recipe), seed 0, middle layers x{LLASA_1B_MIDDLE_SCALE} "
@@ -188,15 +198,20 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
         if target is None:
             raise ValueError("give --preset tiny|llasa-1b-shape, --kit DIR, or --target DIR --draft DIR")
         tgt = load_model(target, dev, dt, prepack=pack)
-        drf = load_model(draft, dev, dt, prepack=pack, **dw) if draft else None
+        drf = load_model(draft, dev, dt, prepack=pack, **dw) if draft and not heads else None
         desc = {"preset": None, "target": str(target), "draft": str(draft) if draft else None}
     else:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    streams: StreamHeads | None = load_streams(draft, tgt.model) if heads else None
+    if heads:
+        desc["draft_made_by"] = "--draft (stream heads)"
+    drafter = streams if streams is not None else drf.model if drf else None
     desc.update(dtype=str(dt).removeprefix("torch."), device=str(dev),
                 target_params=tgt.model.num_parameters(),
-                draft_params=drf.model.num_parameters() if drf else None,
+                draft_params=drafter.num_parameters() if drafter is not None else None,
+                drafter="streams" if heads else "model" if drf else None,
                 prepacked=tgt.model.prepacked, compile=compile, draft_weights=draft_weights)
     for model in (tgt, drf):
         if model is not None:
             model.model.set_compile_mode(compile)
-    return Synthesizer(tgt, drf, batch_size=1), desc
+    return Synthesizer(tgt, drf, batch_size=1, streams=streams), desc

@@ -105,7 +105,7 @@ def timed_runs(synth: Synthesizer, batch: int, settings: list[Setting], cfg: Ben
         synth.synthesize(items[:batch], decoding(s, cfg, 0, 8), batch_size=batch)
         bar.update(1)
     runs: dict[str, list[dict]] = {s.label: [] for s in settings}
-    models = (synth.target.model, synth.draft.model if synth.draft is not None else None)
+    models = (synth.target.model, synth.drafter)
     for rep in range(cfg.reps):
         k = rep % len(settings)
         for s in settings[k:] + settings[:k]:
@@ -193,7 +193,7 @@ def cost_model(synth: Synthesizer, batch: int, cfg: BenchConfig, context: int, b
     chose on this run changes neither that reading nor which steps come first)."""
     from engine.decoding import cost
 
-    draft = synth.draft.model if synth.draft is not None else None
+    draft = synth.drafter
     fixed = sorted({g for g in cfg.gammas if g != "auto" and g > 0})
     gammas = fixed + sorted({g for g in also if g > 0} - set(fixed)) or [1]
     per_gamma = {str(g): cost.step_times(synth.target.model, draft, batch, g, context, cfg.cost_reps)

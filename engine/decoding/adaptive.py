@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from engine.decoding.cost import drain_factor, predicted_speedup, round_tokens, step_times
 from engine.models.llama import LlamaLM
+from engine.models.streams import StreamHeads
 
 CANDIDATES = (1, 2, 3, 4, 6, 8)
 MARGIN = 1.05  # speculation must beat `ar` by 5% to be worth its variance
@@ -55,7 +56,17 @@ class GammaChoice:
         return asdict(self)
 
 
-def measure_steps(target: LlamaLM, draft: LlamaLM, batch: int, context: int,
+def gamma_candidates(limit: int | None = None) -> tuple[int, ...]:
+    """The draft lengths `gamma: auto` weighs: `CANDIDATES` up to `limit` (stream heads propose
+    at most one token a head), and `limit` itself where it falls between two of them."""
+    if limit is None:
+        return CANDIDATES
+    if limit < 1:
+        raise ValueError(f"a drafter proposes at least one token a round; got a limit of {limit}")
+    return tuple(sorted({g for g in CANDIDATES if g <= limit} | {min(limit, CANDIDATES[-1])}))
+
+
+def measure_steps(target: LlamaLM, draft: LlamaLM | StreamHeads, batch: int, context: int,
                   candidates: tuple[int, ...] = CANDIDATES, reps: int = 5) -> dict[int, dict[str, float]]:
     """Step times (`step_times`) per candidate draft length at `batch`: the costly part of a
     choice, measured once per (settings, batch size) and reused by `decide`."""

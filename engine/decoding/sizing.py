@@ -7,10 +7,13 @@ Memory, as the engine allocates it:
   head cut to the family's output ids (a tensor of its own even where the checkpoint ties it to
   the embeddings), every layer; the draft's beside the target's, each counted with its own tables
   (a draft made of the target's layers shares them where the values are equal: an upper bound);
+  stream heads instead of a draft (`engine/models/streams.py`): their parameters in the target's
+  dtype, and no cache;
 - the decoder's static state (`engine/decoding/speculative.py`), preallocated per batch slot for
   the whole context: keys and values of every layer of target and draft for `context + gamma + 2`
   positions (a round may write gamma + 1 past the limit), the slot's token ids, an `ar` decoder's
-  uniforms, the repetition-penalty mask and PCG's two fallback distributions;
+  uniforms, the repetition-penalty mask and PCG's two fallback distributions (with stream heads:
+  their states and the hidden state they came from);
 - the codec's decode weights (`Family.codec_parameters`);
 - allowances, which are assumptions, not measurements: what a round holds over the output ids
   (`VOCAB_BUFFERS` float32 copies of `[batch, gamma + 1, output ids]`), the activations of a
@@ -19,8 +22,9 @@ Memory, as the engine allocates it:
   (`FIXED`).
 
 The round's floor: a decode round must at least read what it uses from memory once: the target's
-weights once (its verify forward), the draft's gamma times (its steps), and each forward's keys
-and values. Bytes read over the GPU's bandwidth (the vendor's data sheet) is a time no round can
+weights once (its verify forward), the draft's gamma times (its steps) or stream heads' once
+with the target's head again (their one pass and their proposals' logits), and each forward's
+keys and values. Bytes read over the GPU's bandwidth (the vendor's data sheet) is a time no round can
 beat; the sampling work over the output ids is not counted. The keys are read at the whole cache:
 a round reads every slot up to the longest row's key bucket (`kv_bucket`), so it is the floor of
 rounds whose batch holds a row near the end of its context; shorter rows read fewer.
@@ -149,11 +153,27 @@ class LMSize:
 
 
 @dataclass(frozen=True)
+class StreamsSize:
+    """Stream heads as their record (`pcg_streams.json`) states them: a drafter on the target's
+    hidden states, with no cache of its own."""
+
+    parameters: int
+    heads: int
+    hidden: int
+
+    @classmethod
+    def from_info(cls, info: dict) -> StreamsSize:
+        shape = info["shape"]
+        return cls(parameters=info["parameters"], heads=shape["heads"], hidden=shape["hidden_size"])
+
+
+@dataclass(frozen=True)
 class Worker:
     """What sizes one synthesis worker: its family, models, batch, draft length and dtype.
 
     Attributes:
         gamma: the draft length memory is sized for (0: `ar`, no draft).
+        streams: stream heads that draft instead of `draft` (None: none).
     """
 
     family: Family
@@ -162,6 +182,7 @@ class Worker:
     batch: int
     gamma: int
     dtype: str = "bfloat16"
+    streams: StreamsSize | None = None
 
     @property
     def dtype_bytes(self) -> int:
@@ -185,6 +206,10 @@ class Worker:
     def weights(self, lm: LMSize) -> int:
         return lm.parameters(self.family.output_ids) * self.dtype_bytes
 
+    def streams_weights(self) -> int:
+        """The stream heads' weights, loaded in the target's dtype (0: none)."""
+        return self.streams.parameters * self.dtype_bytes if self.streams is not None else 0
+
     def codec(self) -> int:
         held, wide = self.family.codec_parameters
         return held * self.dtype_bytes + wide * 4
@@ -196,9 +221,11 @@ class Worker:
     def state_per_row(self) -> int:
         """A slot's other preallocated tensors: token ids (int64), an `ar` decoder's uniforms
         (float64), the repetition-penalty mask (bool) and PCG's fallback distributions (two
-        float32), each over the output ids."""
+        float32), each over the output ids; with stream heads, their states and the hidden state
+        they came from."""
         ids = self.family.output_ids
-        return 8 * self.positions * (1 if self.gamma else 2) + ids + (8 * ids if self.gamma else 0)
+        heads = (self.streams.heads + 1) * self.streams.hidden * self.dtype_bytes if self.streams and self.gamma else 0
+        return 8 * self.positions * (1 if self.gamma else 2) + ids + (8 * ids if self.gamma else 0) + heads
 
     def buffers_per_row(self) -> int:
         """A slot's share of the allowances: the round's buffers over the output ids and its
@@ -215,7 +242,8 @@ class Worker:
 
     def base(self) -> int:
         """Bytes a worker takes before its first row: weights, codec and the fixed allowances."""
-        return sum(self.weights(lm) for lm in self.loaded) + self.codec() + self.allowances()
+        return (sum(self.weights(lm) for lm in self.loaded) + self.streams_weights() + self.codec()
+                + self.allowances())
 
     def total(self) -> int:
         return self.base() + self.batch * self.per_row()
@@ -226,12 +254,15 @@ class Worker:
 
     def round_bytes(self, gamma: int | None = None) -> int:
         """Bytes one decode round reads at `gamma` (default: the worker's) with every slot's keys
-        read at the whole cache: the target's weights and keys once, the draft's gamma times."""
+        read at the whole cache: the target's weights and keys once, the draft's gamma times;
+        stream heads' weights once, and the target's head once more (their proposals' logits)."""
         gamma = self.gamma if gamma is None else gamma
         ids, b, keys = self.family.output_ids, self.dtype_bytes, self.batch * self.positions
         total = self.target.step_parameters(ids) * b + self.target.kv_per_position(b) * keys
         if gamma and self.draft is not None:
             total += gamma * (self.draft.step_parameters(ids) * b + self.draft.kv_per_position(b) * keys)
+        if gamma and self.streams is not None:
+            total += (self.streams.parameters + ids * self.target.hidden) * b
         return total
 
 

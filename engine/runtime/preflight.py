@@ -25,7 +25,7 @@ from engine.decoding.admission import CHARS_PER_SECOND, expected_tokens
 from engine.families import Family, SpeechLayout, check_max_new_tokens
 from engine.io.lease import OutputLease
 from engine.io.manifest import ManifestRow, RowError, validate
-from engine.io.storage import Storage, StorageError, join, parse, relative_to
+from engine.io.storage import STREAMS_INFO, Storage, StorageError, join, parse, relative_to
 from engine.runtime import numerics
 from engine.runtime.family import with_family
 from engine.runtime.plan import Layout, Plan, make_plan, plan_of
@@ -37,19 +37,21 @@ EXAMPLES = 5  # error rows shown by a dry run
 
 
 def check_checkpoint(storage: Storage, uri: str | None, name: str) -> None:
-    """A checkpoint the spec names (at `name`) is there (None: none named).
+    """A checkpoint the spec names (at `name`) is there (None: none named); a drafter (`.draft`)
+    may be a draft model or stream heads.
 
     Raises:
         ValueError: `<name>: why`.
     """
     if uri is None:
         return
+    markers = ("config.json", STREAMS_INFO) if name.endswith(".draft") else ("config.json",)
     try:
-        found = storage.has_checkpoint(uri.rstrip("/"))
+        found = storage.has_checkpoint(uri.rstrip("/"), markers)
     except StorageError as exc:
         raise ValueError(f"{name}: {exc}") from None
     if not found:
-        raise ValueError(f"{name}: no checkpoint at {uri} (config.json missing)")
+        raise ValueError(f"{name}: no checkpoint at {uri} ({' or '.join(markers)} missing)")
 
 
 # the quality gate's bundled verifiers: the Python package each needs (pcg-synth[quality])

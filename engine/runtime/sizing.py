@@ -1,17 +1,17 @@
 """The dry run's sizing of a job's workers (`pcg-synth run --dry-run`, docs/sizing.md): the
 memory a worker takes, whether it fits the GPU named (`--gpu`) or cards of 24, 40 and 80 GB, the
 memory-bound floor of its rounds and the hours a job takes at best, from the config.json of its
-target and draft (`engine.decoding.sizing` holds the model and says what it counts). Every figure
-is a projection. Imports no torch."""
+target and draft, or the record of its stream heads (`engine.decoding.sizing` holds the model and
+says what it counts). Every figure is a projection. Imports no torch."""
 
 from __future__ import annotations
 
 import json
 
 from engine.config import JobSpec, decoding_default
-from engine.decoding.sizing import GB, GPU, LMSize, Worker, gpu_named, job_hours, speed
+from engine.decoding.sizing import GB, GPU, LMSize, StreamsSize, Worker, gpu_named, job_hours, speed
 from engine.families import Family
-from engine.io.storage import Storage, StorageError, hub_ref, hub_snapshot, join
+from engine.io.storage import STREAMS_INFO, Storage, StorageError, hub_ref, hub_snapshot, join
 
 AUTO_GAMMA_MAX = 8  # the longest draft `gamma: auto` may choose (`adaptive.CANDIDATES`): what it is sized for
 MEMORY_CLASSES = (24, 40, 80)  # GB: the cards a dry run without --gpu sizes for
@@ -30,6 +30,23 @@ def checkpoint_config(storage: Storage, ref: str) -> dict:
         return json.loads(storage.read_bytes(join(ref.rstrip("/"), "config.json")))
     except (OSError, ValueError, StorageError) as exc:
         raise ValueError(f"{ref}: cannot read its config.json ({exc})") from None
+
+
+def drafter_config(storage: Storage, ref: str) -> tuple[dict | None, dict | None]:
+    """(config.json, None) of a draft checkpoint, or (None, its `pcg_streams.json`) of a directory
+    of stream heads, named by `ref` (a path, an object-store URI or a Hub model: a draft model's
+    config only, as a Hub model is asked for nothing else here).
+
+    Raises:
+        ValueError: neither can be read.
+    """
+    record = join(ref.rstrip("/"), STREAMS_INFO)
+    try:
+        if hub_ref(ref) is None and storage.exists(record):
+            return None, json.loads(storage.read_bytes(record))
+    except (OSError, ValueError, StorageError) as exc:
+        raise ValueError(f"{ref}: cannot read its {STREAMS_INFO} ({exc})") from None
+    return checkpoint_config(storage, ref), None
 
 
 # ---- in words --------------------------------------------------------------------------------------
@@ -63,6 +80,8 @@ def describe(worker: Worker, workers: int, share: float, gpu: GPU | None, speed_
              "rows": worker.batch * worker.per_row(), "allowances": worker.allowances()}
     if worker.draft is not None:
         parts["draft"] = worker.weights(worker.draft)
+    if worker.streams is not None:
+        parts["streams"] = worker.streams_weights()
     report: dict = {"projection": True, "dtype": worker.dtype, "batch": worker.batch, "workers": workers,
                     "gpu_share": share, "gamma_sized": worker.gamma, "worker_bytes": worker.total(),
                     "per_row_bytes": worker.per_row(), "kv_per_row_bytes": worker.kv_per_row(), "parts_bytes": parts}
@@ -101,7 +120,7 @@ def fit_warnings(report: dict, worker: Worker, gpu: GPU | None, share: float) ->
 def sizing_lines(report: dict) -> list[str]:
     """The dry run's lines for a `describe` report."""
     parts = report["parts_bytes"]
-    models = ", ".join(f"{k} {size(parts[k])}" for k in ("target", "draft", "codec") if k in parts)
+    models = ", ".join(f"{k} {size(parts[k])}" for k in ("target", "draft", "streams", "codec") if k in parts)
     lines = [f"  memory     about {size(report['worker_bytes'])} a worker ({report['dtype']}; projected): {models}, "
              f"{report['batch']} rows x {size(report['per_row_bytes'])} (caches, state, buffers), "
              f"{size(parts['allowances'])} allowances"]
@@ -133,21 +152,30 @@ def gpu_workers(spec: JobSpec) -> bool:
 
 
 def job_sizing(spec: JobSpec, family: Family, target: dict, draft: dict | None, gpu: GPU | None = None,
-               audio_hours: float | None = None) -> tuple[dict, list[str]]:
-    """`describe` for a job's GPU workers, from the config.json of its target and draft: `dtype:
-    auto` as bfloat16 (what it is on CUDA), `gamma: auto` sized for `AUTO_GAMMA_MAX` and projected
-    at the default draft length."""
+               audio_hours: float | None = None, streams: dict | None = None) -> tuple[dict, list[str]]:
+    """`describe` for a job's GPU workers, from the config.json of its target and draft (or the
+    `pcg_streams.json` of its stream heads, `streams`): `dtype: auto` as bfloat16 (what it is on
+    CUDA), `gamma: auto` sized for `AUTO_GAMMA_MAX` and projected at the default draft length,
+    each at most the heads' count (they propose no more)."""
     res, decoding = spec.resources, spec.decoding
     dtype = "bfloat16" if spec.models.dtype == "auto" else spec.models.dtype
+    heads = StreamsSize.from_info(streams) if streams else None
+    limit = heads.heads if heads else AUTO_GAMMA_MAX
+    said = []
     if not decoding.speculative:
         sized = projected = 0
     elif decoding.gamma == "auto":
-        sized, projected = AUTO_GAMMA_MAX, decoding_default("gamma")
+        sized, projected = min(AUTO_GAMMA_MAX, limit), min(decoding_default("gamma"), limit)
     else:
         sized = projected = decoding.gamma
+        if heads and decoding.gamma > heads.heads:
+            said.append(f"decoding.gamma {decoding.gamma} needs {decoding.gamma} stream heads; models.draft "
+                        f"{spec.models.draft} has {heads.heads}: the workers will refuse it (use {heads.heads} "
+                        "or less, or auto)")
     worker = Worker(family, LMSize.from_config(target), LMSize.from_config(draft) if draft else None,
-                    res.batch_size, sized, dtype)
-    return describe(worker, res.workers, min(res.gpus_per_worker, 1.0), gpu, projected, audio_hours)
+                    res.batch_size, sized, dtype, heads)
+    report, warnings = describe(worker, res.workers, min(res.gpus_per_worker, 1.0), gpu, projected, audio_hours)
+    return report, said + warnings
 
 
 def dry_run_sizing(spec: JobSpec, storage: Storage, family: Family, gpu: GPU | None,
@@ -159,7 +187,7 @@ def dry_run_sizing(spec: JobSpec, storage: Storage, family: Family, gpu: GPU | N
         return None, []
     try:
         target = checkpoint_config(storage, spec.models.target)
-        draft = checkpoint_config(storage, spec.models.draft) if spec.models.draft else None
-        return job_sizing(spec, family, target, draft, gpu, audio_hours)
+        draft, streams = drafter_config(storage, spec.models.draft) if spec.models.draft else (None, None)
+        return job_sizing(spec, family, target, draft, gpu, audio_hours, streams)
     except (ValueError, KeyError, TypeError) as exc:
         return None, [f"sizing: skipped ({exc})"]

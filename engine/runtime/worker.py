@@ -15,12 +15,14 @@ and queues: `runtime/stream.py`). `ShardProcessor` builds the stages and the pip
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from engine.api import Synthesizer
 from engine.config import JobSpec, QualitySpec
@@ -83,7 +85,6 @@ class WorkerModels:
     def load(cls, spec: JobSpec, storage: Storage, device: str) -> WorkerModels:
         from engine.codec.load import load_codec
         from engine.codec.prompts import PromptCache
-        from engine.models.loading import checkpoint_revision
 
         local = storage.local_dir
         draft = local(spec.models.draft) if spec.models.draft else None
@@ -98,8 +99,21 @@ class WorkerModels:
             loaded["synth"].family.check_codec(loaded["codec"], f"models.codec {spec.models.codec}")
         on_short_thread(load)
         dirs = {"target": local(spec.models.target), "draft": draft, "codec": local(spec.models.codec)}
-        revisions = {k: checkpoint_revision(v) for k, v in dirs.items() if v is not None}
+        revisions = {k: revision(v) for k, v in dirs.items() if v is not None}
         return cls(spec.worker_key, loaded["synth"], loaded["codec"], revisions, PromptCache())
+
+
+def revision(path: Path) -> str:
+    """A model's fingerprint for provenance: its `checkpoint_revision`; for stream heads, whose
+    directory holds no config or tokenizer, their record too (`pcg_streams.json`: shape, target
+    and training), so that heads of one shape trained apart differ."""
+    from engine.models.loading import checkpoint_revision
+    from engine.models.streams import STREAMS_INFO, is_streams_dir
+
+    if not is_streams_dir(path):
+        return checkpoint_revision(path)
+    digest = hashlib.sha256((path / STREAMS_INFO).read_bytes() + checkpoint_revision(path).encode())
+    return digest.hexdigest()[:16]
 
 
 def check_reusable(models: WorkerModels, spec: JobSpec) -> None:

@@ -101,7 +101,8 @@ def test_a_dry_run_of_a_sweep_counts_its_runs_and_those_done(kit_dir, tmp_path, 
     raw["sweep"]["model_pairs"] = pairs
     raw["output"]["uri"] = str(tmp_path / "pairs-out")
     (tmp_path / "pairs.yaml").write_text(json.dumps(raw))
-    refusal = f"sweep.model_pairs[1].draft: no checkpoint at {tmp_path / 'no-draft'} (config.json missing)"
+    refusal = (f"sweep.model_pairs[1].draft: no checkpoint at {tmp_path / 'no-draft'} "
+               "(config.json or pcg_streams.json missing)")
     assert main(["run", str(tmp_path / "pairs.yaml"), "--dry-run"]) == 2
     assert capsys.readouterr().err == f"error: {refusal}\n"
     # the sweep itself refuses it before its first point (the kit pair's), from the command line
