@@ -37,7 +37,7 @@ from engine.io.storage import model_dir
 from engine.models.device import resolve_compile, resolve_device
 from engine.models.loading import LoadedModel, check_same_vocabulary, load_model
 from engine.models.malloc import keep_freed_memory
-from engine.models.streams import StreamHeads, is_streams_dir, load_streams
+from engine.models.streams import Heads, is_streams_dir, load_streams
 from engine.records import RunSummary, SynthesisItem, SynthesisResult, aggregate, attempt_seed, item_seed
 
 if TYPE_CHECKING:  # the gate's verifiers load only for a call that brings one
@@ -73,7 +73,7 @@ class Synthesizer:
     """
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, batch_size: int = 8,
-                 max_context: int | None = None, streams: StreamHeads | None = None) -> None:
+                 max_context: int | None = None, streams: Heads | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
         if draft is not None and streams is not None:
@@ -142,7 +142,7 @@ class Synthesizer:
         return self.target.model.device
 
     @property
-    def drafter(self) -> LlamaLM | StreamHeads | None:
+    def drafter(self) -> LlamaLM | Heads | None:
         """What proposes a round's tokens: the stream heads, else the draft model, else None."""
         if self.streams is not None:
             return self.streams

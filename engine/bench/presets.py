@@ -31,7 +31,7 @@ from engine.kit.build import KIT_VERSION, KitSpec, build_kit, layer_subset, llam
 from engine.kit.tokenizer import build_tokenizer
 from engine.models.device import resolve_compile, resolve_device, resolve_dtype
 from engine.models.loading import LoadedModel, check_weights, empty_model, load_model, ready_for_decoding
-from engine.models.streams import StreamHeads, is_streams_dir, load_streams
+from engine.models.streams import Heads, is_streams_dir, load_streams
 
 PRESETS = ("tiny", "llasa-1b-shape")
 LLASA_VOCAB = 193_800
@@ -202,7 +202,7 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
         desc = {"preset": None, "target": str(target), "draft": str(draft) if draft else None}
     else:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    streams: StreamHeads | None = load_streams(draft, tgt.model) if heads else None
+    streams: Heads | None = load_streams(draft, tgt.model) if heads else None
     if heads:
         desc["draft_made_by"] = "--draft (stream heads)"
     drafter = streams if streams is not None else drf.model if drf else None

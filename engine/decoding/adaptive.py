@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from engine.decoding.cost import drain_factor, predicted_speedup, round_tokens, step_times
 from engine.models.llama import LlamaLM
-from engine.models.streams import StreamHeads
+from engine.models.streams import Heads
 
 CANDIDATES = (1, 2, 3, 4, 6, 8)
 MARGIN = 1.05  # speculation must beat `ar` by 5% to be worth its variance
@@ -66,7 +66,7 @@ def gamma_candidates(limit: int | None = None) -> tuple[int, ...]:
     return tuple(sorted({g for g in CANDIDATES if g <= limit} | {min(limit, CANDIDATES[-1])}))
 
 
-def measure_steps(target: LlamaLM, draft: LlamaLM | StreamHeads, batch: int, context: int,
+def measure_steps(target: LlamaLM, draft: LlamaLM | Heads, batch: int, context: int,
                   candidates: tuple[int, ...] = CANDIDATES, reps: int = 5) -> dict[int, dict[str, float]]:
     """Step times (`step_times`) per candidate draft length at `batch`: the costly part of a
     choice, measured once per (settings, batch size) and reused by `decide`."""

@@ -29,7 +29,7 @@ import torch
 
 from engine.decoding.sizing import gpu_of_device
 from engine.models.llama import LlamaLM
-from engine.models.streams import StreamHeads
+from engine.models.streams import Heads
 
 
 def sync(device: torch.device) -> None:
@@ -74,7 +74,7 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], device: torch.devi
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def streams_timer(target: LlamaLM, heads: StreamHeads, batch: int, gamma: int):
+def streams_timer(target: LlamaLM, heads: Heads, batch: int, gamma: int):
     """A closure running one round's work of stream heads: their pass over a `[batch, H]` hidden
     state and the token after it (the states of the next round), then the target's head over
     `[batch, gamma, H]` of those states (its proposals' logits)."""
@@ -90,14 +90,14 @@ def streams_timer(target: LlamaLM, heads: StreamHeads, batch: int, gamma: int):
     return run
 
 
-def step_times(target: LlamaLM, draft: LlamaLM | StreamHeads | None, batch: int, gamma: int, context: int,
+def step_times(target: LlamaLM, draft: LlamaLM | Heads | None, batch: int, gamma: int, context: int,
                reps: int = 10) -> dict[str, float]:
     """Median seconds of an `ar` step, a verify forward and a draft phase at this batch size,
     measured in turns (`interleaved_medians`). `draft_step_s` is a draft model's one-token step;
     stream heads have no step of their own, so theirs is the phase over gamma."""
     fns = {"ar_s": forward_timer(target, batch, 1, context, "all"),
            "verify_s": forward_timer(target, batch, gamma + 1, context, "all")}
-    if isinstance(draft, StreamHeads):
+    if isinstance(draft, Heads):
         fns["draft_phase_s"] = streams_timer(target, draft, batch, gamma)
         times = interleaved_medians(fns, target.device, reps)
         return {**times, "draft_step_s": times["draft_phase_s"] / gamma}
@@ -174,13 +174,13 @@ class ForwardClock:
         clock.decode_s, clock.prefill_s
     """
 
-    def __init__(self, *models: LlamaLM | StreamHeads | None) -> None:
+    def __init__(self, *models: LlamaLM | Heads | None) -> None:
         lms = [m for m in models if isinstance(m, LlamaLM)]
         # a model whose rounds run compiled is left alone: its forwards are inside the graph
         self.models = [m for m in lms if m.compile_mode == "none"]
         # stream heads run inside the target's rounds: out of sight too where those are compiled
         eager = bool(lms) and len(self.models) == len(lms)
-        self.heads = [m for m in models if isinstance(m, StreamHeads)] if eager else []
+        self.heads = [m for m in models if isinstance(m, Heads)] if eager else []
         self.decode_s = self.prefill_s = 0.0
 
     def _timed(self, fn: Callable, device: torch.device, admission: Callable[[dict], bool]):
@@ -261,13 +261,13 @@ def bandwidth_bound(target: LlamaLM, batch: int, context: int, bandwidth: float)
             "weights_kv_bound_s": (w + kv) / bandwidth}
 
 
-def speculation_outlook(target: LlamaLM, draft: LlamaLM | StreamHeads, gamma: int, context: int,
+def speculation_outlook(target: LlamaLM, draft: LlamaLM | Heads, gamma: int, context: int,
                         accepted: dict[str, float], reps: int = 10) -> str:
     """Why speculation does or does not pay for this target and drafter (a draft model or stream
     heads) at batch 1, in words: the step times measured now, the break-even accepted length,
     and the cost model's speedup for each method's measured mean accepted length (`accepted`:
     method -> tokens per round)."""
-    heads = isinstance(draft, StreamHeads)
+    heads = isinstance(draft, Heads)
     times = step_times(target, draft, 1, gamma, context, reps)
     even = break_even_length(times)
     ms = {k: v * 1e3 for k, v in times.items()}

@@ -169,7 +169,8 @@ class RoundRunner:
         own tensors."""
         st = decoder.state
         shapes = (tuple(st.tokens.shape), st.tcache.shape, None if st.dcache is None else st.dcache.shape,
-                  None if st.stream_state is None else tuple(st.stream_state.shape), st.seen is not None)
+                  None if st.stream_state is None else tuple(st.stream_state.shape),
+                  None if st.stream_cache is None else st.stream_cache.shape, st.seen is not None)
         key = (id(decoder) if self.mode == "cudagraphs" else shapes, replace(plan, kv_len=0))
         graph = self.graphs.get(key)
         if graph is None:

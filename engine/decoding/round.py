@@ -37,7 +37,7 @@ from engine.decoding.sampling import RowWarp, penalised_logits, sample_from, war
 from engine.decoding.verify import Block, PCGRule, Rule, judge_mixed
 from engine.models.kv_cache import KVCache
 from engine.models.llama import LlamaLM, StepTables
-from engine.models.streams import StreamHeads
+from engine.models.streams import Heads
 
 OUT_COUNT, OUT_FINISHED, OUT_FIX = 0, 1, 2  # columns of a round's result `[B, 3]`
 
@@ -141,6 +141,7 @@ class RoundState:
         stream_state: `[B, heads, H]` each row's heads' states, the next round's proposals'
             source (`follow_streams`); stream_source: `[B, H]` the target's normed hidden state
             they came from (the fallback redoes a row's states from it).
+        stream_cache: the heads' own KV cache, for heads that attend (`Heads.attends`).
     """
 
     target: LlamaLM
@@ -174,9 +175,10 @@ class RoundState:
     phases: torch.Tensor | None = None
     frame_bias: torch.Tensor | None = None
     cycle: int = 1
-    streams: StreamHeads | None = None
+    streams: Heads | None = None
     stream_state: torch.Tensor | None = None
     stream_source: torch.Tensor | None = None
+    stream_cache: KVCache | None = None
 
     def tensors(self) -> list[torch.Tensor]:
         """Every state tensor a round reads or writes (CUDA graphs replay into their addresses)."""
@@ -184,7 +186,7 @@ class RoundState:
                  "greedy", "rule_index", "stat_reached", "stat_accepted", "stat_counts", "seen",
                  "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "ar_draws", "out_to_token",
                  "start", "phases", "frame_bias", "stream_state", "stream_source")
-        caches = self.tcache.tensors() + (self.dcache.tensors() if self.dcache else [])
+        caches = [t for c in (self.tcache, self.dcache, self.stream_cache) if c is not None for t in c.tensors()]
         return [t for t in [getattr(self, n) for n in names] + caches if t is not None]
 
 
@@ -285,12 +287,19 @@ def propose_streams(state: RoundState, plan: RoundPlan, warp: RowWarp, lens: tor
                             lambda i, x: logits[:, i + 1:i + 2])
 
 
-def follow_streams(state: RoundState, normed: torch.Tensor, accepted: torch.Tensor, token: torch.Tensor) -> None:
+def follow_streams(state: RoundState, normed: torch.Tensor, accepted: torch.Tensor, token: torch.Tensor,
+                   pos: torch.Tensor, kv_len) -> None:
     """The stream heads' states for the next round: from the target's normed hidden state at each
-    row's last accepted position (`normed` `[B, g+1, H]`, index `accepted` `[B]`) and the token
-    emitted after it (`token` `[B]`, an output id). Rows whose token is drawn after the round
-    (PCG's fallback) are redone then (`SpeculativeDecoder.fix_fallbacks`, from `stream_source`)."""
+    row's last accepted position (`normed` `[B, g+1, H]` at `pos`, index `accepted` `[B]`) and the
+    token emitted after it (`token` `[B]`, an output id). Rows whose token is drawn after the round
+    (PCG's fallback) are redone then (`SpeculativeDecoder.fix_fallbacks`, from `stream_source`).
+    Heads that attend run at every position of the round (their cache takes each; those past a
+    row's accepted ones are overwritten by later rounds, as the target's are)."""
     rows = torch.arange(accepted.shape[0], device=accepted.device)
+    if state.streams.attends:
+        states = state.streams.states(state.target, normed, pos, state.stream_cache, kv_len)  # [B, g+1, heads, H]
+        state.stream_state.copy_(states[rows, accepted])
+        return
     source = normed[rows, accepted]  # [B, H]
     state.stream_source.copy_(source)
     state.stream_state.copy_(state.streams.follow(state.target, source, state.out_to_token[token]))
@@ -349,7 +358,7 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
             fix = verdict.fallback
         record(state, verdict, g)
         if normed is not None:
-            follow_streams(state, normed, accepted, next_token)
+            follow_streams(state, normed, accepted, next_token, pos, kv_len)
         return commit(state, plan, lens, new, accepted, fix)
     if plan.sampled:
         next_token = sample_from(target_probs[:, 0], u[rng.BONUS].view(-1, 1))[:, 0]

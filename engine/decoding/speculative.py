@@ -40,7 +40,7 @@ from engine.decoding.sampling import RowWarp
 from engine.decoding.verify import Rule
 from engine.families.base import OutputSpace
 from engine.models.llama import LlamaLM
-from engine.models.streams import StreamHeads
+from engine.models.streams import Heads
 from engine.records import RowStats
 
 
@@ -115,11 +115,11 @@ class SpeculativeDecoder:
             `compile_mode` says; see `decoding/graphs.py`).
     """
 
-    def __init__(self, target: LlamaLM, draft: LlamaLM | StreamHeads | None, gamma: int, batch_size: int,
+    def __init__(self, target: LlamaLM, draft: LlamaLM | Heads | None, gamma: int, batch_size: int,
                  max_len: int, space: OutputSpace, runner: RoundRunner | None = None) -> None:
         if (draft is None) != (gamma == 0):
             raise ValueError("a draft and gamma >= 1 go together (neither for 'ar')")
-        streams = draft if isinstance(draft, StreamHeads) else None
+        streams = draft if isinstance(draft, Heads) else None
         if streams is not None:
             streams.fits(target)
             if gamma > streams.heads:
@@ -154,7 +154,8 @@ class SpeculativeDecoder:
             stream_state=None if streams is None else torch.zeros(
                 b, streams.heads, target.shape.hidden_size, dtype=streams.dtype, device=dev),
             stream_source=None if streams is None else torch.zeros(
-                b, target.shape.hidden_size, dtype=target.dtype, device=dev))
+                b, target.shape.hidden_size, dtype=target.dtype, device=dev),
+            stream_cache=None if streams is None else streams.new_cache(target, b, self.cache_len))
         self.runner = runner or RoundRunner.for_model(target)
         # its first n entries' length is a round's key count (a compiled round's dynamic size)
         self.keys_read = torch.empty(self.cache_len, dtype=torch.int8, device=dev)
@@ -277,9 +278,13 @@ class SpeculativeDecoder:
             self.target(feed, pos, st.tcache, kv_len, slots=rows, logits_at="none")
         else:  # the heads' first states: the hidden state of the last prompt token but one, and the last
             normed = self.target(feed, pos, st.tcache, kv_len, slots=rows, logits_at="normed")
-            last = lens - 2
-            source = normed[torch.arange(len(requests), device=self.device), last]
-            self.follow(rows, source, ids.gather(1, (lens - 1)[:, None])[:, 0])
+            at = torch.arange(len(requests), device=self.device), lens - 2
+            if self.streams.attends:  # their caches take every prompt position
+                with torch.inference_mode():
+                    states = self.streams.states(self.target, normed, pos, st.stream_cache, kv_len, slots=rows)
+                    st.stream_state[rows] = states[at]
+            else:
+                self.follow(rows, normed[at], ids.gather(1, (lens - 1)[:, None])[:, 0])
         if self.draft is not None:
             self.draft(feed, pos, st.dcache, kv_len, slots=rows, logits_at="none")
 
@@ -361,7 +366,7 @@ class SpeculativeDecoder:
             lens = st.seq_len[rows]
             token, _ = rule.exact_residual(st.fallback_target[rows], st.fallback_draft[rows], st.keys[rows], lens)
             st.tokens[rows, lens] = st.out_to_token[token]
-            if self.streams is not None:  # the heads' states of these rows follow the token drawn now
+            if self.streams is not None and self.streams.token_input:  # their heads read the token drawn now
                 self.follow(rows, st.stream_source[rows], st.out_to_token[token])
             if st.seen is not None:
                 st.seen[rows, token] = True

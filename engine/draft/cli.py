@@ -189,6 +189,30 @@ def add_eval(dsub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
+def cmd_import_llasa_plus(args) -> int:
+    from engine.models.loading import load_model
+    from engine.models.streams import import_llasa_plus, read_streams_info
+
+    target = load_model(args.target, device="cpu", dtype="float32", prepack=False)
+    out = import_llasa_plus(args.checkpoint, target.model, args.target, args.out)
+    info = read_streams_info(out)
+    print(f"LLaSA+ modules written to {out} as stream heads: {info['shape']['heads']} modules, "
+          f"{info['parameters']:,} parameters; draft with them: --draft {out} (gamma at most "
+          f"{info['shape']['heads']})")
+    return 0
+
+
+def add_import_llasa_plus(dsub) -> None:
+    p = dsub.add_parser("import-llasa-plus", help="LLaSA+'s multi-token modules as stream heads",
+                        description="Read the multi-token modules (mtp_<k>_*) of a LLaSA+ checkpoint "
+                                    "(ASLP-lab/LLaSA_Plus) and write them as a stream-heads directory "
+                                    "for --target, the Llasa backbone they were trained on.")
+    p.add_argument("--checkpoint", required=True, help="LLaSA+'s model.safetensors, or a directory holding it")
+    p.add_argument("--target", required=True, help="the backbone's own checkpoint (e.g. Llasa-1B)")
+    p.add_argument("--out", required=True, help="directory for the heads")
+    p.set_defaults(func=cmd_import_llasa_plus)
+
+
 def register(sub) -> None:
     """Add `draft init | train | eval` to the top-level subparsers `sub`."""
     p = sub.add_parser("draft", help="draft models: build, distil, evaluate",
@@ -198,3 +222,4 @@ def register(sub) -> None:
     add_init(dsub)
     add_train(dsub)
     add_eval(dsub)
+    add_import_llasa_plus(dsub)

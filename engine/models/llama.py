@@ -303,6 +303,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
+    def forward(self, x: torch.Tensor, tables: StepTables, cache: KVCache, index: int, slots: torch.Tensor | None,
+                rows: torch.Tensor, positions: torch.Tensor, kind: str) -> torch.Tensor:
+        """The layer on `x` `[b, T, h]`: its keys and values go to layer `index` of `cache` (see
+        `Attention.forward` for the rest)."""
+        h = self.input_layernorm(x)
+        x = x + self.self_attn(h, tables.cos, tables.sin, tables.mask, cache, index, slots, rows, positions, kind)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
 
 class LlamaBody(nn.Module):
     """`model.*` of a `LlamaForCausalLM` checkpoint."""
@@ -564,10 +572,9 @@ class LlamaLM(nn.Module):
             mask = fold_mask(mask, self.shape.num_heads // self.shape.num_kv_heads)
         rows = cache.rows if slots is None else slots[:, None]  # [b, 1] cache rows written
         x = self.model.embed_tokens(tokens)  # [b, T, h]
+        tables = StepTables(mask, cos, sin)
         for i, layer in enumerate(self.model.layers):
-            h = layer.input_layernorm(x)
-            x = x + layer.self_attn(h, cos, sin, mask, cache, i, slots, rows, positions, kind)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer(x, tables, cache, i, slots, rows, positions, kind)
         if logits_at == "none":
             return None
         if logits_at == "hidden":

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.io.storage import STREAMS_INFO  # the heads' record: what they are, which target they were made for
+from engine.models.kv_cache import KVCache
 
 STREAMS_WEIGHTS = "streams.safetensors"
 STREAMS_FORMAT = 1
@@ -72,7 +73,51 @@ class StreamMLP(nn.Module):
         return z + self.down(F.silu(gate) * up)
 
 
-class StreamHeads(nn.Module):
+class Heads(nn.Module):
+    """What a round asks of a heads drafter, whatever its form.
+
+    Attributes:
+        attends: the heads attend over earlier positions (their own KV cache, filled at every
+            committed position: `states`); else they read one position only (`follow`).
+        token_input: the heads read the token after the hidden state too (a row whose token is
+            drawn after the round has its states redone then).
+    """
+
+    attends = False
+    token_input = True
+    form = "streams"
+
+    @property
+    def heads(self) -> int:
+        return self.shape.heads
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def step_weight_bytes(self) -> int:
+        """Bytes of weights one pass of the heads reads."""
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+    def new_cache(self, target, batch: int, max_len: int) -> KVCache | None:
+        """The heads' own KV cache (None: they attend to nothing)."""
+        return None
+
+    def fits(self, target) -> None:
+        """Raise unless these heads can run on `target` (its hidden size)."""
+        if self.shape.hidden_size != target.shape.hidden_size:
+            raise ValueError(f"stream heads of hidden size {self.shape.hidden_size} cannot run on a target of "
+                             f"hidden size {target.shape.hidden_size}")
+
+
+class StreamHeads(Heads):
     """The heads (see the module docstring). `chain(h, e)` maps the target's normed hidden
     states `[..., H]` and the embeddings of the tokens that follow them `[..., H]` to the heads'
     states `[..., heads, H]`; `logits(target, states)` turns states into the target's output
@@ -86,25 +131,6 @@ class StreamHeads(nn.Module):
         self.norm_token = nn.RMSNorm(h, eps=shape.rms_norm_eps)
         self.proj = nn.Linear(2 * h, h, bias=False)
         self.blocks = nn.ModuleList(StreamMLP(shape) for _ in range(shape.heads))
-
-    @property
-    def heads(self) -> int:
-        return self.shape.heads
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.proj.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.proj.weight.device
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def step_weight_bytes(self) -> int:
-        """Bytes of weights one pass of the heads reads."""
-        return sum(p.numel() * p.element_size() for p in self.parameters())
 
     def chain(self, hidden: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         """The heads' states `[..., heads, H]` from normed hidden states and next-token embeddings."""
@@ -127,11 +153,89 @@ class StreamHeads(nn.Module):
         head, as for its own hidden states)."""
         return target.project(target.model.norm(states.to(target.dtype)), widen=widen)
 
-    def fits(self, target) -> None:
-        """Raise unless these heads can run on `target` (its hidden size)."""
-        if self.shape.hidden_size != target.shape.hidden_size:
-            raise ValueError(f"stream heads of hidden size {self.shape.hidden_size} cannot run on a target of "
-                             f"hidden size {target.shape.hidden_size}")
+
+class LlasaPlusHeads(Heads):
+    """LLaSA+'s multi-token modules as heads (ASLP-lab/LLaSA_Plus): module `k` normalises the
+    previous module's output (the target's final-normed hidden state for the first), projects it
+    (a linear layer with bias) and runs a full Llama decoder layer over it, attending causally to
+    the same module's inputs at every earlier position; its output goes through the target's head
+    without the final norm. Module `k` at position `j` proposes `x_{j+1+k}`. No token input: a
+    row's states depend on the target's hidden states only."""
+
+    attends = True
+    token_input = False
+    form = "llasa_plus"
+
+    def __init__(self, shape: StreamShape, layer_shape) -> None:
+        from engine.models.llama import DecoderLayer, RMSNorm
+
+        super().__init__()
+        self.shape, self.layer_shape = shape, layer_shape
+        h = shape.hidden_size
+        self.norms = nn.ModuleList(RMSNorm(h, shape.rms_norm_eps) for _ in range(shape.heads))
+        self.projs = nn.ModuleList(nn.Linear(h, h, bias=True) for _ in range(shape.heads))
+        self.blocks = nn.ModuleList(DecoderLayer(layer_shape) for _ in range(shape.heads))
+
+    def new_cache(self, target, batch: int, max_len: int) -> KVCache:
+        s = self.layer_shape
+        return KVCache(self.heads, batch, s.num_kv_heads, max_len, s.head_dim, self.dtype, target.device)
+
+    def states(self, target, normed: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
+               slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The heads' states `[b, T, heads, H]` at `positions` `[b, T]` from the target's normed
+        hidden states there `[b, T, H]`, each module's keys and values written into `cache`
+        (rows `slots`, as `LlamaLM.step` writes)."""
+        from engine.models.llama import fold_mask
+
+        tables = target.step_tables(positions, kv_len)
+        kind = target.attention_kind(positions)
+        if kind == "folded":
+            s = self.layer_shape
+            tables = tables._replace(mask=fold_mask(tables.mask, s.num_heads // s.num_kv_heads))
+        rows = cache.rows if slots is None else slots[:, None]
+        z, out = normed.to(self.dtype), []
+        for k in range(self.heads):
+            z = self.blocks[k](self.projs[k](self.norms[k](z)), tables, cache, k, slots, rows, positions, kind)
+            out.append(z)
+        return torch.stack(out, -2)
+
+    def follow(self, target, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """One position of the heads `[b, heads, H]` attending to itself only (what a pass costs
+        beside its context: the cost model's timing); `tokens` are not read."""
+        b = hidden.shape[0]
+        cache = self.new_cache(target, b, 1)
+        return self.states(target, hidden[:, None], torch.zeros(b, 1, dtype=torch.long, device=hidden.device),
+                           cache, 1)[:, 0]
+
+    @staticmethod
+    def logits(target, states: torch.Tensor, widen: bool = True) -> torch.Tensor:
+        """The target's head on the modules' outputs as they are (LLaSA+ applies no final norm)."""
+        return target.project(states.to(target.dtype), widen=widen)
+
+
+# LLaSA+'s parameter names for module k (1-based) -> these heads' names for module k - 1
+LLASA_PLUS_NAMES = (("mtp_{k}_local_RMSNorm.", "norms.{i}."), ("mtp_{k}_proj.", "projs.{i}."),
+                    ("mtp_{k}_block.", "blocks.{i}."))
+
+
+def llasa_plus_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The modules' tensors of a LLaSA+ checkpoint (`mtp_<k>_*`), renamed for `LlasaPlusHeads`;
+    everything else (the backbone `llm.*`) is left out.
+
+    Raises:
+        ValueError: the checkpoint holds no modules, or their numbering has gaps.
+    """
+    found = sorted({int(name.split("_")[1]) for name in tensors if name.startswith("mtp_")})
+    if not found or found != list(range(1, len(found) + 1)):
+        raise ValueError(f"no LLaSA+ multi-token modules mtp_1.. in this checkpoint (found {found})")
+    out = {}
+    for name, tensor in tensors.items():
+        for theirs, ours in LLASA_PLUS_NAMES:
+            k = name.split("_")[1] if name.startswith("mtp_") else None
+            prefix = theirs.format(k=k)
+            if k is not None and name.startswith(prefix):
+                out[ours.format(i=int(k) - 1) + name[len(prefix):]] = tensor
+    return out
 
 
 def stream_shape_for(target_shape, heads: int, intermediate_size: int | None = None) -> StreamShape:
@@ -157,8 +261,8 @@ def save_streams(out: str | Path, heads: StreamHeads, target: dict, record: dict
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in heads.state_dict().items()}
     save_file(tensors, str(out / STREAMS_WEIGHTS), metadata={"format": "pt"})
-    info = {"kind": "streams", "format": STREAMS_FORMAT, "shape": asdict(heads.shape), "target": target,
-            "parameters": heads.num_parameters(), "trained": record or {}}
+    info = {"kind": "streams", "format": STREAMS_FORMAT, "form": heads.form, "shape": asdict(heads.shape),
+            "target": target, "parameters": heads.num_parameters(), "trained": record or {}}
     (out / STREAMS_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return out
 
@@ -175,11 +279,13 @@ def read_streams_info(path: str | Path) -> dict:
     return info
 
 
-def load_streams(path: str | Path, target, dtype: torch.dtype | None = None) -> StreamHeads:
-    """The heads stored at `path`, on `target`'s device in `dtype` (default: the target's).
+def load_streams(path: str | Path, target, dtype: torch.dtype | None = None) -> Heads:
+    """The heads stored at `path` (`StreamHeads`, or `LlasaPlusHeads` whose decoder layers take
+    the target's attention shape), on `target`'s device in `dtype` (default: the target's).
 
     Raises:
-        ValueError: the heads were made for another target shape or output space.
+        ValueError: the heads were made for another target shape or output space, or are of an
+            unknown form.
     """
     from safetensors.torch import load_file
 
@@ -190,8 +296,12 @@ def load_streams(path: str | Path, target, dtype: torch.dtype | None = None) -> 
     if made_for.get("vocab_out") not in (None, target.vocab_out):
         raise ValueError(f"stream heads {path} were made for a target of {made_for['vocab_out']} output ids; "
                          f"this target has {target.vocab_out}")
+    form = info.get("form", "streams")
+    if form not in ("streams", "llasa_plus"):
+        raise ValueError(f"{path / STREAMS_INFO}: unknown form {form!r} (streams or llasa_plus)")
+    heads_of = (lambda: StreamHeads(shape)) if form == "streams" else (lambda: LlasaPlusHeads(shape, target.shape))
     with torch.device("meta"):
-        heads = StreamHeads(shape)
+        heads = heads_of()
     heads = heads.to_empty(device=target.device)
     heads.load_state_dict(load_file(str(path / STREAMS_WEIGHTS), device=str(target.device)))
     heads.fits(target)
@@ -199,3 +309,41 @@ def load_streams(path: str | Path, target, dtype: torch.dtype | None = None) -> 
     heads.path = path
     heads.info = info
     return heads
+
+
+def import_llasa_plus(checkpoint: str | Path, target, target_path: str | Path, out: str | Path) -> Path:
+    """Write LLaSA+'s multi-token modules from `checkpoint` (its `model.safetensors`, or a directory
+    holding it) as a heads directory at `out`, for `target` (a `LlamaLM` of the backbone they were
+    trained on: its hidden size and attention shape). The backbone's own tensors (`llm.*`) are not
+    copied: the target comes from its own checkpoint.
+
+    Raises:
+        ValueError: no modules in the checkpoint, or modules of another shape than the target's.
+    """
+    from safetensors.torch import load_file
+
+    checkpoint = Path(checkpoint)
+    files = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
+    if not files:
+        raise ValueError(f"{checkpoint}: no .safetensors file")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update({k: v for k, v in load_file(str(f)).items() if k.startswith("mtp_")})
+    renamed = llasa_plus_tensors(tensors)
+    count = 1 + max(int(name.split(".")[1]) for name in renamed)
+    hidden = renamed["projs.0.weight"].shape[0]
+    if hidden != target.shape.hidden_size:
+        raise ValueError(f"{checkpoint}: LLaSA+ modules of hidden size {hidden} cannot run on a target of hidden "
+                         f"size {target.shape.hidden_size}")
+    shape = StreamShape(hidden_size=hidden, heads=count,
+                        intermediate_size=renamed["blocks.0.mlp.gate_proj.weight"].shape[0], rms_norm_eps=1e-6)
+    with torch.device("meta"):
+        heads = LlasaPlusHeads(shape, target.shape)
+    heads = heads.to_empty(device="cpu")
+    missing, unexpected = heads.load_state_dict(renamed, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{checkpoint}: LLaSA+ modules do not match the target's layer shape "
+                         f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+    return save_streams(out, heads, {"path": str(target_path), "hidden_size": hidden, "vocab_out": target.vocab_out,
+                                     "num_layers": target.shape.num_layers},
+                        {"imported_from": str(checkpoint), "source": "ASLP-lab/LLaSA_Plus"})
