@@ -43,3 +43,38 @@ def test_the_round_benchmark_keeps_what_it_measured_when_a_setting_fails(kit_dir
     # launches over the timed rounds only (each block's untimed first round left out)
     assert [r["graph_launches_per_round"] for r in doc["readings"]] == [0, 1]
     assert "| kit (" in stem.with_suffix(".md").read_text()
+
+
+def test_the_drafters_benchmark_compares_a_draft_model_with_stream_heads(kit_dir, kit_groups, tmp_path):
+    """`bench_drafters.py` on the kit (its draft and its four heads): a row per batch size, every
+    setting's figures, speedups that are positive numbers, and gammas above the heads' count run
+    with the draft model only. Timings are not compared: the kit on a shared CPU says nothing.
+    (`kit_groups`: the script finds the kit's groups in the session's cache, built once.)"""
+    import json
+    import math
+
+    stem = tmp_path / "drafters"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_drafters.py"), "--kit", str(kit_dir),
+                          "--batch-sizes", "1,2", "--gammas", "2,5", "--reps", "1", "--max-new-tokens", "12",
+                          "--items-per-slot", "1", "--device", "cpu", "--dtype", "float32", "--threads", "1",
+                          "--out", str(stem), "--quiet"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(stem.with_suffix(".json").read_text())
+    assert [r["batch"] for r in doc["rows"]] == [1, 2]
+    assert doc["settings"]["gammas_skipped_for_heads"] == [5]
+    for batch in ("1", "2"):
+        runs = doc["batches"][batch]["runs"]
+        assert set(runs) == {"ar", "pcg draft g2", "pcg draft g5", "pcg heads g2"}
+        for label, f in runs.items():
+            for key in ("tokens_per_s", "speedup_vs_ar"):
+                assert math.isfinite(f[key]["median"]) and f[key]["median"] > 0, (label, key)
+            assert all(0 <= a <= 1 for a in f["acceptance_per_position"])
+            assert len(f["acceptance_per_position"]) == (0 if label == "ar" else f["gamma"])
+        assert runs["ar"]["speedup_vs_ar"]["median"] == 1.0
+    for row in doc["rows"]:
+        assert row["draft"]["setting"].startswith("pcg draft") and row["heads"]["setting"] == "pcg heads g2"
+        assert row["heads_over_draft"]["median"] > 0 and row["heads"]["speedup_vs_ar"] > 0
+    p = doc["parameters"]
+    assert 0 < p["heads"] and 0 < p["draft_own"] <= p["draft"] and 0 < p["heads_share_of_target"] < 1
+    assert doc["models"]["heads"] == 4 and doc["how"] in doc["notes"]
+    assert "| batch | ar tokens/s |" in stem.with_suffix(".md").read_text()
