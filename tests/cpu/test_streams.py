@@ -134,3 +134,17 @@ def test_a_compiled_round_with_stream_heads_gives_the_eager_codes(kit_dir):
         codes[mode] = [r.codes for r in results]
         assert synth.runner.stats.graph_launches == (0 if mode == "none" else synth.runner.stats.rounds)
     assert codes["none"] == codes["inductor"] and all(codes["none"])
+
+
+def test_orpheus_kit_streams_keep_greedy_parity_and_whole_frames(orpheus64, orpheus_kit_dir):
+    """Orpheus's framed output space: proposals from the kit's heads are masked to their frame
+    position like the target's, greedy `pcg` (singleton groups) and `exact` equal `ar`, and rows
+    hold whole 7-code frames."""
+    synth, target = orpheus64, orpheus64.target.model
+    heads = load_streams(orpheus_kit_dir / "streams", target)
+    texts = TEXTS[:4]
+    ar = decode(synth, None, 0, requests(synth, texts, None, max_new_tokens=42), 4)
+    for rule, gamma in ((ExactRule(), 4), (PCGRule(synth.groups(1.0)), 3)):
+        got = decode(synth, heads, gamma, requests(synth, texts, rule, max_new_tokens=42), 2)
+        assert {k: r.codes for k, r in got.items()} == {k: r.codes for k, r in ar.items()}
+        assert all(len(r.codes) % 7 == 0 for r in got.values())
