@@ -137,7 +137,7 @@ class KitStreamsRecipe:
 
     heads: int = 4
     steps: int = 60
-    anchors: int = 32
+    anchors: int = 16
     lr: float = 1e-2
     warmup_steps: int = 10
 
