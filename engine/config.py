@@ -328,8 +328,8 @@ class TextSpec(BaseModel):
         "this language (none: off); the result is stored as normalized_text beside text."))
     normalizer: NormalizerName = Field("rules", description=(
         "Which normaliser: rules (built in, English) or nemo (NeMo's text normalisation, many "
-        "languages; install nemo_text_processing, Linux x86-64: see "
-        "benchmarks/results/text_normalizer_install.md)."))
+        "languages; install nemo_text_processing, Linux x86-64 only: docs, the long-texts "
+        "guide)."))
     language: str = Field("en", description=(
         "Language of the texts' sentence rules (pysbd's codes) used when splitting."))
 
@@ -345,7 +345,7 @@ class TextSpec(BaseModel):
 
 # Batches of decoded rows that may wait for the quality gate's checks: decoding runs that far ahead
 # of a slower check while memory stays bounded (codes only), and a worker holds as many more shards
-# (`JobSpec.shards_held`). benchmarks/results/quality_gate_cpu_tiny.md
+# (`JobSpec.shards_held`), so that shards waiting for checks do not keep the next ones from the batch.
 VERIFY_QUEUE_BATCHES = 16
 
 

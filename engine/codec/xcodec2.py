@@ -48,8 +48,8 @@ def weight_files(path: Path) -> list[Path]:
 
 def codec_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """The codec's precision: `auto` is bfloat16 on CUDA and float32 elsewhere. Unlike the
-    language models, the codec stays float32 on CPUs with native bfloat16: its decoder has not
-    been measured or listened to in CPU bfloat16 here."""
+    language models, the codec stays float32 on CPUs with native bfloat16: its decoder's output in
+    CPU bfloat16 is unchecked (neither measured nor listened to)."""
     if dtype == "auto" and device.type != "cuda":
         return torch.float32
     return resolve_dtype(dtype, device)

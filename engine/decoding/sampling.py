@@ -161,8 +161,8 @@ def nucleus(probs: torch.Tensor, top_p: torch.Tensor | float, skip: torch.Tensor
     1,024, then of 8,192): where its nucleus ends inside that head, the head's values and float32
     running sums are the sort's own first ones, so the edge and its value `v` are the sort's, and
     the kept tokens are those above `v` and the lowest ids of those at `v`: token for token the
-    sort's. A row whose edge lies beyond the largest head is sorted whole. A top-k of 1,024 costs
-    a tenth of a sort of 65,537 tokens on a CPU (benchmarks/results/nucleus_cpu_tiny.md). A
+    sort's. A row whose edge lies beyond the largest head is sorted whole. On a CPU a top-k of
+    1,024 costs far less than a sort of the whole vocabulary, so most rows never sort. A
     compiled round calls the same code as one opaque op (`pcg_synth::nucleus_keep`), its choices
     made on the host. On CUDA rows are sorted: choosing there would wait for the device inside a
     round."""

@@ -170,8 +170,8 @@ class GroupIndex:
     def all_masses(self, probs: torch.Tensor) -> torch.Tensor:
         """Coarse masses of every group: `probs` `[b, V]` -> `[b, M]`, each group's members added
         in their order. On a CPU one product with the weighted membership matrix (`membership`);
-        on other devices `gathered_masses` (the way CUDA was tested; the sparse product is measured
-        on CPUs only)."""
+        on other devices `gathered_masses` (the path tested on CUDA; the sparse product's gain is
+        known on CPUs only)."""
         if probs.device.type == "cpu":
             return (self.membership(probs.dtype) @ probs.T).T.contiguous()
         return self.gathered_masses(probs)
@@ -189,7 +189,7 @@ class GroupIndex:
     def membership(self, dtype: torch.dtype) -> torch.Tensor:
         """`[M, V]` sparse CSR matrix, `w[k, t] = 1 / N(t)` for `t` in `G_k` (made once per dtype):
         its product with probabilities gives the coarse masses, in less time than gathering every
-        member and adding it into its group (benchmarks/results/group_masses_cpu.md)."""
+        member and adding it into its group."""
         matrix = self._membership.get(dtype)
         if matrix is None:
             # 32-bit indices where they fit: the sparse product would convert 64-bit ones every call

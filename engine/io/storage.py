@@ -65,16 +65,16 @@ RETRY_LOG_EVERY_S = 2.0  # at most one retry line per this many seconds per proc
 
 
 class RetryLog:
-    """One log line per storage backoff, at most one every `every_s` seconds (an outage can make
-    many calls back off at once); the lines held back are counted in the next one."""
+    """One log line per storage backoff, at most one every `every_s` seconds of `clock` (an outage
+    can make many calls back off at once); the lines held back are counted in the next one."""
 
-    def __init__(self, every_s: float = RETRY_LOG_EVERY_S) -> None:
-        self.every_s, self.last, self.held = every_s, float("-inf"), 0
+    def __init__(self, every_s: float = RETRY_LOG_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock, self.last, self.held = every_s, clock, float("-inf"), 0
         self.lock = threading.Lock()
 
     def __call__(self, text: str) -> None:
         with self.lock:
-            now = time.monotonic()
+            now = self.clock()
             if now - self.last < self.every_s:
                 self.held += 1
                 return

@@ -59,7 +59,7 @@ KIT_TRAIN_TEXTS = [
 
 @dataclass(frozen=True)
 class KitDraftRecipe:
-    """How the kit's draft is distilled (the acceptance it reaches: benchmarks/results/draft_cpu_tiny.md)."""
+    """How the kit's draft is distilled (the acceptance it reaches: docs/performance.md)."""
 
     steps: int = 24
     batch_size: int = 8

@@ -9,11 +9,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
-# `compile: auto` on a CPU: eager. Compiled rounds measured shorter there (31-47 % on the kit, 2-8 %
-# at Llasa-1B's shape), after a compile of 5-35 s per plan and worker the first time on a machine
-# (benchmarks/results/round_cpu_tiny.md, round_cpu_llasa_1b_shape.md), which short jobs, the
-# quickstart and the tests would pay without gaining it back; `inductor` is the explicit choice for
-# long CPU jobs.
+# `compile: auto` on a CPU: eager. A compiled round is shorter there, but each plan and worker first
+# pays a compile of seconds, which short jobs, the quickstart and the tests would not win back;
+# `inductor` is the explicit choice for long CPU jobs.
 CPU_AUTO_COMPILE = "none"
 
 

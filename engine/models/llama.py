@@ -119,9 +119,9 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 
 def fold_pays(dtype: torch.dtype, positions: int) -> bool:
-    """Whether a CPU step folds its attention (`folded_attention`): in bfloat16 and float16 always (at one position
-    torch's kernel takes 3x-9x longer unfolded), in float32 and float64 from two positions on (at
-    one their kernel is as fast unfolded, up to 1.4x faster): `benchmarks/results/attention_cpu.md`."""
+    """Whether a CPU step folds its attention (`folded_attention`): in bfloat16 and float16 always (at
+    one position torch's kernel is several times slower unfolded), in float32 and float64 from two
+    positions on (at one their kernel is as fast unfolded or faster; docs/performance.md)."""
     return positions > 1 or dtype in (torch.bfloat16, torch.float16)
 
 
@@ -137,7 +137,7 @@ def folded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     KV head's query heads folded into its query positions: q `[b, H, T, D]`, keys/values `[b, H_kv,
     L, D]`, mask `[b, 1, T, L]` bool (True = attend) -> `[b, H, T, D]`. The same kernel and per-query
     maths, the work split another way: the outputs are SDPA's bit for bit in most shapes and within
-    a last bit in the others (`benchmarks/results/attention_cpu.md`). A model's step decides
+    a last bit in the others. A model's step decides
     whether to fold (`LlamaLM.attention_kind`, `fold_pays`) and folds the mask once for all its
     layers (`fold_mask`, `_folded`)."""
     b, heads, t, d = q.shape
@@ -427,8 +427,8 @@ class LlamaLM(nn.Module):
     def share_tables(self, source: LlamaLM) -> list[str]:
         """Use `source`'s output head and input embeddings where this model's hold the very same
         values (a draft made of the target's layers keeps the target's, `draft init`): the two
-        models then keep one copy (Llasa-1B's are about 1 GB in bfloat16;
-        benchmarks/results/shared_tables_cpu.md). The outputs are unchanged (the same values,
+        models then keep one copy (Llasa-1B's are about 1 GB in bfloat16). The outputs are
+        unchanged (the same values,
         stored the same way). For inference; returns what was shared (`head`, `embeddings`)."""
         def same(a: torch.Tensor, b: torch.Tensor) -> bool:
             return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)

@@ -1,34 +1,23 @@
 """The C allocator for CPU decoding: memory a decode round frees stays with the process.
 
-A decode round on a CPU allocates and frees tens of megabytes of vocabulary-wide temporaries
-(logits, probabilities, sorts and cumulative sums over 66k tokens for every row and position).
-glibc's malloc, left to its defaults, hands much of that back to the kernel after each round:
-blocks above its mmap threshold are unmapped on free, the top of a heap above its trim threshold
-is trimmed, and a thread's arena deletes a heap that falls empty. The next round then touches
-fresh pages again, each a minor page fault in which the kernel zeroes 4 KiB, and on 2 cores a
-fault in either OpenMP thread stalls the other at the op's barrier.
+A decode round on a CPU allocates and frees large vocabulary-wide temporaries (logits,
+probabilities, sorts and cumulative sums for every row and position). glibc's malloc, left to its
+defaults, hands much of that back to the kernel after each round (large blocks are unmapped on
+free, a heap's top is trimmed, a thread's arena deletes a heap that falls empty), so the next round
+faults fresh zeroed pages in again, and a fault in one OpenMP thread stalls the others at the op's
+barrier. `keep_freed_memory` sets glibc's thresholds (`SETTINGS`) so that memory is kept:
 
-Keeping that memory removes nearly all of those faults and speeds up decoding alone and jobs.
+- the mmap and trim thresholds go together: setting either turns off glibc's own adjustment of
+  both, so either alone faults more than the defaults;
+- the top pad keeps a thread's arena (a job worker's decode loop) from deleting its heaps;
+- `mmap_max` 0 puts blocks above glibc's largest mmap threshold on the heap too. Where a heap
+  cannot grow glibc still maps, so no request fails for this; a thread's arena grows in heaps of
+  at most 64 MiB, so larger blocks there are still mapped each time.
 
-Blocks above glibc's largest mmap threshold (32 MiB) come from the heap too (`mmap_max` 0): a
-target's probabilities at batch 32 and gamma 3 are such a block, and mapped afresh each round they
-would be faulted in page by page every round. Where a
-heap cannot grow, glibc still maps memory as its fallback, so a request never fails for this; and
-a thread's arena grows in heaps of at most 64 MiB, so on a thread of its own (a job worker's decode
-loop) a block above 64 MiB (the target's probabilities from batch 64 at gamma 3) is still mapped
-afresh each time.
-
-The two thresholds go together: setting either turns off glibc's own adjustment of both (it
-raises them as large blocks are freed), and either one set alone makes a job fault more than
-glibc's defaults. The
-top pad is for a thread's arena: with the thresholds alone, a thread of its own still faults on
-every round's large blocks (tests/cpu/test_malloc.py pins both).
-
-Where glibc is not the C library, or the user has set the allocator's environment variables
-(`MALLOC_*_`, `GLIBC_TUNABLES`), or `PCG_SYNTH_MALLOC=default`, nothing is changed. What is kept
-is about the process's peak, a round's temporaries coming back every round anyway; a heap holds
-what its holes cannot place as well (a few per cent more peak resident memory than with blocks
-over 32 MiB mapped).
+What is kept is about the process's peak (a round's temporaries come back every round anyway),
+plus what a heap's holes cannot place. Nothing is changed where glibc is not the C library, where
+the user set the allocator's environment variables (`MALLOC_*_`, `GLIBC_TUNABLES`), or under
+`PCG_SYNTH_MALLOC=default`.
 """
 
 from __future__ import annotations
@@ -48,7 +37,7 @@ SETTINGS = {
     "top_pad": (M_TOP_PAD, 64 << 20),
     # no block from mmap at all: glibc caps the threshold above at 32 MiB, and a round's largest
     # temporaries pass it (a target's float32 probabilities at batch 32 and gamma 3, [32, 4, 65537],
-    # are 1 KiB over), so without this each was mapped and faulted in afresh every round
+    # are 1 KiB over), so without this each would be mapped and faulted in afresh every round
     "mmap_max": (M_MMAP_MAX, 0),
 }
 

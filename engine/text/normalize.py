@@ -8,7 +8,7 @@ Backends:
            finite-state grammars, many languages). Not installed by default: it needs pynini,
            whose wheels exist for Linux x86-64 only, about 650 MB of it, and a C compiler for
            one of its dependencies; its grammars are compiled on first use (cached under the
-           pcg-synth cache). Measured in benchmarks/results/text_normalizer_install.md.
+           pcg-synth cache).
 
 A `TextNormalizer` caches its results per distinct text (least recently used, bounded), so a
 corpus that repeats texts (an augmentation job crosses each text with many voices and seeds)
