@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny kit is built once per test session (about 12 s on 2 cores)."""
+"""Shared fixtures: the tiny kit is built once per test session, a local Ray cluster once per
+module that asks for one."""
 
 from __future__ import annotations
 
@@ -96,9 +97,8 @@ def ray_address_file_kept():
     """Around a test that kills a `ray start` cluster: puts back the file where `ray start`
     records the latest cluster (`/tmp/ray/ray_current_cluster`) as it was. Left naming the dead
     cluster, Ray's own address discovery keeps trying it: `ray.init()` without an address waits
-    for it, and so does Ray Train's placement-group cleaner (its State API calls), which stalled
-    every `draft train --workers` run of later test sessions on this machine by 12 s and
-    logged a traceback."""
+    for it, and so does Ray Train's placement-group cleaner (its State API calls), which would
+    stall every later `draft train --workers` run and log a traceback."""
     from ray._private.utils import get_ray_address_file
 
     path = Path(get_ray_address_file(None))
@@ -176,9 +176,14 @@ def cluster():
 @pytest.fixture(scope="module")
 def local_ray():
     """A fresh 2-CPU local Ray cluster for one test module (`address="local"`: never one another
-    process started with `ray start`)."""
+    process started with `ray start`), the one every module's Ray tests share. A Ray left running
+    by an earlier test is shut down first. Its workers inherit the environment as it is when the
+    first test of the module starts: a module whose workers need more (S3 credentials) asks for
+    that session fixture for all its tests (`pytestmark`), so it is set up first."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()

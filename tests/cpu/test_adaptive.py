@@ -1,5 +1,7 @@
-"""`gamma: auto` on real models with real timings: on for a cheap, accurate draft at batch 1;
-off where a huge batch makes the verify step cost as much as gamma + 1 target steps."""
+"""`gamma: auto` on real models with given step timings: on for a cheap, accurate draft at batch 1;
+off where a huge batch makes the verify step cost as much as gamma + 1 target steps. The pilots'
+acceptance is measured; step times are given, since times measured inside a test would make the
+answer depend on the machine's load (`benchmarks/bench_round.py` measures round costs)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import shutil
 import pytest
 
 from engine import DecodingSettings, Synthesizer
+from engine.decoding import adaptive
 from engine.decoding.adaptive import decide, expected_length
 from engine.families.llasa import FAMILY as LLASA
 from engine.kit import build as tiny
@@ -38,10 +41,26 @@ def cheap_draft_pair(tmp_path_factory):
 TEXTS = ["The quick brown fox.", "Call Stella and ask her.", "One, two, three."]
 
 
-def test_auto_speculates_at_batch_one_with_a_cheap_accurate_draft(cheap_draft_pair):
-    results, summary = cheap_draft_pair.synthesize(
-        TEXTS, DecodingSettings(method="exact", gamma="auto", max_new_tokens=24), batch_size=1)
+def cheap_draft_steps(target, draft, batch: int, gamma: int, context: int, reps: int = 10) -> dict:
+    """Step times as a cheap draft at batch 1 has them (`cost.step_times`' keys): a verify of
+    gamma + 1 tokens costs one `ar` step, a draft step a twentieth of one. Seconds long, so that
+    the host time the pilot measures per round is small beside them whatever the machine's load."""
+    ar_s = 1.0
+    return {"ar_s": ar_s, "verify_s": ar_s, "draft_phase_s": 0.05 * ar_s * gamma, "draft_step_s": 0.05 * ar_s}
+
+
+def test_auto_speculates_at_batch_one_with_a_cheap_accurate_draft(cheap_draft_pair, monkeypatch):
+    """The whole path (pilot, choice, speculative decode) with the step times given
+    (`cheap_draft_steps`) and the acceptance the pilot measures."""
+    monkeypatch.setattr(adaptive, "step_times", cheap_draft_steps)
+    cheap_draft_pair.forget_measurements()
+    try:
+        results, summary = cheap_draft_pair.synthesize(
+            TEXTS, DecodingSettings(method="exact", gamma="auto", max_new_tokens=24), batch_size=1)
+    finally:
+        cheap_draft_pair.forget_measurements()  # the given times stay with this test
     choice = summary.gamma_choice
+    assert choice["step_times"][choice["gamma"]]["ar_s"] == 1.0  # decided from the given times
     assert choice["gamma"] > 0, choice
     assert choice["acceptance"] > 0.8 and "predicts" in choice["reason"]
     assert choice["predicted_speedup"][choice["gamma"]] > 1.05
@@ -51,8 +70,7 @@ def test_auto_speculates_at_batch_one_with_a_cheap_accurate_draft(cheap_draft_pa
 def test_auto_turns_speculation_off_when_verification_is_expensive(cheap_draft_pair):
     """The decision from step times given here (at batch 1 a verify of gamma + 1 tokens costs
     about one `ar` step; at a huge batch about gamma + 1 of them), with the acceptance a real pilot
-    measured: on at batch 1, off at the huge batch. Timings measured inside a test would make the
-    answer depend on the machine's load; `benchmarks/bench_round.py` measures round costs."""
+    measured: on at batch 1, off at the huge batch."""
     synth = cheap_draft_pair
     _, pilot = synth.synthesize(TEXTS, DecodingSettings(method="exact", gamma=4, max_new_tokens=24))
     acceptance = sum(pilot.stats.accepted) / pilot.stats.drafted  # measured, not assumed

@@ -16,7 +16,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def bench_doc(kit_dir, kit_groups, tmp_path_factory):
-    # kit_groups: the theta-0.4 groups built once per session (about 15 s on 2 cores)
+    # kit_groups: the theta-0.4 groups built once per session
     out = tmp_path_factory.mktemp("bench") / "tiny.json"
     code = run_cli(["bench", "--kit", str(kit_dir), "--device", "cpu", "--methods", "ar,exact,pcg",
                     "--gammas", "3,auto", "--batch-sizes", "1,2", "--reps", "2", "--max-new-tokens", "8",

@@ -19,7 +19,7 @@ def test_generate_max_speech_ratio_cuts_a_row_at_its_texts_budget_and_says_so(ki
     items = json.loads(out.read_text())["runs"][0]["items"]
     # "Hi.": 3 characters, 0.2 s at 15 a second, + 2 s = 110 codes, far below max_new_tokens
     cut = [len(i["codes"]) for i in items if i["finish_reason"] == "length"]
-    assert cut and set(cut) == {110}  # (on the lab's VMs: one of the three)
+    assert cut and set(cut) == {110}  # how many of the three depends on the kit's bytes (its processor)
     assert all(len(i["codes"]) < 110 for i in items if i["finish_reason"] == "eos")
     notices = capsys.readouterr().err
     assert (f"[ar] {len(cut)} of 3 texts reached the token limit before the end of speech (max_new_tokens 400 "

@@ -385,11 +385,11 @@ def test_the_laws_hold_through_a_compiled_judge(max_trials):
     assert law_fit(np.bincount(emitted.numpy(), minlength=v), target.double().numpy()) > 1e-3
 
 
-def test_the_eager_round_dispatches_at_most_half_the_ops_it_used_to(kit_dir, kit_groups):
+def test_the_eager_round_dispatches_no_more_ops_than_its_ceiling(kit_dir, kit_groups):
     """Ops dispatched by one eager round of 32 sampled rows on the kit (the count
-    `benchmarks/bench_round.py` reports): the round before this work dispatched 369 (`ar`) and
-    1,602 (`pcg`, gamma 3), the goal was half of each; machine-independent, so a change that adds
-    ops to every round fails here rather than only in a benchmark."""
+    `benchmarks/bench_round.py` reports) stay within a ceiling per method: every op is a dispatch
+    an eager round pays on the host. The count does not depend on the machine, so a change that
+    adds ops to every round fails here rather than only in a benchmark."""
     synth = Synthesizer.load(kit_dir / "target", draft=kit_dir / "draft", device="cpu", dtype="bfloat16",
                              batch_size=32, compile="none")
     synth.set_groups(kit_groups)

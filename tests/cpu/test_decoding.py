@@ -140,9 +140,9 @@ def test_stops_at_end_of_speech_or_length_and_counts_consistently(kit_synth):
 def test_max_speech_ratio_cuts_a_row_at_its_texts_budget_and_leaves_its_codes(synth64):
     from engine.decoding.admission import speech_budget
 
-    # which rows run past their budget depends on the machine: the kit built on another kind of
-    # processor has other bytes (README, the tiny kit), so its seeded rows draw other codes (four
-    # rows chosen on the AMD EPYCs all ran past on an Intel Xeon); eight rows hold both kinds on both
+    # which rows run past their budget depends on the processor: the kit built on another kind has
+    # other bytes (README, the tiny kit), so its seeded rows draw other codes; eight rows (two texts,
+    # four seeds each) are enough to hold rows of both kinds on either kind of processor
     items = [SynthesisItem(text=t, id=f"{t}-{k}") for t in ("Hi.", "Call Stella.") for k in range(4)]
     assert [speech_budget(it.text, 1.0, 50) for it in items] == [110] * 4 + [140] * 4  # (chars / 15 + 2 s) x 50
     assert speech_budget("Hi.", 2.5, 50) == 125

@@ -30,7 +30,7 @@ def small_npy(tmp_path) -> str:
     return str(path)
 
 
-@pytest.mark.slow  # one full 65,536^2 search plus a Ray cluster: ~25-40 s on 2 cores
+@pytest.mark.slow  # one full 65,536^2 search plus a Ray cluster
 def test_build_from_checkpoint_with_two_workers_fills_the_cache(kit_dir, kit_synth, tmp_path, capsys,
                                                                 monkeypatch):
     """One 65,536-token build through Ray; the API's own embeddings then hit the same entry."""
@@ -80,7 +80,7 @@ def test_a_bfloat16_synthesizer_groups_the_stored_rows(kit_dir, kit_synth):
     assert stored.dtype == torch.float32
     first = synth.target.layout.first_code
     rounded = synth.target.model.model.embed_tokens.weight[first: first + len(stored)]
-    assert rounded.dtype == torch.bfloat16 and not torch.equal(rounded.float(), stored)  # the old source
+    assert rounded.dtype == torch.bfloat16 and not torch.equal(rounded.float(), stored)  # rounded: not the source
     assert torch.equal(synth.speech_embeddings(), stored)
     assert embeddings_sha256(synth.speech_embeddings()) == embeddings_sha256(kit_synth.speech_embeddings())
 
@@ -173,7 +173,7 @@ def test_sweep_within_ranges(small_npy, capsys):
     assert code == 0 and row["nnz"] == int(sizes.sum()) < int(build_groups(np.load(small_npy), 0.3).sizes.sum())
 
 
-@pytest.mark.slow  # builds the Orpheus kit: 7-60 s on 2 cores (shared with test_orpheus.py)
+@pytest.mark.slow  # builds the Orpheus kit (shared with test_orpheus.py)
 def test_build_from_an_orpheus_checkpoint_groups_each_frame_position(orpheus_kit_dir, tmp_path, capsys):
     """`--target` takes the family and its seven code ranges from the checkpoint's tokenizer."""
     from engine.groups.store import GroupFileError, from_bytes

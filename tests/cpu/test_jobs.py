@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 from pydantic import ValidationError
 
 from engine.config import JobSpec, StorageOptions
@@ -41,11 +40,9 @@ def decoding_available() -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def local_ray(s3_endpoint):  # s3 credentials must be in the environment before workers start
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+# S3 credentials must be in the environment before `local_ray`'s workers start: the session's
+# moto server is set up ahead of the module's Ray cluster, whichever test comes first.
+pytestmark = pytest.mark.usefixtures("s3_endpoint")
 
 
 def test_quickstart_job_end_to_end(local_ray, kit_dir, tmp_path, groups_cache, kit_groups):
@@ -268,7 +265,7 @@ def test_interrupted_job_resumes_without_redoing_committed_shards(local_ray, kit
     # float32 a different batch can round differently, and a sampled row may then differ).
     # 15 shards: the worker holds 4 at a time (two batches of rows), so when the second commit
     # lands most of the job has not started (with 6 shards the rest could finish before the
-    # signal arrived: seen once on the 2-core VM)
+    # signal arrives)
     rows, shards = 30, 15
     manifest = write_manifest(tmp_path / "m.jsonl", texts(rows))
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"), models={"dtype": "float64"},

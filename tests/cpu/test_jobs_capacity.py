@@ -23,7 +23,9 @@ from engine.runtime.pool import JobFailed, WorkerPool, backoff_s
 from jobhelpers import audio_ok, comparable, job_spec, read_output, texts, write_manifest
 
 ROWS = 8
-RETURN_AFTER_S = 6.0  # the old pool failed every shard left as soon as the node was gone
+# The node comes back on the pool's third look for capacity: it looked, found none, and kept
+# every shard left instead of failing it, twice, before any node joined.
+RETURN_ON_LOOK = 3
 
 
 def spec_for(kit_dir, tmp_path, out: str, **resources):
@@ -81,9 +83,10 @@ def test_the_only_worker_node_lost_and_back_the_job_waits_and_completes_identica
     waiting = WorkerPool.wait_for_capacity
 
     def wait_then_bring_a_node_back(pool):  # the pool's waiting loop, on the driver's thread
-        if "returned" not in events and time.monotonic() - events["lost"] >= RETURN_AFTER_S:
+        events["looks"] = events.get("looks", 0) + 1
+        if "returned" not in events and events["looks"] >= RETURN_ON_LOOK:
             node = cluster.add_node(num_cpus=1, num_gpus=1)  # Ray's node start needs the main thread
-            events["returned"] = time.monotonic()
+            events["returned"] = events["looks"]
             threading.Thread(target=kill_the_replacement_while_it_loads, args=(node,), daemon=True).start()
         return waiting(pool)
 
@@ -92,16 +95,15 @@ def test_the_only_worker_node_lost_and_back_the_job_waits_and_completes_identica
     def lose_the_node_once(record):
         if "lost" not in events:
             cluster.remove_node(first)  # the only node with a GPU: no worker fits anywhere now
-            events["lost"] = time.monotonic()
+            events["lost"] = True
 
     spec = spec_for(kit_dir, tmp_path, "out", capacity_wait_s=60)
     summary = JobRunner(spec, progress=False, on_commit=lose_the_node_once).run()
-    assert "lost" in events and "returned" in events and "killed_loading" in events
+    assert "lost" in events and events.get("returned") == RETURN_ON_LOOK and "killed_loading" in events
     shards = summary["shards"]
     assert shards["committed"] == shards["total"] == ROWS // 2 and shards["failed"] == 0
     assert shards["workers_replaced"] >= 2  # after the node loss, and after the death while loading
-    assert any(w["outcome"] == "nodes joined" and w["waited_s"] >= RETURN_AFTER_S - 1
-               for w in shards["capacity_waits"])
+    assert any(w["outcome"] == "nodes joined" for w in shards["capacity_waits"])  # it waited, then went on
     out = read_output(spec)
     assert collections.Counter(r["id"] for r in out) == collections.Counter(f"u{i:03d}" for i in range(ROWS))
     assert all(audio_ok(r) for r in out)
@@ -141,7 +143,7 @@ class Crashing:
 
 def test_a_result_read_after_its_workers_death_hands_that_worker_no_more_shards(cluster, kit_dir, tmp_path):
     """A worker dies holding two shards, one of which it had committed just before: the driver may
-    read the failure first (the CI run that found this then gave a shard to the dead worker)."""
+    read the failure first, and must then hand the dead worker no shard."""
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     spec = spec_for(kit_dir, tmp_path, "out")
     plan_shards = make_plan(spec, Storage(spec.storage)).shards[:2]

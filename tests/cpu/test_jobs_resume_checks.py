@@ -6,7 +6,6 @@ a setting added since an output was written leaves its plan as it was while the 
 from __future__ import annotations
 
 import pytest
-import ray
 
 from engine.io.storage import Storage
 from engine.runtime.job import JobRunner
@@ -15,16 +14,7 @@ from engine.runtime.plan import make_plan, settings_fingerprint
 from jobhelpers import job_spec, texts, write_manifest
 
 
-@pytest.fixture(scope="module")
-def ray_2cpu():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-def test_a_resume_with_other_threads_is_refused_or_allowed_and_recorded(ray_2cpu, kit_dir, tmp_path):
+def test_a_resume_with_other_threads_is_refused_or_allowed_and_recorded(local_ray, kit_dir, tmp_path):
     manifest = write_manifest(tmp_path / "m.jsonl", texts(4))
     out = tmp_path / "out"
     one = job_spec(kit_dir, [str(manifest)], str(out),

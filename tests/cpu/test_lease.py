@@ -129,9 +129,18 @@ def test_a_frozen_holder_is_refused_while_fresh_taken_over_once_stale_and_learns
         assert text.endswith("rerun with --wait to wait for it (a lease not renewed for 3.0 s is taken over)")
         notes: list[str] = []
         second = OutputLease(Storage(), str(out), 30.0, job="second", wait=True, notify=notes.append)
-        waited = time.monotonic()
+        looks: list[str] = []  # what each of its looks at the lease found
+        look = second.latest_readable
+
+        def looked():
+            holder = look()
+            looks.append("held" if holder is not None and holder.holds else
+                          "stale" if holder is not None and holder.stale else "other")
+            return holder
+        second.latest_readable = looked
         second.acquire()  # waits for the lease to go stale
-        assert time.monotonic() - waited >= 2.0  # until 3 s after its last renewal
+        # it looked while the lease was held and kept waiting, and took it on its first stale look
+        assert looks[0] == "held" and looks[-1] == "stale" and set(looks[:-1]) == {"held"}, looks
         assert notes[0].startswith(f"waiting for {out}: in use by job 'first' on host ")
         assert notes[-1].startswith(f"took over the lease of {out} from job 'first'")
     finally:
@@ -293,18 +302,17 @@ def test_on_a_local_disk_a_takeover_waits_for_the_write_an_older_holder_checked_
     def writer() -> None:
         with fence.guard(storage):
             inside.set()
-            time.sleep(0.5)
+            time.sleep(0.5)  # the takeover has started meanwhile (nothing is timed)
             storage.write_bytes(f"{root}/data/a.bin", b"first")
-            wrote.append(time.time())
+            wrote.append(storage.exists(f"{root}/_lease/0000000002.json"))  # the next generation, yet?
 
     thread = threading.Thread(target=writer)
     thread.start()
     inside.wait(5)
     second = OutputLease(storage, root, 60.0, job="second")
     second.acquire()
-    created = os.stat(second.uri).st_mtime
     thread.join()
-    assert wrote and wrote[0] <= created  # the takeover waited for the write in progress
+    assert second.gen == 2 and wrote == [False]  # the takeover waited for the write in progress
     with pytest.raises(Fenced):
         FencedStorage(storage, fence).write_bytes(f"{root}/data/a.bin", b"late")
     second.release()

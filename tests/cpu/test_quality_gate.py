@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import ray
 import soundfile as sf
 from pydantic import ValidationError
 
@@ -37,13 +36,6 @@ from hubhelpers import add_to_hub_cache
 from jobhelpers import audio_ok, job_spec, texts, write_manifest
 
 DECODING = {"method": "exact", "max_new_tokens": 16, "seed": 1}
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def rows_of(root: Path, part: str) -> list[dict]:
@@ -92,7 +84,7 @@ def test_the_spec_refuses_what_cannot_work_and_is_off_by_default():
 def test_with_the_gate_on_a_worker_holds_the_shards_that_wait_for_checks_besides_its_window(kit_dir, tmp_path):
     """A decoded shard waits for its rows' checks before it is written; the worker holds as many
     more shards as the verify queue's rows fill, so that the next shards keep the batch full
-    (benchmarks/results/quality_gate_cpu_tiny.md: without them 13 % of slots waited for shards)."""
+    rather than slots waiting for shards while the window holds only shards being checked."""
     def held(quality: dict, **resources) -> tuple[int, int]:
         spec = job_spec(kit_dir, ["m.jsonl"], str(tmp_path), quality=quality,
                         resources={"batch_size": 8, "rows_per_shard": 8, **resources})

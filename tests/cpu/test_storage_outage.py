@@ -25,30 +25,47 @@ from conftest import free_port
 from jobhelpers import comparable, job_spec, read_output, texts, write_manifest
 
 
+class Clock:
+    """Virtual seconds that pass only while the storage layer backs off (its sleeps), so an
+    outage lasts as many backoffs as its length allows, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class FlakyS3:
-    """An S3 client double that refuses connections for the first `down_s` seconds."""
+    """An S3 client double that refuses connections for the first `down_s` seconds of its
+    `clock` (the storage's backoffs advance it: `storage_with`)."""
 
     def __init__(self, down_s: float, objects: dict, endpoint: str = "http://127.0.0.1:1") -> None:
-        self.up_at = time.monotonic() + down_s
+        self.clock, self.up_at = Clock(), down_s
         self.objects, self.calls, self.endpoint = objects, 0, endpoint
 
     def get_object(self, Bucket, Key, **_):
         self.calls += 1
-        if time.monotonic() < self.up_at:
+        if self.clock() < self.up_at:
             raise EndpointConnectionError(endpoint_url=self.endpoint)
         import io
 
         return {"Body": io.BytesIO(self.objects[Key])}
 
 
-def storage_with(client, **options) -> tuple[Storage, list[float]]:
+def storage_with(client: FlakyS3, **options) -> tuple[Storage, list[float]]:
+    """A storage layer on `client` whose backoffs advance the client's clock instead of sleeping;
+    returns it and the waits it asked for."""
     storage = Storage(StorageOptions(**options))
     storage._s3 = client
     waits: list[float] = []
 
     def sleep(s: float) -> None:
         waits.append(s)
-        time.sleep(s)
+        client.clock.sleep(s)
 
     storage._sleep = sleep
     return storage, waits
@@ -106,10 +123,10 @@ def test_each_backoff_is_logged_naming_the_operation_the_uri_the_retry_and_the_w
 
 
 def test_retry_lines_are_rate_limited_and_count_the_retries_they_held_back(caplog, monkeypatch):
-    limiter = RetryLog(every_s=0.25)
+    client = FlakyS3(0.8, {"k": b"data"})
+    limiter = RetryLog(every_s=0.25, clock=client.clock)  # the backoffs' seconds, not the machine's
     monkeypatch.setattr(storage_module, "retry_log", limiter)
-    storage, _ = storage_with(FlakyS3(0.8, {"k": b"data"}), retries=100, retry_backoff_s=0.01,
-                              retry_backoff_max_s=0.02)
+    storage, _ = storage_with(client, retries=100, retry_backoff_s=0.01, retry_backoff_max_s=0.02)
     with caplog.at_level(logging.WARNING, logger="engine.io.storage"):
         storage.read_bytes("s3://b/k")
     lines = retry_lines(caplog)

@@ -8,6 +8,7 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from engine import SynthesisItem
 from engine.io.manifest import ManifestRow
 from engine.io.storage import Storage
 from engine.runtime.plan import make_plan
+from engine.runtime.stages.row import ShardTask
 from engine.runtime.summary import per_worker
 from engine.runtime.threads import on_short_thread, own_threads, thread_clock
 from engine.runtime.worker import ShardProcessor
@@ -95,44 +97,62 @@ def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_g
     assert {r.id: r.codes for r in results} == out  # seeds from ids, not from scheduling or order
 
 
+SPIN_CPU_S = 0.05  # CPU seconds the running thread spends, by its own clock
+
+
 def test_thread_clock_tells_waiting_from_running():
-    def measure(work) -> tuple[float, float, int]:
+    """Decided by the thread's own clock and switch counts, not by wall time: a thread that spins
+    until its clock has counted `SPIN_CPU_S` gets there (the clock counts running), and ten sleeps
+    cost less CPU than that (it does not count waiting), each a voluntary switch."""
+    def measure(work) -> tuple[float, int, int]:
         box = {}
 
         def target() -> None:  # on a thread of its own, as the decode loop
-            before, start = thread_clock(), time.perf_counter()
-            work()
+            before = thread_clock()
+            box["work"] = work(before[0])
             after = thread_clock()
-            box["out"] = ((after[0] - before[0]) / (time.perf_counter() - start), after[1] - before[1],
-                          after[2] - before[2])
+            box["out"] = (after[0] - before[0], after[1] - before[1], after[2] - before[2])
         t = threading.Thread(target=target)
         t.start()
         t.join()
-        return box["out"]
+        return (*box["out"], box["work"])
 
-    def spin() -> None:
-        end = time.perf_counter() + 0.3
-        while time.perf_counter() < end:
-            pass
+    def spin(start_cpu: float) -> int:
+        turns = 0
+        while thread_clock()[0] - start_cpu < SPIN_CPU_S:
+            turns += 1
+        return turns
 
-    sleeping, sleep_waits, _ = measure(lambda: [time.sleep(0.03) for _ in range(10)])
-    spinning, spin_waits, _ = measure(spin)
-    assert sleeping < 0.2 < spinning  # a waiting thread's CPU share is small, a running one's large
+    def nap(_: float) -> int:
+        for _ in range(10):
+            time.sleep(0.001)
+        return 10
+
+    sleeping, sleep_waits, _, naps = measure(nap)
+    spinning, spin_waits, _, turns = measure(spin)
+    assert turns > 0 and spinning >= SPIN_CPU_S  # the clock advanced while the thread ran
+    assert sleeping < SPIN_CPU_S  # ten sleeps: far less CPU than the spin, whatever they lasted
     if hasattr(resource, "RUSAGE_THREAD"):  # Linux: per-thread switch counts
-        assert sleep_waits >= 10 > spin_waits  # every sleep is a voluntary switch; the spin has few
+        assert sleep_waits >= naps > spin_waits  # every sleep is a voluntary switch; the spin has few
 
 
-class SlowStorage(Storage):
-    """A store whose data-file uploads take `delay` seconds; records the order of writes."""
+class HeldStorage(Storage):
+    """A slow store without a clock: its first data-file upload is held until `until()` says
+    so; records the order of writes, and whether the hold ended by `until` (not its timeout)."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.delay, self.writes = delay, []
+        self.until: Callable[[], bool] = lambda: True
+        self.held, self.ended_by_until, self.writes = False, False, []
         self.lock = threading.Lock()
 
     def write_bytes(self, uri: str, data: bytes) -> None:
-        if uri.endswith(".parquet"):
-            time.sleep(self.delay)
+        if uri.endswith(".parquet") and not self.held:
+            self.held = True
+            deadline = time.monotonic() + 120  # a bound on a broken run only: nothing is timed
+            while not self.until() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.ended_by_until = self.until()
         super().write_bytes(uri, data)
         with self.lock:
             self.writes.append(uri.rsplit("/", 1)[-1])
@@ -140,20 +160,36 @@ class SlowStorage(Storage):
 
 @pytest.mark.parametrize("io_queue", [1])
 def test_slow_storage_holds_decoding_back_and_bounds_waiting_shards(kit_dir, tmp_path, io_queue):
+    """The first upload is held until the decode thread hands a shard to a full IO queue, so it
+    must wait for the writer: decided by what the queue holds, not by how long anything took."""
     manifest = write_manifest(tmp_path / "m.jsonl", texts(12))
     spec = job_spec(kit_dir, [str(manifest)], str(tmp_path / "out"),
                     decoding={"method": "exact", "max_new_tokens": 6, "seed": 1},
                     resources={"workers": 1, "batch_size": 4, "rows_per_shard": 2})
-    storage = SlowStorage(delay=1.5)
+    storage = HeldStorage()
     processor = ShardProcessor(spec, storage=storage, io_queue=io_queue)
+    io, queue_put = processor.stream.io, processor.stream.io.put
+    handing = []  # shards the decode thread is handing to the IO queue right now
+
+    def put(item, *args, **kwargs):
+        if not isinstance(item, ShardTask):
+            return queue_put(item, *args, **kwargs)
+        handing.append(item)
+        try:
+            return queue_put(item, *args, **kwargs)
+        finally:
+            handing.remove(item)
+
+    io.put = put
+    storage.until = lambda: bool(handing) and io.full()  # decoding waits for the writer
     try:
         records = run_shards(processor, spec)
     finally:
         processor.close()
     assert len(records) == 6
-    assert sum(r["io_wait_s"] for r in records) > 1.0  # decoding waited for the writer
+    assert storage.ended_by_until  # decoding waited for the writer (the held upload)
     # decoded shards in memory: one being written, `io_queue` queued, one blocked handing off
-    assert max(r["io_backlog_max"] for r in records) <= io_queue + 2
+    assert max(r["io_backlog_max"] for r in records) == io_queue + 2
     for r in records:  # every commit record after its data file
         shard = r["shard"]
         assert storage.writes.index(f"{shard}.json") > storage.writes.index(f"{shard}.parquet")

@@ -230,7 +230,7 @@ def test_normaliser_choices_are_checked():
 
 def test_nemo_normaliser_when_installed():
     """Runs where the [nemo-text] extra is installed (not in CI: Linux x86-64 only, about 1 GB, a
-    C compiler; benchmarks/results/text_normalizer_install.md)."""
+    C compiler)."""
     pytest.importorskip("nemo_text_processing")
     said = TextNormalizer("en", "nemo")("On 3/4/2025 it cost $12.50.")
     assert not any(ch.isdigit() for ch in said) and "twelve dollars" in said

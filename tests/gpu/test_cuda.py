@@ -117,8 +117,8 @@ def test_a_decode_loop_profile_on_cuda_has_device_time_and_runtime_calls(kit_dir
 
 
 def test_random_draws_on_cuda_do_not_wait_for_the_device():
-    """A decode round draws a dozen times; each draw used to copy its int lane to the device and
-    wait for the copy. Draws from a row's seed key with host-side ints now queue no sync."""
+    """A decode round draws a dozen times; a draw that copied its int lane to the device would
+    wait for the copy each time. Draws from a row's seed key with host-side ints queue no sync."""
     from engine.decoding import rng
     from engine.decoding.verify import Block
 
