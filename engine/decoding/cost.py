@@ -158,6 +158,9 @@ def drain_factor(acceptance: float, gamma: int, tokens: float, batch: int, rows:
     return mean / (mean + expected_max_normal(slots) * sd)
 
 
+HEADS_PASSES = ("follow", "states", "logits")  # what a round calls of stream heads (`engine.models.streams`)
+
+
 class ForwardClock:
     """Seconds spent inside the forwards of some models while active, split into prefill
     (forwards that fill chosen slots' caches: an admission) and decode forwards (a round's); the rest of a
@@ -205,16 +208,19 @@ class ForwardClock:
         # instance attributes shadow the classes' methods until `__exit__` deletes them
         for m in self.models:
             m.step = self._timed(m.step, m.device, prefill)
-        for h in self.heads:
-            h.follow = self._timed(h.follow, h.device, lambda options: False)
-            h.logits = self._timed(h.logits, h.device, lambda options: False)
+        for h in self.heads:  # every pass a round makes of them (`states`: heads that attend)
+            for name in HEADS_PASSES:
+                if hasattr(h, name):
+                    setattr(h, name, self._timed(getattr(h, name), h.device, lambda options: False))
         return self
 
     def __exit__(self, *exc) -> None:
         for m in self.models:
             del m.step
         for h in self.heads:
-            del h.follow, h.logits
+            for name in HEADS_PASSES:
+                if name in vars(h):
+                    delattr(h, name)
 
 
 def break_even_length(times: dict[str, float]) -> float | None:

@@ -140,7 +140,7 @@ class RoundState:
         streams: the stream heads that draft instead of a draft model (`engine.models.streams`).
         stream_state: `[B, heads, H]` each row's heads' states, the next round's proposals'
             source (`follow_streams`); stream_source: `[B, H]` the target's normed hidden state
-            they came from (the fallback redoes a row's states from it).
+            they came from (the fallback redoes a row's states from it; heads with a token input only).
         stream_cache: the heads' own KV cache, for heads that attend (`Heads.attends`).
     """
 

@@ -153,8 +153,8 @@ class SpeculativeDecoder:
             streams=streams,
             stream_state=None if streams is None else torch.zeros(
                 b, streams.heads, target.shape.hidden_size, dtype=streams.dtype, device=dev),
-            stream_source=None if streams is None else torch.zeros(
-                b, target.shape.hidden_size, dtype=target.dtype, device=dev),
+            stream_source=None if streams is None or not streams.token_input else torch.zeros(
+                b, target.shape.hidden_size, dtype=target.dtype, device=dev),  # the fallback's redo reads it
             stream_cache=None if streams is None else streams.new_cache(target, b, self.cache_len))
         self.runner = runner or RoundRunner.for_model(target)
         # its first n entries' length is a round's key count (a compiled round's dynamic size)

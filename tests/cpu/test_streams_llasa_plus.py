@@ -128,3 +128,20 @@ def test_the_round_keeps_the_modules_caches_as_a_fresh_pass_fills_them(synth64, 
             assert torch.allclose(st.stream_state[slot], fresh, atol=1e-9), (slot, n)
             checked += 1
     assert checked > 10
+
+
+def test_the_forward_clock_times_the_modules_passes_and_lets_them_go(synth64, plus_heads):
+    """The `gamma: auto` pilot counts a round's pass of attending heads (`states`) as forward
+    time, not host time, and leaves the heads' own methods in place afterwards."""
+    from engine.decoding.cost import ForwardClock
+
+    target = synth64.target.model
+    decoder = SpeculativeDecoder(target, plus_heads, 2, 2, 256, synth64.layout.output_space())
+    decoder.submit([Request(key=0, prompt_ids=synth64.prompter.build(TEXTS[0]), seed=0, max_new_tokens=8,
+                            warp=Warp(0.0), rule=ExactRule())])
+    with ForwardClock(target, plus_heads) as clock:
+        assert "states" in vars(plus_heads)  # the clock's timed pass stands in for the method
+        while not decoder.idle:
+            decoder.advance()
+    assert clock.decode_s > 0
+    assert "states" not in vars(plus_heads) and "logits" not in vars(plus_heads)
