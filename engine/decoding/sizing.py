@@ -155,16 +155,28 @@ class LMSize:
 @dataclass(frozen=True)
 class StreamsSize:
     """Stream heads as their record (`pcg_streams.json`) states them: a drafter on the target's
-    hidden states, with no cache of its own."""
+    hidden states. Heads that attend (LLaSA+'s modules: a decoder layer each, in the target's
+    attention shape) keep a cache of their own, one layer's keys and values a head; the others
+    keep none.
+
+    Attributes:
+        attends: the heads keep keys and values (a layer of the target's shape each).
+    """
 
     parameters: int
     heads: int
     hidden: int
+    attends: bool = False
 
     @classmethod
     def from_info(cls, info: dict) -> StreamsSize:
         shape = info["shape"]
-        return cls(parameters=info["parameters"], heads=shape["heads"], hidden=shape["hidden_size"])
+        return cls(parameters=info["parameters"], heads=shape["heads"], hidden=shape["hidden_size"],
+                   attends=info.get("form", "streams") == "llasa_plus")
+
+    def kv_per_position(self, target: LMSize, dtype_bytes: int) -> int:
+        """Bytes of the heads' keys and values one position of one row takes (0: they keep none)."""
+        return self.heads * target.kv_per_position(dtype_bytes) // target.layers if self.attends else 0
 
 
 @dataclass(frozen=True)
@@ -215,8 +227,16 @@ class Worker:
         return held * self.dtype_bytes + wide * 4
 
     def kv_per_row(self) -> int:
-        """Keys and values of one slot, target and draft, for the whole context."""
-        return sum(lm.kv_per_position(self.dtype_bytes) for lm in self.decoding) * self.positions
+        """Keys and values of one slot, target and draft (or heads that attend), for the whole
+        context."""
+        per_position = sum(lm.kv_per_position(self.dtype_bytes) for lm in self.decoding)
+        return (per_position + self.streams_kv_per_position()) * self.positions
+
+    def streams_kv_per_position(self) -> int:
+        """The stream heads' keys and values per position of a row (0: none, or `ar`)."""
+        if self.streams is None or not self.gamma:
+            return 0
+        return self.streams.kv_per_position(self.target, self.dtype_bytes)
 
     def state_per_row(self) -> int:
         """A slot's other preallocated tensors: token ids (int64), an `ar` decoder's uniforms
@@ -255,7 +275,8 @@ class Worker:
     def round_bytes(self, gamma: int | None = None) -> int:
         """Bytes one decode round reads at `gamma` (default: the worker's) with every slot's keys
         read at the whole cache: the target's weights and keys once, the draft's gamma times;
-        stream heads' weights once, and the target's head once more (their proposals' logits)."""
+        stream heads' weights once (and their keys, for heads that attend), and the target's head
+        once more (their proposals' logits)."""
         gamma = self.gamma if gamma is None else gamma
         ids, b, keys = self.family.output_ids, self.dtype_bytes, self.batch * self.positions
         total = self.target.step_parameters(ids) * b + self.target.kv_per_position(b) * keys
@@ -263,6 +284,7 @@ class Worker:
             total += gamma * (self.draft.step_parameters(ids) * b + self.draft.kv_per_position(b) * keys)
         if gamma and self.streams is not None:
             total += (self.streams.parameters + ids * self.target.hidden) * b
+            total += self.streams.kv_per_position(self.target, b) * keys
         return total
 
 

@@ -145,3 +145,22 @@ def test_the_forward_clock_times_the_modules_passes_and_lets_them_go(synth64, pl
             decoder.advance()
     assert clock.decode_s > 0
     assert "states" not in vars(plus_heads) and "logits" not in vars(plus_heads)
+
+
+def test_the_dry_runs_sizing_counts_the_modules_caches(plus_heads, kit_dir):
+    """The dry run sizes imported modules with their keys and values: one layer of the target's
+    attention shape a module, every position of every row, and read once a round."""
+    from engine.decoding.sizing import LMSize, StreamsSize, Worker
+    from engine.families import FAMILIES
+    from engine.models.streams import read_streams_info
+
+    target = LMSize.from_config(json.loads((kit_dir / "target" / "config.json").read_text()))
+    heads = StreamsSize.from_info(read_streams_info(plus_heads.path))
+    assert heads.attends and heads.heads == 2
+    llasa = FAMILIES["llasa"]
+    alone, with_heads = Worker(llasa, target, None, 4, 2), Worker(llasa, target, None, 4, 2, streams=heads)
+    layer = 2 * target.kv_heads * target.head_dim * 2  # one layer's keys and values a position, bfloat16
+    assert with_heads.kv_per_row() - alone.kv_per_row() == 2 * layer * with_heads.positions
+    read = with_heads.round_bytes() - alone.round_bytes()
+    assert read == (heads.parameters + llasa.output_ids * target.hidden) * 2 + 2 * layer * 4 * with_heads.positions
+    assert Worker(llasa, target, None, 4, 0, streams=heads).kv_per_row() == Worker(llasa, target, None, 4, 0).kv_per_row()
