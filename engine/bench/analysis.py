@@ -19,7 +19,8 @@ def predictions(doc: dict) -> None:
         host_ar = entry["runs"]["ar"].get("host_s_per_round", {}).get("median", 0.0)
         for run in entry["runs"].values():
             gamma = run.get("chosen_gamma", run["gamma"])  # gamma: auto -> what it chose
-            times = entry["cost"]["steps"].get(str(gamma))
+            cost = entry.get("cost_heads") if run.get("heads") else entry["cost"]  # its own drafter's steps
+            times = cost["steps"].get(str(gamma)) if cost else None
             if run["method"] == "ar" or times is None:
                 continue
             length = run["mean_accepted_length"]["median"]
@@ -66,7 +67,11 @@ def targets(doc: dict) -> dict:
     runs = doc["batches"][batch]["runs"]
     best = {m: max((r["speedup_vs_ar"]["median"] for r in runs.values() if r["method"] == m), default=None)
             for m in ("pcg", "exact")}
-    out = {"batch": int(batch), "pcg_speedup": best["pcg"], "exact_speedup": best["exact"],
+    # a run given both drafters: the best pcg with stream heads over the best with the draft model
+    drafters = {h: max((r["speedup_vs_ar"]["median"] for r in runs.values()
+                        if r["method"] == "pcg" and r.get("heads", False) == h), default=None) for h in (False, True)}
+    heads = {} if None in drafters.values() else {"pcg_heads_over_pcg_draft": drafters[True] / drafters[False]}
+    out = {"batch": int(batch), "pcg_speedup": best["pcg"], "exact_speedup": best["exact"], **heads,
            "pcg_at_least_1.3x": None if best["pcg"] is None else best["pcg"] >= 1.3,
            "pcg_at_least_1.4x": None if best["pcg"] is None else best["pcg"] >= 1.4,
            "pcg_above_exact": None if None in best.values() else best["pcg"] > best["exact"]}

@@ -31,7 +31,7 @@ def gamma_value(text: str) -> int | str:
 
 def cmd_bench(args) -> int:
     from engine.bench.plots import bench_plots, quality_vs_speedup
-    from engine.bench.presets import load_synthesizer
+    from engine.bench.presets import heads_synthesizer, load_synthesizer
     from engine.bench.report import markdown
     from engine.bench.runner import BenchConfig, run_bench
 
@@ -44,7 +44,8 @@ def cmd_bench(args) -> int:
     cfg.check()  # before loading any model
     synth, models = load_synthesizer(args.preset, args.target, args.draft, args.kit, args.device,
                                      args.dtype, args.save_preset, args.compile, args.draft_weights)
-    doc = run_bench(synth, cfg, models, command_line(args), progress=not args.quiet)
+    heads = heads_synthesizer(synth, args.streams, models) if args.streams else None
+    doc = run_bench(synth, cfg, models, command_line(args), progress=not args.quiet, heads=heads)
     stem = out_stem(args.out or default_out(args))
 
     def plots() -> list[Path]:
@@ -71,7 +72,8 @@ def build_default_out_args(preset: str | None, model: str | None = None) -> str:
 def add_bench(sub) -> None:
     p = sub.add_parser("bench", help="speed of the acceptance rules: tokens/s, speedup, acceptance, cost model",
                        description="Decode the same items with every method (interleaved, warm-up "
-                                   "excluded, repeated) over batch sizes, gamma and theta; write JSON, "
+                                   "excluded, repeated) over batch sizes, gamma and theta, with the draft "
+                                   "model and, given --streams, with stream heads too; write JSON, "
                                    "a markdown table and PNG plots.")
     add_model_args(p, presets=True)
     p.add_argument("--save-preset", help="llasa-1b-shape: also write its target/ and draft/ checkpoints here")

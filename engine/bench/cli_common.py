@@ -57,6 +57,9 @@ def add_model_args(p: argparse.ArgumentParser, presets: bool) -> None:
                                                          "else built into the cache)" if presets else ""))
     g.add_argument("--target", help="target checkpoint: a directory, Hub model id or URI")
     g.add_argument("--draft", help="draft checkpoint: a directory, Hub model id or URI (overrides a preset's draft)")
+    g.add_argument("--streams", help="stream heads on the target (a directory, Hub model id or URI; `pcg-synth "
+                                     "draft train --kind streams`): every speculative rule is also measured with "
+                                     "them, side by side with the draft in the same run")
     g.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     add_compile_arg(g)

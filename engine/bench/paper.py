@@ -79,24 +79,36 @@ def manifest_items(uri: str, codec, limit: int | None = None, storage: Storage |
     return items, prompts
 
 
-def run_seed(synth: Synthesizer, codec, items, prompts, cfg: PaperConfig, seed: int, out: Path,
-             backends: Backends, progress: bool) -> dict[str, dict]:
-    """Every method on every item for one seed: speed, audio dataset, quality summary."""
+HEADS = " heads"  # a table row's name suffix: the method drafted by stream heads, not the draft model
+
+
+def arms(synth: Synthesizer, heads: Synthesizer | None, methods: tuple[str, ...]
+         ) -> list[tuple[str, str, Synthesizer]]:
+    """The table's rows as (name, method, synthesizer): every method with the draft model, then
+    the speculative ones again with stream heads (`heads`, when given) under `<method> heads`."""
+    out = [(m, m, synth) for m in methods]
+    if heads is not None:
+        out += [(m + HEADS, m, heads) for m in methods if m != "ar"]
+    return out
+
+
+def run_seed(rows: list[tuple[str, str, Synthesizer]], codec, items, prompts, cfg: PaperConfig, seed: int,
+             out: Path, backends: Backends, progress: bool) -> dict[str, dict]:
+    """Every row (`arms`) on every item for one seed: speed, audio dataset, quality summary."""
     from engine.codec.export import export_audio
     from engine.metrics.quality import evaluate_table, summarize
     from engine.metrics.references import read_dataset
 
-    order = list(cfg.methods)
-    k = seed % len(order)
+    k = seed % len(rows)
     out_rows = {}
-    for method in order[k:] + order[:k]:
+    for name, method, synth in rows[k:] + rows[:k]:
         settings = cfg.settings(method, seed)
         results, summary = synth.synthesize(items, settings, batch_size=cfg.batch_size, progress=progress)
-        path = out / "datasets" / f"{method}.seed{seed}.parquet"
+        path = out / "datasets" / f"{name.replace(' ', '-')}.seed{seed}.parquet"
         export_audio(results, settings, None, parquet_path=path, codec=codec, prompts=prompts)
-        rows = evaluate_table(read_dataset(str(path)), backends, progress=progress)
-        quality = summarize(rows, backends)["methods"].get(method, {})
-        out_rows[method] = {"speed": summary.to_dict(), "quality": quality}
+        table = evaluate_table(read_dataset(str(path)), backends, progress=progress)
+        quality = summarize(table, backends)["methods"].get(method, {})
+        out_rows[name] = {"speed": summary.to_dict(), "quality": quality}
     return out_rows
 
 
@@ -108,10 +120,10 @@ def mean_std(values: list[float | None]) -> dict:
             "n": len(vals)}
 
 
-def table_rows(per_seed: dict[int, dict[str, dict]], methods: tuple[str, ...]) -> dict[str, dict]:
-    """Mean +- std over seeds per method; speedup against `ar` of the same seed."""
+def table_rows(per_seed: dict[int, dict[str, dict]], names: list[str]) -> dict[str, dict]:
+    """Mean +- std over seeds per row; speedup against `ar` of the same seed."""
     out = {}
-    for method in methods:
+    for method in names:
         values: dict[str, list] = {k: [] for k in METRICS}
         for runs in per_seed.values():
             run, ar = runs[method], runs.get("ar")
@@ -126,8 +138,11 @@ def table_rows(per_seed: dict[int, dict[str, dict]], methods: tuple[str, ...]) -
 
 
 def run_protocol(synth: Synthesizer, codec, manifest: str, cfg: PaperConfig, out: Path,
-                 backends: Backends, models: dict, how: str, progress: bool = True) -> dict:
-    """The whole protocol; returns the table document (also the input of `render`)."""
+                 backends: Backends, models: dict, how: str, progress: bool = True,
+                 heads: Synthesizer | None = None) -> dict:
+    """The whole protocol; returns the table document (also the input of `render`). `heads`: a
+    Synthesizer over the same target drafting with stream heads, whose speculative rows are
+    measured in the same seeds beside the draft model's."""
     from engine.bench.machine import describe
 
     items, prompts = manifest_items(manifest, codec, cfg.limit)
@@ -135,16 +150,18 @@ def run_protocol(synth: Synthesizer, codec, manifest: str, cfg: PaperConfig, out
         raise ValueError(f"{manifest}: no rows")
     from engine.api import COMPARE_WARMUP_TOKENS
 
-    # every method warmed up first: the first one timed pays no more first-run costs than the rest
-    synth.warmup_each([cfg.settings(m, cfg.seeds[0]) for m in cfg.methods], cfg.batch_size)
+    rows = arms(synth, heads, cfg.methods)
+    # every row warmed up first: the first one timed pays no more first-run costs than the rest
+    for _, method, runner in rows:
+        runner.warmup_each([cfg.settings(method, cfg.seeds[0])], cfg.batch_size)
     per_seed = {}
     for seed in cfg.seeds:
-        per_seed[seed] = run_seed(synth, codec, items, prompts, cfg, seed, out, backends, progress)
+        per_seed[seed] = run_seed(rows, codec, items, prompts, cfg, seed, out, backends, progress)
     return {"benchmark": "paper protocol (pcg-synth paper-table)", "how": how,
             "machine": describe(synth.device), "models": models, "manifest": manifest,
             "items": len(items), "settings": asdict(cfg), "warmup_tokens": COMPARE_WARMUP_TOKENS,
             "backends": backends.describe(),
-            "rows": table_rows(per_seed, cfg.methods),
+            "rows": table_rows(per_seed, [name for name, _, _ in rows]),
             "per_seed": {str(k): v for k, v in per_seed.items()}, "paper": PAPER_ROWS}
 
 
@@ -160,7 +177,8 @@ def render(doc: dict) -> str:
     lines = [
         f"# Paper protocol: {m.get('preset') or m['target']}",
         "",
-        f"- models: target {m['target']}, draft {m['draft']}, codec {m.get('codec')}, {m.get('dtype')}",
+        f"- models: target {m['target']}, draft {m['draft']}, codec {m.get('codec')}, {m.get('dtype')}"
+        + (f"; stream heads {m['streams']} (the rows named `heads` draft with them)" if m.get("streams") else ""),
         f"- machine: {mc.get('gpu') or mc['cpu']} ({mc['device']}), torch {mc['torch']}, {mc['date']}",
         f"- manifest: {doc['manifest']} ({doc['items']} utterances); gamma {s['gamma']}, temperature "
         f"{s['temperature']}, theta {s['theta']}, SSD beta {s['beta']}, batch size {s['batch_size']}, "
@@ -175,7 +193,8 @@ def render(doc: dict) -> str:
     names = {"ar": "AR (target alone)", "exact": "exact SD", "ssd": f"SSD beta {s['beta']}",
              "pcg": f"PCG theta {s['theta']}", "topk": "top-k"}
     for method, row in doc["rows"].items():
-        lines.append(f"| {names.get(method, method)} | {_pm(row['speedup'], spec='.2f', suffix='x')} | "
+        name = names.get(method.removesuffix(HEADS), method) + (" (stream heads)" if method.endswith(HEADS) else "")
+        lines.append(f"| {name} | {_pm(row['speedup'], spec='.2f', suffix='x')} | "
                      f"{_pm(row['wer'])} | {_pm(row['cer'])} | {_pm(row['similarity'], 100)} | "
                      f"{_pm(row['dnsmos_ovrl'], spec='.2f')} | {_pm(row['mean_accepted_length'], spec='.2f')} | "
                      f"{_pm(row['cut'])} |")

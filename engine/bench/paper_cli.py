@@ -20,7 +20,7 @@ from engine.config import DecodingSettings
 
 def cmd_paper_table(args) -> int:
     from engine.bench.paper import render, run_protocol
-    from engine.bench.presets import load_synthesizer, tiny_kit
+    from engine.bench.presets import heads_synthesizer, load_synthesizer, tiny_kit
     from engine.codec.load import load_codec
     from engine.metrics.references import PromptClips
 
@@ -47,9 +47,10 @@ def cmd_paper_table(args) -> int:
     codec = load_codec(codec_dir, device=str(synth.device), encoder_device="cpu")
     synth.family.check_codec(codec, f"--codec {codec_dir}")
     models["codec"] = codec_dir
+    heads = heads_synthesizer(synth, args.streams, models) if args.streams else None
     backends = load_backends(args, PromptClips([manifest]))
     doc = run_protocol(synth, codec, manifest, cfg, out, backends, models, command_line(args),
-                       progress=not args.quiet)
+                       progress=not args.quiet, heads=heads)
     stem = out_stem(args.table) if args.table else out / "paper_table"
 
     def plots() -> list[Path]:

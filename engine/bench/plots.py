@@ -46,26 +46,29 @@ def speedup_vs_batch(doc: dict, path: Path) -> Path:
 
 def acceptance_vs_theta(doc: dict, path: Path) -> Path:
     """Mean per-position acceptance of `pcg` against theta (all batch sizes pooled), with the
-    theta-free rules as horizontal references."""
+    theta-free rules as horizontal references; settings drafted by stream heads are lines of
+    their own (`heads`)."""
     plt = _pyplot()
     pooled: dict[tuple, list[float]] = {}
     for entry in doc["batches"].values():
         for run in entry["runs"].values():
             if run["acceptance_per_position"]:
-                key = (run["method"], run["gamma"], run["theta"])
+                key = (run["method"], (run["gamma"], run.get("heads", False)), run["theta"])
                 rate = sum(run["acceptance_per_position"]) / len(run["acceptance_per_position"])
                 pooled.setdefault(key, []).append(rate)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     thetas = sorted({k[2] for k in pooled if k[0] == "pcg"})
-    for gamma in sorted({k[1] for k in pooled}, key=str):  # draft lengths, then "auto"
-        ys = [sum(pooled[("pcg", gamma, t)]) / len(pooled[("pcg", gamma, t)]) for t in thetas
-              if ("pcg", gamma, t) in pooled]
+    for gamma, heads in sorted({k[1] for k in pooled}, key=str):  # draft lengths, then "auto"
+        name = f"{' heads' if heads else ''} g{gamma}"
+        ys = [sum(pooled[("pcg", (gamma, heads), t)]) / len(pooled[("pcg", (gamma, heads), t)]) for t in thetas
+              if ("pcg", (gamma, heads), t) in pooled]
         if ys:
-            ax.plot(thetas[: len(ys)], ys, marker="o", label=f"pcg g{gamma}")
+            ax.plot(thetas[: len(ys)], ys, marker="o", label=f"pcg{name}")
         for method in ("exact", "ssd", "topk"):
-            if (method, gamma, None) in pooled:
-                vals = pooled[(method, gamma, None)]
-                ax.axhline(sum(vals) / len(vals), linestyle=":", linewidth=1, label=f"{method} g{gamma}",
+            if (method, (gamma, heads), None) in pooled:
+                vals = pooled[(method, (gamma, heads), None)]
+                ax.axhline(sum(vals) / len(vals), linestyle="--" if heads else ":", linewidth=1,
+                           label=f"{method}{name}",
                            color={"exact": "black", "ssd": "tab:red", "topk": "tab:purple"}[method])
     ax.set_xlabel("theta (group cosine threshold)")
     ax.set_ylabel("acceptance rate (mean over draft positions)")

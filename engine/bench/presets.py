@@ -215,3 +215,21 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
         if model is not None:
             model.model.set_compile_mode(compile)
     return Synthesizer(tgt, drf, batch_size=1, streams=streams), desc
+
+
+def heads_synthesizer(synth: Synthesizer, streams: str, desc: dict) -> Synthesizer:
+    """A Synthesizer over `synth`'s target with the stream heads at `streams` as its drafter (the
+    target shared, one copy), so a run can measure both drafters side by side; `desc` gains the
+    heads' path and parameter count.
+
+    Raises:
+        ValueError: `streams` holds no stream heads, or `synth` already drafts with heads.
+    """
+    if synth.drafter_kind == "streams":
+        raise ValueError("--streams compares stream heads with a draft model: --draft already names stream heads")
+    local = model_dir(streams)
+    if not is_streams_dir(local):
+        raise ValueError(f"--streams {streams}: no stream heads there ({local} holds no pcg_streams.json)")
+    heads = load_streams(local, synth.target.model)
+    desc.update(streams=str(streams), streams_params=heads.num_parameters(), streams_count=heads.heads)
+    return Synthesizer(synth.target, None, batch_size=1, streams=heads)

@@ -25,7 +25,9 @@ def header(doc: dict) -> list[str]:
         f"1-min load average at start {mc.get('load_average_1m', '-')}",
         f"- models: target {m['target']} ({m['target_params'] / 1e6:.1f} M params), draft {m['draft']} "
         f"({(m['draft_params'] or 0) / 1e6:.1f} M), {m['dtype']}"
-        + (f"; draft weights {m['draft_weights']}" if m.get("draft_weights", "native") != "native" else ""),
+        + (f"; draft weights {m['draft_weights']}" if m.get("draft_weights", "native") != "native" else "")
+        + (f"; stream heads {m['streams']} ({m['streams_count']} heads, {m['streams_params'] / 1e6:.1f} M params: "
+           "the settings named `heads` draft with them)" if m.get("streams") else ""),
         f"- settings: gamma {', '.join(map(str, s['gammas']))}; theta {', '.join(map(str, s['thetas']))}; "
         f"temperature {s['temperature']}; beta {s['beta']}; topk {s['topk']}; up to {s['max_new_tokens']} "
         f"tokens per item; {s['items_per_run']} items per run; {s['reps']} repetitions, methods "
@@ -78,20 +80,21 @@ def runs_table(doc: dict) -> list[str]:
 
 
 def cost_table(doc: dict) -> list[str]:
-    rows = [(b, e["cost"]) for b, e in doc["batches"].items() if "cost" in e]
+    rows = [(b, drafter, e[key]) for b, e in doc["batches"].items()
+            for key, drafter in (("cost", "draft"), ("cost_heads", "heads")) if key in e]
     if not rows:
         return []
     bw = doc["machine"].get("copy_bandwidth_GBps")
     lines = ["", f"## Cost model (measured copy bandwidth {bw:.0f} GB/s)" if bw else "## Cost model", "",
-             "| batch | gamma | context | ar step ms | verify ms | draft phase ms | draft step ms | "
+             "| batch | drafter | gamma | context | ar step ms | verify ms | draft phase ms | draft step ms | "
              "break-even length | weights MB | weights bound ms | ar step / bound |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for batch, cost in rows:
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for batch, drafter, cost in rows:
         bound = cost["bound"]
         for gamma, t in cost["steps"].items():
             be = (t["draft_phase_s"] + t["verify_s"]) / t["ar_s"] if "draft_phase_s" in t else None
-            lines.append(f"| {batch} | {gamma} | {cost['context']} | {_ms(t['ar_s'])} | {_ms(t['verify_s'])} | "
-                         f"{_ms(t.get('draft_phase_s'))} | {_ms(t.get('draft_step_s'))} | "
+            lines.append(f"| {batch} | {drafter} | {gamma} | {cost['context']} | {_ms(t['ar_s'])} | "
+                         f"{_ms(t['verify_s'])} | {_ms(t.get('draft_phase_s'))} | {_ms(t.get('draft_step_s'))} | "
                          f"{f'{be:.2f}' if be else '-'} | {bound['weight_bytes'] / 1e6:.1f} | "
                          f"{_ms(bound['weights_bound_s'])} | {bound['ar_step_over_weights_bound']:.1f} |")
     return lines
@@ -115,6 +118,9 @@ def readings(doc: dict) -> list[str]:
               f"the paper's 1.4x: {verdict(t['pcg_at_least_1.4x'])})",
               f"- best `pcg` above best `exact`: {verdict(t['pcg_above_exact'])} "
               f"({_x(t['pcg_speedup'])} vs {_x(t['exact_speedup'])})"]
+    if "pcg_heads_over_pcg_draft" in t:
+        lines.append(f"- best `pcg` with stream heads over best `pcg` with the draft model: "
+                     f"{_x(t['pcg_heads_over_pcg_draft'])}")
     if "gamma_auto_at_least_0.95x" in t:
         lines.append(f"- `gamma: auto` >= 0.95x `ar` at every batch size: {verdict(t['gamma_auto_at_least_0.95x'])} "
                      f"(worst {_x(t['gamma_auto_worst_speedup'])})")

@@ -23,18 +23,21 @@ from engine.records import RunSummary, SynthesisItem
 
 @dataclass(frozen=True)
 class Setting:
-    """One operating point: a rule, its gamma and (for `pcg`) theta."""
+    """One operating point: a rule, its gamma, (for `pcg`) theta, and whether stream heads draft
+    it instead of the draft model (`heads`, a run given both)."""
 
     method: str
     gamma: int | str = 0  # a draft length, or "auto"
     theta: float | None = None
+    heads: bool = False
 
     @property
     def label(self) -> str:
         if self.method == "ar":
             return "ar"
         gamma = "auto" if self.gamma == "auto" else f"g{self.gamma}"
-        return f"{self.method} {gamma}" + (f" t{self.theta:g}" if self.theta is not None else "")
+        drafter = " heads" if self.heads else ""
+        return f"{self.method}{drafter} {gamma}" + (f" t{self.theta:g}" if self.theta is not None else "")
 
 
 @dataclass
@@ -68,17 +71,20 @@ class BenchConfig:
             raise ValueError("theta must lie in (0, 1]")
 
 
-def grid(cfg: BenchConfig) -> list[Setting]:
-    """`ar` first (the baseline is always measured), then every method x gamma (x theta)."""
+def grid(cfg: BenchConfig, heads: int = 0) -> list[Setting]:
+    """`ar` first (the baseline is always measured), then every method x gamma (x theta) with the
+    draft model, then with `heads` stream heads when given (gammas above their count skipped:
+    they propose no more)."""
     out = [Setting("ar")]
-    for m in cfg.methods:
-        if m == "ar":
-            continue
-        for g in cfg.gammas:
-            if m == "pcg":
-                out.extend(Setting(m, g, t) for t in cfg.thetas)
-            else:
-                out.append(Setting(m, g))
+    for drafted_by_heads in (False, True) if heads else (False,):
+        for m in cfg.methods:
+            if m == "ar":
+                continue
+            for g in cfg.gammas:
+                if drafted_by_heads and g != "auto" and g > heads:
+                    continue
+                thetas = cfg.thetas if m == "pcg" else (None,)
+                out.extend(Setting(m, g, t, drafted_by_heads) for t in thetas)
     return out
 
 
@@ -96,21 +102,22 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def timed_runs(synth: Synthesizer, batch: int, settings: list[Setting], cfg: BenchConfig,
+def timed_runs(synths: dict[bool, Synthesizer], batch: int, settings: list[Setting], cfg: BenchConfig,
                bar: tqdm) -> dict[str, list[dict]]:
-    """Run summaries per setting label: warm-up excluded, order rotated per repetition."""
+    """Run summaries per setting label: warm-up excluded, order rotated per repetition
+    (`synths[s.heads]` runs setting `s`: the draft model's, or the stream heads')."""
     items = [SynthesisItem(text=BENCH_TEXTS[i % len(BENCH_TEXTS)], id=f"u{i}")
              for i in range(cfg.items_per_slot * batch)]
     for s in settings:  # warm-up: caches, groups, kernels
-        synth.synthesize(items[:batch], decoding(s, cfg, 0, 8), batch_size=batch)
+        synths[s.heads].synthesize(items[:batch], decoding(s, cfg, 0, 8), batch_size=batch)
         bar.update(1)
     runs: dict[str, list[dict]] = {s.label: [] for s in settings}
-    models = (synth.target.model, synth.drafter)
     for rep in range(cfg.reps):
         k = rep % len(settings)
         for s in settings[k:] + settings[:k]:
+            synth = synths[s.heads]
             before = synth.runner.stats.to_dict()
-            with ForwardClock(*models) as clock:
+            with ForwardClock(synth.target.model, synth.drafter) as clock:
                 _, summary = synth.synthesize(items, decoding(s, cfg, rep, cfg.max_new_tokens), batch_size=batch)
             runs[s.label].append({**timed_summary(summary, clock), **round_delta(before, synth.runner.stats)})
             bar.update(1)
@@ -194,7 +201,8 @@ def cost_model(synth: Synthesizer, batch: int, cfg: BenchConfig, context: int, b
     from engine.decoding import cost
 
     draft = synth.drafter
-    fixed = sorted({g for g in cfg.gammas if g != "auto" and g > 0})
+    most = draft.heads if synth.drafter_kind == "streams" else None  # heads propose no more than their count
+    fixed = sorted({g for g in cfg.gammas if g != "auto" and 0 < g <= (most or g)})
     gammas = fixed + sorted({g for g in also if g > 0} - set(fixed)) or [1]
     per_gamma = {str(g): cost.step_times(synth.target.model, draft, batch, g, context, cfg.cost_reps)
                  for g in gammas}
@@ -204,14 +212,19 @@ def cost_model(synth: Synthesizer, batch: int, cfg: BenchConfig, context: int, b
     return {"context": context, "steps": per_gamma, "bound": bound}
 
 
-def run_bench(synth: Synthesizer, cfg: BenchConfig, models: dict, how: str, progress: bool = True) -> dict:
-    """The whole grid; returns the result document (see `analysis.derive` for its readings)."""
+def run_bench(synth: Synthesizer, cfg: BenchConfig, models: dict, how: str, progress: bool = True,
+              heads: Synthesizer | None = None) -> dict:
+    """The whole grid; returns the result document (see `analysis.derive` for its readings).
+    `heads`: a Synthesizer over the same target drafting with stream heads: every speculative
+    setting is measured with it too, interleaved with the draft model's, and gets its own cost
+    model (`cost_heads`)."""
     from engine.bench.analysis import derive
     from engine.bench.machine import describe
     from engine.decoding import cost
 
     cfg.check()
-    settings = grid(cfg)
+    settings = grid(cfg, heads.drafter.heads if heads is not None else 0)
+    synths = {False: synth, True: heads}
     device = synth.device
     context = cfg.context or default_context(synth, cfg)
     bandwidth = cost.measured_bandwidth(device) if cfg.cost_model else None
@@ -228,12 +241,14 @@ def run_bench(synth: Synthesizer, cfg: BenchConfig, models: dict, how: str, prog
     total = len(cfg.batch_sizes) * len(settings) * (cfg.reps + 1)
     with tqdm(total=total, desc="bench", unit="run", disable=bar_disabled(progress)) as bar:
         for batch in cfg.batch_sizes:
-            runs = timed_runs(synth, batch, settings, cfg, bar)
+            runs = timed_runs(synths, batch, settings, cfg, bar)
             entry = {"runs": aggregate(runs, settings)}
             if cfg.cost_model:
                 bar.set_postfix_str(f"cost model, batch {batch}")
-                chosen = tuple(r["chosen_gamma"] for r in entry["runs"].values() if r.get("chosen_gamma"))
-                entry["cost"] = cost_model(synth, batch, cfg, context, bandwidth, chosen)
+                for key, drafted_by_heads in (("cost", False), ("cost_heads", True)) if heads else (("cost", False),):
+                    chosen = tuple(r["chosen_gamma"] for r in entry["runs"].values()
+                                   if r.get("chosen_gamma") and r["heads"] == drafted_by_heads)
+                    entry[key] = cost_model(synths[drafted_by_heads], batch, cfg, context, bandwidth, chosen)
             doc["batches"][str(batch)] = entry
     doc["readings"] = derive(doc)
     return doc

@@ -161,3 +161,37 @@ def test_tiny_preset_uses_the_kit_in_the_working_directory(kit_dir, tmp_path, mo
     (tmp_path / "kit").symlink_to(kit_dir)
     assert tiny_kit() == Path("kit") and "using the tiny kit in ./kit" in capsys.readouterr().out
     assert build_default_out_args("tiny") == "out/bench/tiny.json"  # out/ is ignored by git
+
+
+def test_bench_and_paper_table_compare_the_draft_and_stream_heads_side_by_side(kit_dir, kit_groups, tmp_path):
+    """`--streams`: every speculative setting measured again with the kit's stream heads in the same
+    run (the target loaded once), each drafter with its own cost model, and the best `pcg` of each
+    compared; paper-table gets a row per rule and drafter."""
+    out = tmp_path / "drafters.json"
+    assert run_cli(["bench", "--kit", str(kit_dir), "--streams", str(kit_dir / "streams"), "--device", "cpu",
+                    "--methods", "ar,pcg", "--gammas", "2", "--batch-sizes", "1", "--reps", "2",
+                    "--max-new-tokens", "8", "--cost-reps", "2", "--out", str(out), "--quiet", "--no-plots"]) == 0
+    doc = json.loads(out.read_text())
+    entry = doc["batches"]["1"]
+    assert list(entry["runs"]) == ["ar", "pcg g2 t0.4", "pcg heads g2 t0.4"]
+    draft, heads = entry["runs"]["pcg g2 t0.4"], entry["runs"]["pcg heads g2 t0.4"]
+    assert not draft["heads"] and heads["heads"] and len(heads["acceptance_per_position"]) == 2
+    assert doc["models"]["streams_count"] >= 2 and 0 < doc["models"]["streams_params"] < doc["models"]["draft_params"]
+    assert list(entry["cost"]["steps"]) == list(entry["cost_heads"]["steps"]) == ["2"]
+    assert entry["cost_heads"]["steps"]["2"]["draft_phase_s"] > 0
+    ratio = doc["readings"]["targets"]["pcg_heads_over_pcg_draft"]
+    assert ratio == pytest.approx(heads["speedup_vs_ar"]["median"] / draft["speedup_vs_ar"]["median"])
+    md = out.with_suffix(".md").read_text()
+    assert "| 1 | heads | 2 |" in md and "best `pcg` with stream heads over best `pcg` with the draft model" in md
+
+    paper = tmp_path / "paper"
+    assert run_cli(["paper-table", "--kit", str(kit_dir), "--streams", str(kit_dir / "streams"), "--device", "cpu",
+                    "--demo", "--limit", "1", "--seeds", "0", "--methods", "ar,pcg", "--max-new-tokens", "8",
+                    "--asr", "none", "--speaker", "none", "--out", str(paper), "--quiet", "--no-plots"]) == 0
+    table = json.loads((paper / "paper_table.json").read_text())
+    assert list(table["rows"]) == ["ar", "pcg", "pcg heads"]
+    assert table["per_seed"]["0"]["pcg heads"]["speed"]["drafter"] == "streams"
+    assert table["per_seed"]["0"]["pcg"]["speed"]["drafter"] == "model"
+    assert sorted(p.name for p in (paper / "datasets").glob("*.parquet")) == [
+        "ar.seed0.parquet", "pcg-heads.seed0.parquet", "pcg.seed0.parquet"]
+    assert "| PCG theta 0.4 (stream heads) |" in (paper / "paper_table.md").read_text()
