@@ -1,50 +1,31 @@
 """Typed settings. Field descriptions are the documentation.
 
 This is the one place the acceptance rules (`METHODS`) and the decoding defaults (the
-`DecodingSettings` field defaults, read elsewhere through `decoding_default`) are written; the
-command-line flags are made from these fields (`engine.cli_options`). Imports no torch.
+`DecodingSettings` field defaults, those of the per-row sampling knobs in their description,
+`engine.knobs`; read elsewhere through `decoding_default`) are written; the command-line flags
+are made from these fields (`engine.cli_options`). Imports no torch.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-
-@dataclass(frozen=True)
-class Warp:
-    """Sampling settings applied to logits, in this order: repetition penalty, temperature,
-    top-k, top-p. `temperature == 0` means greedy (no probabilities are formed). Built by
-    `DecodingSettings.warp`; the other knobs default to off."""
-
-    temperature: float
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
+from engine.knobs import GREEDY_OFF, KNOB_NAMES, KNOBS, WARP_KNOBS, Knob
+from engine.knobs import MAX_TEMPERATURE as MAX_TEMPERATURE  # read from here too
+from engine.knobs import Warp as Warp
 
 # The acceptance rules, spelled here only; everything else takes them from METHODS or Method.
 METHODS = ("ar", "exact", "pcg", "ssd", "topk")
 Method = Literal[METHODS]
 
-# The highest sampling temperature a job, a row or a call may ask for. A speech LM's logits
-# spread over a few tens of nats; divided by more than 10 they differ by a few nats across tens
-# of thousands of codes, so what is sampled is near-uniform noise, not speech, and far above it
-# (1e9) uniform to float precision. A value above it is a mistake (a typo, a percentage), refused.
-MAX_TEMPERATURE = 10.0
 
-
-class DecodingSettings(BaseModel):
-    """How to decode: acceptance rule, speculation depth and sampling."""
+class _Speculation(BaseModel):
+    """The decoding settings' first part: acceptance rule and speculation depth."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -65,26 +46,6 @@ class DecodingSettings(BaseModel):
         "PCG: thinning trials for the recovered token before the exact dense fallback."))
     beta: float = Field(0.3, ge=0.0, description="SSD: added to the acceptance ratio.")
     topk: int = Field(50, ge=1, description="topk: accept a draft token inside the target's top-k.")
-    temperature: float = Field(0.8, ge=0.0, le=MAX_TEMPERATURE, description=(
-        "0 is greedy. Unset, the model family's default: Llasa 0.8 (its card), Orpheus 0.6. At most "
-        f"{MAX_TEMPERATURE:g}: above it a speech LM samples noise."))
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description=(
-        "Nucleus sampling mass (1 = off). Unset, the model family's default: Llasa 1, Orpheus 0.8."))
-    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
-    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False, description=(
-        "CTRL-style penalty (1 = off; finite). Unset, the model family's default: Llasa 1, Orpheus 1.3 (its "
-        "authors: stable speech needs >= 1.1)."))
-    max_new_tokens: int = Field(2000, ge=1, description=(
-        "Speech codes to generate at most (Llasa: 50 per second of audio; Orpheus: about 82, seven "
-        "a frame); the context limit may cut it shorter. A value above the model's context (its "
-        "family's, prompt included) is refused, never capped: a job's before any work, a manifest "
-        "row's or an item's own as that row's error record."))
-    seed: int = Field(0, ge=0, description=(
-        "Job seed; each item's seed is derived from it and the item's id unless given."))
-    max_speech_ratio: float | None = Field(None, ge=1.0, description=(
-        "Cap each row's speech, below max_new_tokens, at this many times its text's estimated "
-        "speaking time (15 characters a second) plus 2 s: a row whose model does not stop is cut "
-        "there and counted as cut, instead of running to max_new_tokens (None: off)."))
 
     @field_validator("gamma")
     @classmethod
@@ -93,10 +54,31 @@ class DecodingSettings(BaseModel):
             raise ValueError("gamma must be an integer from 1 to 32, or 'auto'")
         return v
 
+
+def knob_field(knob: Knob):
+    """The settings field of a sampling knob: its default, bounds and description."""
+    return Field(knob.default, description=knob.description, **knob.bounds)
+
+
+# The per-row sampling knobs' fields, one per entry of `engine.knobs.KNOBS`, after the speculation's.
+_Sampling = create_model("_Sampling", __base__=_Speculation, __module__=__name__,
+                         **{k.name: (k.type, knob_field(k)) for k in KNOBS})
+
+
+class DecodingSettings(_Sampling):
+    """How to decode: acceptance rule, speculation depth and sampling."""
+
+    seed: int = Field(0, ge=0, description=(
+        "Job seed; each item's seed is derived from it and the item's id unless given."))
+    max_speech_ratio: float | None = Field(None, ge=1.0, description=(
+        "Cap each row's speech, below max_new_tokens, at this many times its text's estimated "
+        "speaking time (15 characters a second) plus 2 s: a row whose model does not stop is cut "
+        "there and counted as cut, instead of running to max_new_tokens (None: off)."))
+
     @model_validator(mode="after")
     def _check(self) -> DecodingSettings:
-        if self.temperature == 0 and (self.top_p < 1 or self.top_k):
-            raise ValueError("top_p/top_k have no effect at temperature 0 (greedy): leave them off")
+        if self.temperature == 0 and any(getattr(self, k.name) != k.off for k in KNOBS if k.greedy_off):
+            raise ValueError(f"{'/'.join(GREEDY_OFF)} have no effect at temperature 0 (greedy): leave them off")
         return self
 
     @property
@@ -105,7 +87,7 @@ class DecodingSettings(BaseModel):
 
     @property
     def warp(self) -> Warp:
-        return Warp(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
+        return Warp(**{k.name: getattr(self, k.name) for k in WARP_KNOBS})
 
     def with_overrides(self, over: dict) -> DecodingSettings:
         """These settings with a row's or an item's own values applied (itself when none).
@@ -116,9 +98,19 @@ class DecodingSettings(BaseModel):
         return DecodingSettings(**{**self.model_dump(), **over}) if over else self
 
 
+def field_default(model: type[BaseModel], name: str):
+    """The default of a settings field (the one place it is written)."""
+    return model.model_fields[name].get_default()
+
+
 def decoding_default(name: str):
     """The default of a `DecodingSettings` field: decoding defaults are written there only."""
-    return DecodingSettings.model_fields[name].get_default()
+    return field_default(DecodingSettings, name)
+
+
+def resources_default(name: str):
+    """The default of a `ResourcesSpec` field (a job's batch size is a `Synthesizer`'s too)."""
+    return field_default(ResourcesSpec, name)
 
 
 # ---- model references ---------------------------------------------------------------------------
@@ -233,9 +225,8 @@ class InputSpec(BaseModel):
         "Manifest files or directories/prefixes of them (.jsonl, .csv, .parquet, or .jsonl.gz, .csv.gz; "
         "local or s3://). "
         "Rows: id (a string, or an integer taken as its decimal string), text, optional prompt_text "
-        "with prompt_codes or prompt_audio (a clip URI), prompt_id, seed, temperature, top_p, top_k, "
-        "repetition_penalty, max_new_tokens (bounded as the decoding fields; a row whose value is "
-        "not is an error record)."))
+        f"with prompt_codes or prompt_audio (a clip URI), prompt_id, seed, {', '.join(KNOB_NAMES)} "
+        "(bounded as the decoding fields; a row whose value is not is an error record)."))
 
 
 OutputFormat = Literal["hf-parquet", "nemo", "lhotse-shar"]  # writers: engine/io/formats/

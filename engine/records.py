@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass, field
 
+from engine.knobs import KNOB_NAMES
+
 FAILED_EXAMPLES = 5  # failed rows named (id and error) in a shard's commit record and in a job's summary
 
 
@@ -84,8 +86,9 @@ def aggregate(rows: list[RowStats]) -> RowStats:
     return total
 
 
-# Per-item sampling settings: an item may set any of these; they override the call's settings.
-ITEM_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
+# Per-item sampling settings (the knobs, `engine.knobs.KNOBS`): an item may set any of these; they
+# override the call's settings.
+ITEM_SAMPLING_FIELDS = KNOB_NAMES
 
 
 @dataclass
@@ -100,6 +103,8 @@ class SynthesisItem:
     prompt_codes: list[int] | None = None
     voice: str | None = None
     seed: int | None = None
+    # one field per sampling knob (`ITEM_SAMPLING_FIELDS`), written out for the callers that build
+    # items (a test holds them to the knobs)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

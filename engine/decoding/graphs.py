@@ -32,6 +32,7 @@ import torch
 
 from engine.config import COMPILE_MODES
 from engine.decoding.round import RoundPlan, decode_round
+from engine.models.llama import LlamaLM
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,10 @@ class RoundRunner:
         self.fallback = False
 
     @classmethod
-    def for_model(cls, model) -> RoundRunner:
-        """A runner in the mode the model was loaded for (`LlamaLM.compile_mode`)."""
-        return cls(getattr(model, "compile_mode", "none"))
+    def for_model(cls, model: LlamaLM) -> RoundRunner:
+        """A runner in the mode the model was loaded for (`LlamaLM.set_compile_mode`): the runner
+        holds it from then on."""
+        return cls(model.compile_mode)
 
     def run(self, decoder, plan: RoundPlan) -> np.ndarray:
         """One round of `decoder` under `plan`; its `[B, 3]` result as a host array. The second
@@ -294,8 +296,4 @@ class Compiled:
 def describe(plan: RoundPlan) -> str:
     """A short name for a plan (logs and summaries)."""
     rules = "+".join(type(r).__name__.replace("Rule", "").lower() for r in plan.rules) or "ar"
-    steps = [name for name, on in (("sampled", plan.sampled), ("greedy", plan.greedy),
-                                    ("penalty", plan.penalty), ("top_p", plan.top_p)) if on]
-    if plan.max_top_k:
-        steps.append(f"top_k{plan.max_top_k}")
-    return f"{rules} gamma {plan.gamma}, {'/'.join(steps)}, keys {plan.kv_len}"
+    return f"{rules} gamma {plan.gamma}, {'/'.join(plan.steps.labels())}, keys {plan.kv_len}"

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.decoding import rng
-from engine.decoding.sampling import RowWarp, penalised_logits, sample_from, warp_penalised
+from engine.decoding.sampling import COLUMNS, RowWarp, WarpColumns, penalised_logits, sample_from, warp_penalised
 from engine.decoding.verify import Block, PCGRule, Rule, judge_mixed
+from engine.knobs import SamplingSteps
 from engine.models.kv_cache import KVCache
 from engine.models.llama import LlamaLM, StepTables
 from engine.models.streams import Heads
@@ -49,21 +50,13 @@ class RoundPlan:
     Attributes:
         gamma: draft tokens per round (0: `ar`).
         rules: the acceptance rules rows may use; a row's `rule_index` points into it.
-        sampled: some row samples (probabilities are formed).
-        greedy: some row is greedy (argmaxes are taken).
-        penalty: some row has a repetition penalty.
-        top_p: some sampled row uses top-p.
-        max_top_k: the largest top-k in use (0: none).
+        steps: the sampling steps some row needs (`SamplingSteps`).
         kv_len: keys read per row (a bucket; above every position the round writes).
     """
 
     gamma: int
     rules: tuple[Rule, ...]
-    sampled: bool
-    greedy: bool
-    penalty: bool
-    top_p: bool
-    max_top_k: int
+    steps: SamplingSteps
     kv_len: int
 
     @property
@@ -73,18 +66,16 @@ class RoundPlan:
 
     @property
     def keeps_fallbacks(self) -> bool:
-        return self.sampled and any(isinstance(r, PCGRule) for r in self.rules)
+        return self.steps.sampled and any(isinstance(r, PCGRule) for r in self.rules)
 
     def warp(self, state: RoundState) -> RowWarp:
-        return RowWarp(state.temperature, state.top_k, state.top_p, state.penalty, state.greedy,
-                       any_greedy=self.greedy, all_greedy=not self.sampled, any_penalty=self.penalty,
-                       any_top_p=self.top_p, max_top_k=self.max_top_k)
+        return RowWarp.over(state.sampling, self.steps)
 
     def draw_purposes(self) -> list[tuple[int, int, int]]:
         """(purpose, slots, lanes) of the uniforms a round draws ahead, at positions
         `seq_len + slot`; `draw_columns` lays them out."""
         g = self.gamma
-        if not self.sampled:
+        if not self.steps.sampled:
             return []
         if g == 0:
             return [(rng.BONUS, 1, 1)]
@@ -118,7 +109,7 @@ class RoundState:
         seq_len: `[B]` committed length; `limit`: `[B]` the length a row stops at.
         active: `[B]` bool, the slot holds a row.
         keys: `[B]` each row's `rng.seed_key`.
-        temperature, top_k, top_p, penalty, greedy: `[B]` sampling settings (see `RowWarp`).
+        sampling: `[B]` sampling settings, a column per knob and `greedy` (`WarpColumns`).
         rule_index: `[B]` the row's rule in `RoundPlan.rules`.
         seen: `[B, V]` bool, output ids in each sequence (repetition penalty), or None.
         stat_reached, stat_accepted: `[B, max(gamma, 1)]` per draft position.
@@ -155,11 +146,7 @@ class RoundState:
     limit: torch.Tensor
     active: torch.Tensor
     keys: torch.Tensor
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    penalty: torch.Tensor
-    greedy: torch.Tensor
+    sampling: WarpColumns
     rule_index: torch.Tensor
     stat_reached: torch.Tensor
     stat_accepted: torch.Tensor
@@ -182,12 +169,12 @@ class RoundState:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every state tensor a round reads or writes (CUDA graphs replay into their addresses)."""
-        names = ("tokens", "seq_len", "limit", "active", "keys", "temperature", "top_k", "top_p", "penalty",
-                 "greedy", "rule_index", "stat_reached", "stat_accepted", "stat_counts", "seen",
-                 "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "ar_draws", "out_to_token",
-                 "start", "phases", "frame_bias", "stream_state", "stream_source")
+        names = ("tokens", "seq_len", "limit", "active", "keys", "rule_index", "stat_reached", "stat_accepted",
+                 "stat_counts", "seen", "fallback_target", "fallback_draft", "draw_offsets", "draw_words", "ar_draws",
+                 "out_to_token", "start", "phases", "frame_bias", "stream_state", "stream_source")
+        sampling = [getattr(self.sampling, n) for n in COLUMNS]
         caches = [t for c in (self.tcache, self.dcache, self.stream_cache) if c is not None for t in c.tensors()]
-        return [t for t in [getattr(self, n) for n in names] + caches if t is not None]
+        return [t for t in [getattr(self, n) for n in names] + sampling + caches if t is not None]
 
 
 def draws(state: RoundState, plan: RoundPlan, lens: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -224,11 +211,11 @@ def choose(logits: torch.Tensor, seen: torch.Tensor | None, warp: RowWarp, u: to
     from the warped probabilities for the others (`u` `[B, 1]`). Returns (tokens `[B]`, probs `[B, V]` or None
     when no row samples)."""
     penalised = penalised_logits(logits, seen, warp)  # [B, V]
-    if warp.all_greedy:
+    if not warp.steps.sampled:
         return penalised.argmax(-1), None
     probs = warp_penalised(penalised, warp)
     x = sample_from(probs, u)[:, 0]
-    if warp.any_greedy:
+    if warp.steps.greedy:
         x = torch.where(warp.greedy, penalised.argmax(-1), x)
     return x, probs
 
@@ -243,21 +230,21 @@ def sample_proposals(state: RoundState, plan: RoundPlan, warp: RowWarp, lens: to
         `[B, g+1, V]` the target must reuse (None without a penalty).
     """
     g = plan.gamma
-    seen = state.seen if plan.penalty else None
+    seen = state.seen if plan.steps.penalty else None
     histories, tokens, probs = [seen], [], []
-    drafted = u[rng.DRAFT] if plan.sampled else None  # [B, g, 1]
+    drafted = u[rng.DRAFT] if plan.steps.sampled else None  # [B, g, 1]
     for i in range(g):
         x, pi = choose(in_frame(logits, state, lens + i)[:, 0], seen, warp, None if drafted is None else drafted[:, i])
         tokens.append(x)
         if pi is not None:
             probs.append(pi)
-        if plan.penalty:
+        if plan.steps.penalty:
             seen = seen.scatter(-1, x[:, None], True)
             histories.append(seen)
         if i < g - 1:
             logits = advance(i, x)
     stacked = torch.stack(probs, 1) if probs else None
-    history = torch.stack(histories, 1) if plan.penalty else None
+    history = torch.stack(histories, 1) if plan.steps.penalty else None
     return torch.stack(tokens, 1), stacked, history
 
 
@@ -330,7 +317,7 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
     else:
         pos = (lens - 1)[:, None]  # [B, 1] the last committed position
         drafts, draft_probs = None, None
-        history = state.seen[:, None] if plan.penalty else None
+        history = state.seen[:, None] if plan.steps.penalty else None
     feed = state.tokens.gather(1, pos[:, :1])  # [B, 1] the last committed token
     if g:
         feed = torch.cat([feed, state.out_to_token[drafts]], 1)  # [B, g+1]
@@ -342,9 +329,9 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
                                    tables=target_tables)  # [B, g+1, V]
     logits = in_frame(logits, state, lens)
     penalised = penalised_logits(logits, history, warp)
-    target_probs = warp_penalised(penalised, warp) if plan.sampled else None
-    argmax = penalised.argmax(-1) if plan.greedy else None  # [B, g+1]
-    mixed = state.greedy if plan.greedy and plan.sampled else None
+    target_probs = warp_penalised(penalised, warp) if plan.steps.sampled else None
+    argmax = penalised.argmax(-1) if plan.steps.greedy else None  # [B, g+1]
+    mixed = state.sampling.greedy if plan.steps.greedy and plan.steps.sampled else None
     if g:
         block = Block(drafts, draft_probs, target_probs, argmax, None, lens, mixed, state.keys, u)
         verdict = judge_mixed(plan.rules, state.rule_index, block, dense_fallback=False)
@@ -360,7 +347,7 @@ def decode_round(state: RoundState, plan: RoundPlan, keys_read: torch.Tensor | N
         if normed is not None:
             follow_streams(state, normed, accepted, next_token, pos, kv_len)
         return commit(state, plan, lens, new, accepted, fix)
-    if plan.sampled:
+    if plan.steps.sampled:
         next_token = sample_from(target_probs[:, 0], u[rng.BONUS].view(-1, 1))[:, 0]
         if mixed is not None:
             next_token = torch.where(mixed, argmax[:, 0], next_token)
@@ -402,7 +389,7 @@ def commit(state: RoundState, plan: RoundPlan, lens, new, accepted, fix) -> torc
     keep = j < count[:, None]  # [B, g+1]
     pos = lens[:, None] + j
     state.tokens.scatter_(1, pos, torch.where(keep, state.out_to_token[new], state.tokens.gather(1, pos)))
-    if plan.penalty:
+    if plan.steps.penalty:
         # Unkept slots repeat the first token when it is kept, so the scatter writes only True
         # where a token was committed (duplicate indices write the same value).
         kept = torch.where(keep, new, new[:, :1])
@@ -423,7 +410,7 @@ def commit_one(state: RoundState, plan: RoundPlan, lens, token) -> torch.Tensor:
     keep = state.active & (lens < state.limit)  # [B]
     at = lens[:, None]
     state.tokens.scatter_(1, at, state.out_to_token[token][:, None])
-    if plan.penalty:
+    if plan.steps.penalty:
         ids = token[:, None]
         state.seen.scatter_(1, ids, keep[:, None] | state.seen.gather(1, ids))
     count = keep.long()

@@ -11,71 +11,78 @@ is accepted too.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 
 import numpy as np
 import torch
 
-from engine.config import Warp
+from engine.knobs import WARP_KNOBS, SamplingSteps, Warp
 from engine.models.llama import wide
 from engine.models.ops import opaque_op
 
+# The `[b]` per-row sampling tensors: one column per warp knob (`Knob.column`, of `Knob.dtype`) and
+# `greedy` (bool: temperature 0). A decoder's state holds them (`RoundState.sampling`).
+COLUMNS: tuple[str, ...] = (*(k.column for k in WARP_KNOBS), "greedy")
+WarpColumns = make_dataclass("WarpColumns", [(name, torch.Tensor) for name in COLUMNS], eq=False,
+                             namespace={"__module__": __name__})
 
-@dataclass
-class RowWarp:
-    """Sampling settings of `b` rows: device tensors for the maths, host flags that decide which
-    steps run at all (taken from host copies, so choosing costs no device sync).
+
+def free_columns(b: int, device: torch.device | str = "cpu") -> WarpColumns:
+    """The columns of `b` free slots: every knob off, no row greedy."""
+    knobs = {k.column: torch.full((b,), k.off, dtype=getattr(torch, k.dtype), device=device) for k in WARP_KNOBS}
+    return WarpColumns(**knobs, greedy=torch.zeros(b, dtype=torch.bool, device=device))
+
+
+def columns_of(warps: Sequence[Warp], device: torch.device | str = "cpu", vocab: int | None = None) -> WarpColumns:
+    """The columns of one row per `Warp`: each knob's value as a round uses it (`Knob.host_value`;
+    `vocab`: the output vocabulary's size), a greedy row's placeholder (`Knob.greedy_as`) instead."""
+    greedy = np.array([w.greedy for w in warps], dtype=bool)
+    knobs = {}
+    for k in WARP_KNOBS:
+        values = np.array([k.host_value(getattr(w, k.name), vocab) for w in warps],
+                          dtype=np.float64 if k.type is float else np.int64)
+        if k.greedy_as is not None:
+            values = np.where(greedy, k.greedy_as, values)
+        knobs[k.column] = torch.as_tensor(values, dtype=getattr(torch, k.dtype)).to(device)
+    return WarpColumns(**knobs, greedy=torch.as_tensor(greedy, dtype=torch.bool).to(device))
+
+
+def write_rows(columns: WarpColumns, rows: torch.Tensor, values: WarpColumns) -> None:
+    """`values`' rows written into `columns` at `rows`, in place (a captured graph reads these very
+    tensors)."""
+    for name in COLUMNS:
+        getattr(columns, name)[rows] = getattr(values, name)
+
+
+@dataclass(eq=False)
+class RowWarp(WarpColumns):
+    """Sampling settings of `b` rows: device tensors for the maths, and the steps that run at all
+    (host values: choosing costs no device sync).
 
     Attributes:
-        temperature: `[b]` float32; 1 for greedy rows (a placeholder: their decisions are argmaxes).
-        top_k: `[b]` long, 0 = off.
-        top_p: `[b]` float32, 1 = off.
-        penalty: `[b]` float32 repetition penalty, 1 = off.
+        temperature, top_p, top_k, penalty, ...: `[b]` one column per warp knob (`COLUMNS`), each
+            `Knob.off` where off; greedy rows' temperature is 1 (a placeholder: their decisions
+            are argmaxes).
         greedy: `[b]` bool, temperature 0.
-        any_greedy, all_greedy, any_penalty, any_top_p: host flags over the rows.
-        max_top_k: the largest top-k in use (0: no row filters by top-k).
+        steps: the steps some row needs (`SamplingSteps`); a row whose knob is off is left as
+            it is by its step.
     """
 
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    penalty: torch.Tensor
-    greedy: torch.Tensor
-    any_greedy: bool
-    all_greedy: bool
-    any_penalty: bool
-    any_top_p: bool
-    max_top_k: int
+    steps: SamplingSteps
 
     @classmethod
-    def from_host(cls, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
-                  penalty: np.ndarray, device: torch.device | str = "cpu") -> RowWarp:
-        """From host arrays (`temperature` 0 = greedy)."""
-        greedy = temperature == 0
-        put = lambda a, dt: torch.as_tensor(a, dtype=dt).to(device)  # noqa: E731
-        return cls(put(np.where(greedy, 1.0, temperature), torch.float32),
-                   put(top_k, torch.long), put(top_p, torch.float32), put(penalty, torch.float32),
-                   put(greedy, torch.bool), **host_flags(temperature, top_k, top_p, penalty))
+    def over(cls, columns: WarpColumns, steps: SamplingSteps) -> RowWarp:
+        """The rows of `columns` under `steps`."""
+        return cls(*(getattr(columns, name) for name in COLUMNS), steps)
 
     @classmethod
     def of(cls, warps: Sequence[Warp], device: torch.device | str = "cpu") -> RowWarp:
         """One row per `Warp`."""
-        cols = list(zip(*[(w.temperature, w.top_k, w.top_p, w.repetition_penalty) for w in warps]))
-        return cls.from_host(*(np.asarray(c) for c in cols), device=device)
+        return cls.over(columns_of(warps, device), SamplingSteps.of(warps))
 
     def view(self, x: torch.Tensor) -> tuple[int, ...]:
         """Shape that broadcasts a `[b]` setting over `x` `[b, ..., V]`."""
         return (-1,) + (1,) * (x.dim() - 1)
-
-
-def host_flags(temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
-               penalty: np.ndarray) -> dict:
-    """The flags of `RowWarp` from host copies of the settings."""
-    greedy = temperature == 0
-    active_k = np.where(greedy, 0, top_k)
-    return {"any_greedy": bool(greedy.any()), "all_greedy": bool(greedy.all()),
-            "any_penalty": bool((penalty != 1.0).any()), "any_top_p": bool((~greedy & (top_p < 1.0)).any()),
-            "max_top_k": int(active_k.max()) if len(active_k) else 0}
 
 
 def divide_rows(x: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
@@ -118,7 +125,7 @@ def penalised_logits(logits: torch.Tensor, seen: torch.Tensor, warp: Warp | RowW
     first op (the temperature's division, in float32), and an argmax is the same in either dtype."""
     if isinstance(warp, Warp):
         return apply_repetition_penalty(wide(logits), seen, warp.repetition_penalty)
-    if not warp.any_penalty:
+    if not warp.steps.penalty:
         return logits
     return apply_repetition_penalty(wide(logits), seen, warp.penalty)
 
@@ -130,16 +137,16 @@ def warp_penalised(x: torch.Tensor, warp: Warp | RowWarp) -> torch.Tensor:
         return _warp_uniform(wide(x), warp)
     shape = warp.view(x)
     x = divide_rows(x, warp.temperature.view(shape))  # float32 (or float64) from here on
-    if warp.max_top_k > 0:
+    if warp.steps.max_top_k > 0:
         # each row's k-th largest value, from one top-k at the largest k in use
-        width = min(warp.max_top_k, x.shape[-1])
+        width = min(warp.steps.max_top_k, x.shape[-1])
         values = torch.topk(x, width, dim=-1).values
         k = warp.top_k.clamp(1, width).view(shape).expand(*x.shape[:-1], 1)
         kth = values.gather(-1, k - 1)
         on = ((warp.top_k > 0) & (warp.top_k < x.shape[-1]) & ~warp.greedy).view(shape)
         x = x.masked_fill(on & (x < kth), float("-inf"))
     probs = torch.softmax(x, dim=-1)
-    if warp.any_top_p:
+    if warp.steps.top_p:
         top_p = warp.top_p.view(shape)
         off = (top_p >= 1.0) | warp.greedy.view(shape)
         # rows at top_p == 1 keep their probabilities as they are (no renormalising)

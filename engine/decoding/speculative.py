@@ -36,9 +36,10 @@ from engine.decoding import rng
 from engine.decoding.admission import AdmissionQueue
 from engine.decoding.graphs import RoundRunner
 from engine.decoding.round import OUT_COUNT, OUT_FINISHED, OUT_FIX, RoundPlan, RoundState, draw_columns
-from engine.decoding.sampling import RowWarp
+from engine.decoding.sampling import columns_of, free_columns, write_rows
 from engine.decoding.verify import Rule
 from engine.families.base import OutputSpace
+from engine.knobs import SamplingSteps
 from engine.models.llama import LlamaLM
 from engine.models.streams import Heads
 from engine.records import RowStats
@@ -142,9 +143,7 @@ class SpeculativeDecoder:
             out_to_token=target.output_token_ids, eos_out=space.eos,
             tokens=zeros(b, self.cache_len), seq_len=torch.full((b,), 2, dtype=torch.long, device=dev),
             limit=torch.full((b,), 2, dtype=torch.long, device=dev), active=zeros(b, dtype=torch.bool),
-            keys=zeros(b), temperature=torch.ones(b, device=dev), top_k=zeros(b),
-            top_p=torch.ones(b, device=dev), penalty=torch.ones(b, device=dev),
-            greedy=zeros(b, dtype=torch.bool), rule_index=zeros(b),
+            keys=zeros(b), sampling=free_columns(b, dev), rule_index=zeros(b),
             stat_reached=zeros(b, g), stat_accepted=zeros(b, g), stat_counts=zeros(b, 4),
             same_rope=draft is not None and draft.same_rope(target),
             ar_draws=torch.zeros(b, self.cache_len, dtype=torch.float64, device=dev) if gamma == 0 else None,
@@ -159,12 +158,11 @@ class SpeculativeDecoder:
         self.runner = runner or RoundRunner.for_model(target)
         # its first n entries' length is a round's key count (a compiled round's dynamic size)
         self.keys_read = torch.empty(self.cache_len, dtype=torch.int8, device=dev)
-        # host copies of what decides a round's plan (no device read needed to choose it)
-        self.host_warp = {k: np.zeros(b, dtype=np.float64) for k in ("temperature", "top_p", "penalty")}
-        self.host_warp["top_k"] = np.zeros(b, dtype=np.int64)
         self.rules: list[Rule | None] = [None] * b
-        self.plan_rules: list[Rule] = []  # rules met since the decoder was last idle (rule_index)
-        self.sticky: dict[str, object] = {}  # sampling steps met since then (see `plan`)
+        # what decides a round's plan, kept on the host (no device read needed to choose it): the
+        # rules and sampling steps of the rows submitted since the decoder was last idle
+        self.plan_rules: list[Rule] = []  # (rule_index points into it)
+        self.steps = SamplingSteps()
         self.host_len = np.zeros(b, dtype=np.int64)
         self.host_prompt = np.zeros(b, dtype=np.int64)
         self.queue = AdmissionQueue()
@@ -206,19 +204,11 @@ class SpeculativeDecoder:
         """Add what `requests` need to the decoder's plan (`plan`): their rules and sampling
         steps stay in it until the decoder is idle again, so the rows of a submission share one
         plan (one graph) from the first round."""
-        met = self.sticky
         for r in requests:
-            w = r.warp
-            greedy = w.temperature == 0
-            met["sampled"] = met.get("sampled", False) or not greedy
-            met["greedy"] = met.get("greedy", False) or greedy
-            met["penalty"] = met.get("penalty", False) or w.repetition_penalty != 1.0
-            met["top_p"] = met.get("top_p", False) or (not greedy and w.top_p < 1.0)
-            top_k = 0 if greedy or w.top_k >= self.vocab else w.top_k
-            met["max_top_k"] = max(met.get("max_top_k", 0), top_k)
+            self.steps = self.steps.merged(r.warp, self.vocab)
             if r.rule is not None and r.rule not in self.plan_rules:
                 self.plan_rules.append(r.rule)
-        if met.get("penalty") and self.state.seen is None:  # each row's output ids, from its admission
+        if self.steps.penalty and self.state.seen is None:  # each row's output ids, from its admission
             self.state.seen = torch.zeros(self.batch, self.vocab, dtype=torch.bool, device=self.device)
 
     @property
@@ -299,16 +289,7 @@ class SpeculativeDecoder:
     def set_warps(self, slots: list[int], rows: torch.Tensor, requests: list[Request]) -> None:
         """Write the rows' sampling settings (and penalty histories) into their slots."""
         st = self.state
-        warps = [r.warp for r in requests]
-        temp = np.array([w.temperature for w in warps], dtype=np.float64)
-        top_k = np.array([w.top_k if w.top_k < self.vocab else 0 for w in warps], dtype=np.int64)
-        top_p = np.array([w.top_p for w in warps], dtype=np.float64)
-        penalty = np.array([w.repetition_penalty for w in warps], dtype=np.float64)
-        for name, values in (("temperature", temp), ("top_k", top_k), ("top_p", top_p), ("penalty", penalty)):
-            self.host_warp[name][slots] = values
-        written = RowWarp.from_host(temp, top_k, top_p, penalty, self.device)
-        st.temperature[rows], st.top_k[rows] = written.temperature, written.top_k
-        st.top_p[rows], st.penalty[rows], st.greedy[rows] = written.top_p, written.penalty, written.greedy
+        write_rows(st.sampling, rows, columns_of([r.warp for r in requests], self.device, self.vocab))
         if st.seen is not None:
             st.seen[rows] = False
             for slot, r in zip(slots, requests):
@@ -322,11 +303,9 @@ class SpeculativeDecoder:
         submitted since the decoder was last idle (`note`), so a decoder meets few plans (few
         graphs; a row whose knob is off is left exactly as alone either way), and the key bucket
         of the `active` rows' lengths."""
-        met = self.sticky
         need = int(self.host_len[active].max()) + self.gamma + 1
-        return RoundPlan(gamma=self.gamma, rules=tuple(self.plan_rules), sampled=met["sampled"],
-                         greedy=met["greedy"], penalty=met["penalty"], top_p=met["top_p"],
-                         max_top_k=met["max_top_k"], kv_len=kv_bucket(need, self.cache_len))
+        return RoundPlan(gamma=self.gamma, rules=tuple(self.plan_rules), steps=self.steps,
+                         kv_len=kv_bucket(need, self.cache_len))
 
     def prepare(self, plan: RoundPlan) -> None:
         """Buffers a plan needs beyond the decoder's own: the layout of the round's draws, and
@@ -432,7 +411,7 @@ class SpeculativeDecoder:
     def forget_plan(self) -> None:
         """An idle decoder starts its next plan afresh (from the rows submitted next)."""
         if self.idle:
-            self.plan_rules, self.sticky = [], {}
+            self.plan_rules, self.steps = [], SamplingSteps()
 
     def drop(self, which: Callable[[Request], bool]) -> int:
         """Drop the queued and decoding rows `which` picks (a caller that no longer wants them);

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import METHODS, DecodingSettings
+from engine.config import METHODS, DecodingSettings, decoding_default
 from engine.decoding import rng
 from engine.decoding.sampling import sample_from, sample_one
 from engine.groups.csr import GroupIndex
@@ -312,7 +312,7 @@ class PCGRule(Rule):
 
     name = "pcg"
 
-    def __init__(self, groups: GroupIndex, max_trials: int = 8) -> None:
+    def __init__(self, groups: GroupIndex, max_trials: int = decoding_default("max_thinning_trials")) -> None:
         self.groups = groups
         self.max_trials = max_trials
 

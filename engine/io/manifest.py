@@ -2,14 +2,15 @@
 gzipped: `.jsonl.gz`, `.csv.gz`).
 
 Row fields: `id`, `text` (required); `prompt_id`, `prompt_text`, `prompt_codes`, `prompt_audio`
-(voice prompt: transcript + codec codes, or a clip URI; a named `voice`); `seed`, `method`, `temperature`,
-`top_p`, `top_k`, `repetition_penalty`, `max_new_tokens` (per-row overrides, bounded as the
-`DecodingSettings` fields they override); `text_id`, `augment_seed` (provenance of augmentation
-variants). Ids (`id`, `prompt_id`, `text_id`) are strings, or integers taken as their decimal
-string (a Parquet int column, a bare JSON number); texts are strings. A malformed row (not JSON,
-invalid UTF-8, bad fields, an id of another type) becomes a `RowError` that travels with the
-shard into the output; it never stops the other rows. Fields of no meaning here are ignored,
-and counted (`unknown_fields`) so the job can warn.
+(voice prompt: transcript + codec codes, or a clip URI; a named `voice`); `seed`, `method` and
+the sampling knobs (`engine.knobs.KNOBS`: temperature, top_p, top_k, repetition_penalty,
+max_new_tokens), per-row overrides bounded as the `DecodingSettings` fields they override;
+`text_id`, `augment_seed` (provenance of augmentation variants). Ids (`id`, `prompt_id`,
+`text_id`) are strings, or integers taken as their decimal string (a Parquet int column, a bare
+JSON number); texts are strings. A malformed row (not JSON, invalid UTF-8, bad fields, an id of
+another type) becomes a `RowError` that travels with the shard into the output; it never stops
+the other rows. Fields of no meaning here are ignored, and counted (`unknown_fields`) so the job
+can warn.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from engine.config import DecodingSettings, Method
 from engine.errors import field_errors
+from engine.knobs import KNOB_NAMES
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 # file names a manifest may have: the formats, and the text ones gzipped (Parquet compresses itself)
@@ -52,8 +54,8 @@ def row_id(value) -> str | None:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-class ManifestRow(BaseModel):
-    """One utterance of a manifest."""
+class _RowFields(BaseModel):
+    """A manifest row's fields but the sampling knobs'."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -68,11 +70,6 @@ class ManifestRow(BaseModel):
     method: Method | None = None
     text_id: str | None = None  # augmentation: the source row's id
     augment_seed: int | None = None  # augmentation: the grid's seed for this variant
-    temperature: override("temperature") = None
-    top_p: override("top_p") = None
-    top_k: override("top_k") = None
-    repetition_penalty: override("repetition_penalty") = None
-    max_new_tokens: override("max_new_tokens") = None
 
     @field_validator("id", "prompt_id", "text_id", mode="before")
     @classmethod
@@ -102,9 +99,18 @@ class ManifestRow(BaseModel):
             raise ValueError("prompt_codes must not be negative")
         return v
 
+
+# A row's override of each sampling knob (`engine.knobs.KNOBS`), after the other fields.
+_RowKnobs = create_model("_RowKnobs", __base__=_RowFields, __module__=__name__,
+                         **{name: (override(name), None) for name in KNOB_NAMES})
+
+
+class ManifestRow(_RowKnobs):
+    """One utterance of a manifest."""
+
     def overrides(self) -> dict:
         """Per-row sampling overrides that are set."""
-        keys = ("method", "temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
+        keys = ("method", *KNOB_NAMES)
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
