@@ -39,7 +39,7 @@ def timed(q, k, v, mask, reps: int) -> tuple[dict, dict]:
     import torch
     import torch.nn.functional as F
 
-    from engine.models.llama import folded_attention, grouped_attention
+    from engine.models.attention import folded_attention, grouped_attention
 
     fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
            "folded": lambda: folded_attention(q, k, v, mask),
@@ -61,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from engine.models.llama import fold_pays
+    from engine.models.attention import fold_pays
     from engine.models.malloc import keep_freed_memory
 
     torch.set_num_threads(args.threads)
@@ -102,7 +102,7 @@ def main() -> None:
               "output is compared); random queries, keys and values, each row's keys masked at a random length (at "
               "least half the keys where the positions fed leave room). SDPA: "
               "`F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)`; folded: "
-              "`engine.models.llama.folded_attention` (the engine's CPU attention folds where "
+              "`engine.models.attention.folded_attention` (the engine's CPU attention folds where "
               "`fold_pays` says: the column 'the engine folds'); plain ops: `grouped_attention` "
               "(the engine's CUDA attention, scores and softmax in float32). Differences are the largest absolute "
               "difference from SDPA's output over the tensor (0: bit for bit)."]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -19,11 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from engine.config import ADMISSIONS, Admission, DecodingSettings, TextSpec
+from engine.config import ADMISSIONS, Admission, DecodingSettings, TextSpec, decoding_default, resources_default
 from engine.console import bar_disabled
-from engine.decoding.adaptive import GammaChoice, decide, gamma_candidates, measure_steps
+from engine.decoding.adaptive import GammaChoice, GammaPilot
 from engine.decoding.admission import expected_tokens, speech_budget
-from engine.decoding.cost import ForwardClock
 from engine.decoding.graphs import RoundRunner
 from engine.decoding.scheduler import DecodeScheduler
 from engine.decoding.speculative import Request, RowResult, SpeculativeDecoder
@@ -47,7 +45,6 @@ if TYPE_CHECKING:  # the gate's verifiers load only for a call that brings one
 
 log = logging.getLogger(__name__)
 
-PILOT_GAMMA, PILOT_TOKENS = 4, 48  # `gamma: auto`'s pilot decode: draft length, tokens per row
 # `Synthesizer.warmup`'s texts: prompts of several lengths, so that admissions prefill several widths
 WARMUP_TEXTS = ("Warm-up.", "A second warm-up sentence, a little longer than the first.",
                 "Three: the third warm-up sentence is longer again, so that its prompt is wider than the others.",
@@ -72,7 +69,8 @@ class Synthesizer:
             (`engine.models.streams`; gamma at most their count).
     """
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, batch_size: int = 8,
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None,
+                 batch_size: int = resources_default("batch_size"),
                  max_context: int | None = None, streams: Heads | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
@@ -96,7 +94,9 @@ class Synthesizer:
         self.batch_size, self.max_context = batch_size, max_context or self.family.context
         self.prompter = self.family.prompter(target.tokenizer, target.layout)
         self._groups: dict[tuple, GroupIndex] = {}
-        self._gamma: dict[tuple, tuple] = {}  # (structure, batch) -> the pilot's measurements
+        # `gamma: auto`'s pilots, and what they measured per structure and batch size
+        self.pilot = GammaPilot(target.model, self.drafter, self.max_context, self.layout.output_space(),
+                                self.max_gamma)
         self._rules: dict[tuple, Rule] = {}
         self._decoders: dict[tuple, SpeculativeDecoder] = {}
         self.runner = RoundRunner.for_model(target.model)  # every decoder's rounds: eager or graphs
@@ -249,21 +249,16 @@ class Synthesizer:
 
     def resolve_gamma(self, settings: DecodingSettings, requests: list[Request], batch: int,
                       stream: bool = False) -> tuple[DecodingSettings, GammaChoice | None]:
-        """Settings with a concrete gamma. For `gamma: auto` a pilot (`pilot_gamma`, a few short
-        rows) measures acceptance and the host's time per round, and the steps are timed at
-        `batch` for the draft lengths the drafter allows (kept per structural settings and batch
-        size); `decide` then weighs them for these rows: their length, and unless `stream` (more
-        rows will follow: a job worker) the drain at the end of `requests`. Speculation off means
-        `ar`."""
+        """Settings with a concrete gamma. For `gamma: auto` the pilot (`GammaPilot.choose`: a
+        few short rows at `pilot_gamma`, and the steps timed at `batch`, kept per structural
+        settings and batch size) decides for these rows, weighing unless `stream` (more rows will
+        follow: a job worker) the drain at the end of `requests`. Speculation off means `ar`."""
         if settings.gamma != "auto" or not settings.speculative:
-            return (settings.model_copy(update={"gamma": 3}) if settings.gamma == "auto" else settings), None
-        key = (structure(settings), batch)
-        if key not in self._gamma:
-            self._gamma[key] = self._pilot(settings, requests, batch)
-        acceptance, host, steps = self._gamma[key]
-        tokens = sum(r.max_new_tokens for r in requests) / max(len(requests), 1)
-        choice = decide(batch, acceptance, steps, host_s=host, pilot_gamma=self.pilot_gamma, tokens=tokens,
-                        rows=None if stream else len(requests))
+            if settings.gamma == "auto":
+                settings = settings.model_copy(update={"gamma": decoding_default("gamma")})
+            return settings, None
+        choice = self.pilot.choose(settings, requests, batch, rule_of=self.rule, compiled=self.runner.mode != "none",
+                                   stream=stream)
         update = {"gamma": choice.gamma} if choice.gamma else {"method": "ar", "gamma": 1}
         return settings.model_copy(update=update), choice
 
@@ -278,46 +273,12 @@ class Synthesizer:
         """Drop what `gamma: auto` measured (its pilots' acceptance and step times), so the next
         rows measure again, as in a freshly loaded synthesizer (a job worker kept for a sweep's
         next point: that point's choice is its own)."""
-        self._gamma.clear()
+        self.pilot.forget()
 
     @property
     def pilot_gamma(self) -> int:
-        """The draft length of `gamma: auto`'s pilot: `PILOT_GAMMA`, or fewer where the stream
-        heads propose fewer."""
-        return min(PILOT_GAMMA, self.max_gamma or PILOT_GAMMA)
-
-    def _pilot(self, settings: DecodingSettings, requests: list[Request], batch: int) -> tuple:
-        """(acceptance per draft position, host seconds per round, step times per candidate
-        gamma at `batch`) from a short eager decode of a few of `requests` at gamma
-        `pilot_gamma`. The host time is what an eager round adds to its forwards; rounds run as
-        compiled graphs fuse that work with the forwards, so for them it counts as none."""
-        gamma = self.pilot_gamma
-        pilot = settings.model_copy(update={"gamma": gamma, "max_new_tokens": PILOT_TOKENS})
-        rule = self.rule(pilot)
-        probe = [Request(key=i, prompt_ids=r.prompt_ids, seed=r.seed, max_new_tokens=PILOT_TOKENS, warp=r.warp,
-                         rule=rule) for i, r in enumerate(requests[: min(8, batch)])]
-        decoder = SpeculativeDecoder(self.target.model, self.drafter, gamma, min(8, batch),
-                                     self.max_context, self.layout.output_space(), RoundRunner("none"))
-        rows, hosts = [], []
-        decoder.submit(probe)
-        with ForwardClock(self.target.model, self.drafter) as clock:
-            while not decoder.idle:  # host seconds of each round: its wall time less its forwards'
-                start, forwards, rounds = time.perf_counter(), clock.prefill_s + clock.decode_s, decoder.rounds_run
-                rows += [row for _, row in decoder.advance()]
-                if decoder.rounds_run > rounds:
-                    took = time.perf_counter() - start - (clock.prefill_s + clock.decode_s - forwards)
-                    hosts.append(max(took, 0.0) / (decoder.rounds_run - rounds))
-        stats = aggregate([row.stats for row in rows])
-        # the median round: a fresh process's first rounds pay one-time costs (first calls of
-        # torch's kernels, page faults) that no later round pays
-        host = statistics.median(hosts) if hosts else 0.0
-        if self.runner.mode != "none":
-            host = 0.0
-        del decoder
-        acceptance = sum(stats.accepted) / max(sum(stats.reached), 1)
-        context = int(sum(len(r.prompt_ids) for r in probe) / max(len(probe), 1)) + 64
-        return acceptance, host, measure_steps(self.target.model, self.drafter, batch, context,
-                                               candidates=gamma_candidates(self.max_gamma))
+        """The draft length of `gamma: auto`'s pilot (`GammaPilot.gamma`)."""
+        return self.pilot.gamma
 
     def warmup(self, settings: DecodingSettings | None = None,
                batch_size: int | None = None) -> list[SynthesisResult]:

@@ -9,19 +9,31 @@ g+1 tokens for about the price of one, at a large batch the verify step costs g+
 Two costs beyond the forwards count too: the host's work per round (sampling, the rule,
 bookkeeping), measured in the pilot, and, for a call whose rows are all known, the drain at its
 end (`engine.decoding.cost.drain_factor`): a speculative batch waits for its slowest row.
+`GammaPilot` runs the pilots and keeps what they measured; `decide` weighs it.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from engine.decoding.cost import drain_factor, predicted_speedup, round_tokens, step_times
+from engine.config import DecodingSettings
+from engine.decoding.cost import ForwardClock, drain_factor, predicted_speedup, round_tokens, step_times
+from engine.decoding.graphs import RoundRunner
+from engine.decoding.speculative import Request, SpeculativeDecoder
+from engine.decoding.verify import Rule, structure_key
+from engine.families.base import OutputSpace
 from engine.models.llama import LlamaLM
 from engine.models.streams import Heads
+from engine.records import aggregate
 
 CANDIDATES = (1, 2, 3, 4, 6, 8)
 MARGIN = 1.05  # speculation must beat `ar` by 5% to be worth its variance
 HOST_OFFSET = 2  # an eager round's host time grows like (gamma + 2) (see `host_per_round`)
+PILOT_GAMMA, PILOT_TOKENS = 4, 48  # the pilot decode: draft length, tokens per row
+PILOT_ROWS = 8  # rows a pilot decodes at most (fewer where the batch is smaller)
 
 
 def host_per_round(host_s: float, pilot_gamma: int, gamma: int) -> float:
@@ -107,3 +119,98 @@ def decide(batch: int, acceptance: float, steps: dict[int, dict[str, float]], ho
                          f"{top[1]:.2f}x ar at batch {batch} (acceptance {acceptance:.2f}; needs "
                          f"> {MARGIN:.2f}x)")
     return choice
+
+
+@dataclass(frozen=True)
+class PilotMeasures:
+    """What one pilot measured, for one structure and batch size: what `decide` weighs.
+
+    Attributes:
+        acceptance: mean acceptance per draft position.
+        host_s: host seconds per round at the pilot's gamma (0: rounds run as compiled graphs).
+        steps: `measure_steps` at the batch size.
+    """
+
+    acceptance: float
+    host_s: float
+    steps: dict[int, dict[str, float]]
+
+
+class GammaPilot:
+    """`gamma: auto` for one target and drafter: a short pilot decode per structure (the rule and
+    gamma, `structure_key`) and batch size measures acceptance, host time and step times, kept
+    for later calls until `forget`; `choose` weighs them for a call's rows.
+
+    Args:
+        target: the target model.
+        drafter: the draft model or stream heads that propose the pilot's tokens.
+        max_context: longest sequence of the pilot's decoder, prompt included.
+        space: the decoders' output space (`SpeechLayout.output_space`).
+        max_gamma: the longest draft the drafter allows (stream heads' count; None: any).
+    """
+
+    def __init__(self, target: LlamaLM, drafter: LlamaLM | Heads | None, max_context: int, space: OutputSpace,
+                 max_gamma: int | None = None) -> None:
+        self.target, self.drafter, self.max_context, self.space = target, drafter, max_context, space
+        self.max_gamma = max_gamma
+        self.measured: dict[tuple, PilotMeasures] = {}  # (structure, batch) -> what its pilot measured
+
+    @property
+    def gamma(self) -> int:
+        """The pilot's draft length: `PILOT_GAMMA`, or fewer where the stream heads propose fewer."""
+        return min(PILOT_GAMMA, self.max_gamma or PILOT_GAMMA)
+
+    def forget(self) -> None:
+        """Drop every measurement: the next call pilots again, as a fresh pilot would."""
+        self.measured.clear()
+
+    def choose(self, settings: DecodingSettings, requests: list[Request], batch: int, *,
+               rule_of: Callable[[DecodingSettings], Rule | None], compiled: bool, stream: bool) -> GammaChoice:
+        """The choice for `requests` decoded with `settings` (`gamma: auto`) at `batch`: the pilot's
+        measurements for the structure and batch size (a pilot decode of a few of `requests`
+        first, where there are none yet), weighed for these rows: their length, and unless
+        `stream` (more rows will follow) the drain at the end of `requests`.
+
+        Args:
+            rule_of: the acceptance rule of settings (the caller's rules, shared with its decoders).
+            compiled: rounds run as compiled graphs (their host work is fused with the forwards).
+        """
+        key = (structure_key(settings), batch)
+        if key not in self.measured:
+            rule = rule_of(settings.model_copy(update={"gamma": self.gamma, "max_new_tokens": PILOT_TOKENS}))
+            self.measured[key] = self.measure(requests, batch, rule, compiled)
+        measures = self.measured[key]
+        tokens = sum(r.max_new_tokens for r in requests) / max(len(requests), 1)
+        return decide(batch, measures.acceptance, measures.steps, host_s=measures.host_s, pilot_gamma=self.gamma,
+                      tokens=tokens, rows=None if stream else len(requests))
+
+    def measure(self, requests: list[Request], batch: int, rule: Rule | None, compiled: bool) -> PilotMeasures:
+        """A pilot decode of the first rows of `requests` under `rule`, and the step times per
+        candidate gamma at `batch`. The host time is what an eager round adds to its forwards;
+        rounds run as compiled graphs fuse that work with the forwards, so for them it counts as
+        none."""
+        probe = [Request(key=i, prompt_ids=r.prompt_ids, seed=r.seed, max_new_tokens=PILOT_TOKENS, warp=r.warp,
+                         rule=rule) for i, r in enumerate(requests[: min(PILOT_ROWS, batch)])]
+        acceptance, host = self.decode(probe, min(PILOT_ROWS, batch))
+        context = int(sum(len(r.prompt_ids) for r in probe) / max(len(probe), 1)) + 64
+        steps = measure_steps(self.target, self.drafter, batch, context, candidates=gamma_candidates(self.max_gamma))
+        return PilotMeasures(acceptance, 0.0 if compiled else host, steps)
+
+    def decode(self, probe: list[Request], slots: int) -> tuple[float, float]:
+        """(acceptance per draft position, host seconds per round) of an eager decode of `probe`
+        on `slots` slots at the pilot's gamma. The host time is the median round's: a fresh
+        process's first rounds pay one-time costs (first calls of torch's kernels, page faults)
+        that no later round pays."""
+        decoder = SpeculativeDecoder(self.target, self.drafter, self.gamma, slots, self.max_context, self.space,
+                                     RoundRunner("none"))
+        rows, hosts = [], []
+        decoder.submit(probe)
+        with ForwardClock(self.target, self.drafter) as clock:
+            while not decoder.idle:  # host seconds of each round: its wall time less its forwards'
+                start, forwards, rounds = time.perf_counter(), clock.prefill_s + clock.decode_s, decoder.rounds_run
+                rows += [row for _, row in decoder.advance()]
+                if decoder.rounds_run > rounds:
+                    took = time.perf_counter() - start - (clock.prefill_s + clock.decode_s - forwards)
+                    hosts.append(max(took, 0.0) / (decoder.rounds_run - rounds))
+        stats = aggregate([row.stats for row in rows])
+        return sum(stats.accepted) / max(sum(stats.reached), 1), statistics.median(hosts) if hosts else 0.0

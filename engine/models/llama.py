@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import COMPILE_MODES
+from engine.models.attention import attend, fold_mask, fold_pays, wide
 from engine.models.kv_cache import KVCache
-from engine.models.ops import opaque_op
+from engine.models.packed import PackedLinear, prepack_supported
 from engine.models.quant import Int8Linear
 
 LogitsAt = Literal["all", "last", "none", "hidden", "normed"]
-GROUPED_SCORES_BYTES = 256 * 2**20  # float32 scores one `grouped_attention` call holds at once
 
 
 @dataclass(frozen=True)
@@ -60,13 +60,6 @@ class LlamaShape:
         )
 
 
-def wide(x: torch.Tensor) -> torch.Tensor:
-    """`x` in float32, or float64 when it already is: the precision the numerics run in (float32,
-    as transformers does, for float32/bfloat16/float16 models; a float64 model stays exact end to
-    end, which is what bit-for-bit comparisons of two code paths rely on)."""
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -81,76 +74,6 @@ class RMSNorm(nn.Module):
         if x.dtype in (torch.float32, torch.float64):
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * F.rms_norm(x, self.weight.shape, None, self.eps)
-
-
-def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
-    """`F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)` in
-    plain torch ops, scores and softmax in float32: q `[b, H, T, D]`, keys/values `[b, H_kv, L,
-    D]` (query head h reads KV head h // (H / H_kv)), mask `[b, 1, T, L]` bool (True = attend).
-
-    Why on CUDA: torch dispatches masked grouped-query attention to cuDNN's kernel on Hopper
-    GPUs, and caches a cuDNN graph per shape, while a decode loop's key length grows every round
-    and every prompt length is new: each call costs host time several matrix products long.
-    These few ops set
-    nothing up per shape, and the query heads of a KV head share one batched product (the keys are
-    not repeated per query head). Rows are taken in chunks whose scores fit
-    `GROUPED_SCORES_BYTES`, one row at a time where even one row's do not
-    (long prefills of many rows)."""
-    b, heads, t, d = q.shape
-    kv_heads, length = keys.shape[1], keys.shape[2]
-    group = heads // kv_heads
-    qg = wide(q.reshape(b, kv_heads, group * t, d)) * d ** -0.5  # rows of one KV head together
-    attend = mask[:, :, None]  # [b, 1, 1, T, L] against scores [b, H_kv, group, T, L]
-
-    def rows(qs, ks, vs, att):
-        scores = torch.matmul(qs, wide(ks).transpose(-1, -2))  # [n, H_kv, group * T, L]
-        n = scores.shape[0]
-        scores = torch.where(att, scores.view(n, kv_heads, group, t, length), float("-inf"))
-        return torch.matmul(scores.softmax(-1).view(n, kv_heads, group * t, length), wide(vs))
-
-    chunk = b if torch.compiler.is_compiling() else max(1, GROUPED_SCORES_BYTES // (heads * t * length * 4))
-    if chunk >= b:  # a decode step's rows: one pass (and the only one inside a compiled graph)
-        out = rows(qg, keys, values, attend)
-    else:
-        out = torch.cat([rows(qg[i:i + chunk], keys[i:i + chunk], values[i:i + chunk], attend[i:i + chunk])
-                         for i in range(0, b, chunk)])
-    return out.to(q.dtype).view(b, heads, t, d)
-
-
-def fold_pays(dtype: torch.dtype, positions: int) -> bool:
-    """Whether a CPU step folds its attention (`folded_attention`): in bfloat16 and float16 always (at
-    one position torch's kernel is several times slower unfolded), in float32 and float64 from two
-    positions on (at one their kernel is as fast unfolded or faster; docs/performance.md)."""
-    return positions > 1 or dtype in (torch.bfloat16, torch.float16)
-
-
-def fold_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
-    """A mask `[b, 1, T, L]` in `folded_attention`'s layout `[b, 1, group * T, L]` (a step folds
-    it once for all its layers)."""
-    b, _, t, length = mask.shape
-    return mask.repeat(1, 1, group, 1) if t > 1 else mask.expand(b, 1, group, length)
-
-
-def folded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """`F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)` with each
-    KV head's query heads folded into its query positions: q `[b, H, T, D]`, keys/values `[b, H_kv,
-    L, D]`, mask `[b, 1, T, L]` bool (True = attend) -> `[b, H, T, D]`. The same kernel and per-query
-    maths, the work split another way: the outputs are SDPA's bit for bit in most shapes and within
-    a last bit in the others. A model's step decides
-    whether to fold (`LlamaLM.attention_kind`, `fold_pays`) and folds the mask once for all its
-    layers (`fold_mask`, `_folded`)."""
-    b, heads, t, d = q.shape
-    return _folded(q, keys, values, fold_mask(mask, heads // keys.shape[1])).view(b, heads, t, d)
-
-
-def _folded(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
-    """SDPA of q `[b, H, T, D]` folded to `[b, H_kv, group * T, D]` (query head h is KV head
-    h // group; then its positions), under a folded mask: the output in that layout."""
-    b, heads, t, d = q.shape
-    kv_heads = keys.shape[1]
-    folded = q.reshape(b, kv_heads, heads // kv_heads * t, d)
-    return F.scaled_dot_product_attention(folded, keys, values, attn_mask=attend)
 
 
 class Attention(nn.Module):
@@ -172,18 +95,17 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [b, T, h]
-        cos: torch.Tensor,  # [b, T, 1, D]
-        sin: torch.Tensor,  # [b, T, 1, D], signed for `apply_rope`
-        mask: torch.Tensor,  # [b, 1, T, kv_len] bool, True = attend
+        tables: StepTables,  # the step's mask [b, 1, T, kv_len] (True = attend) and rope tables
         cache: KVCache,
         layer: int,
         slots: torch.Tensor | None,  # cache rows read (None: rows 0..b-1, read as a view)
         rows: torch.Tensor,  # [b, 1] cache rows written
         positions: torch.Tensor,  # [b, T]
-        kind: str = "sdpa",  # `grouped` (`grouped_attention`), `folded` (`_folded`, the mask folded
-        # beforehand: `fold_mask`) or `sdpa` (torch's)
+        kind: str = "sdpa",  # the attention path (`engine.models.attention.attend`); `folded`: the
+        # mask folded beforehand (`fold_mask`)
     ) -> torch.Tensor:
         b, t, _ = x.shape
+        mask, cos, sin = tables
         heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
         # heads stay after positions, `[b, T, heads, D]`, until attention: the layout the cache
         # writes take, so only the queries are transposed
@@ -198,69 +120,9 @@ class Attention(nn.Module):
         q = q.transpose(1, 2)  # [b, H, T, D]
         cache.write(layer, rows, positions, k, v)
         keys, values = cache.read(layer, slots, mask.shape[-1])  # [b, H_kv, kv_len, D]
-        if kind == "folded":
-            out = _folded(q, keys, values, mask)  # [b, H_kv, group * T, D]: the heads' order at T = 1
-            if t > 1:
-                out = out.view(b, heads, t, d)
-        elif kind == "grouped":
-            out = grouped_attention(q, keys, values, mask)
-        else:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=kv_heads < heads)
+        out = attend(q, keys, values, mask, kind)
         # [b, H, T, D] -> [b, T, H * D]; at one position the heads are already in that order
         return self.o_proj(out.reshape(b, t, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, -1))
-
-
-class PackedLinear(nn.Module):
-    """A linear layer whose weight is stored in oneDNN's blocked layout (CPU only).
-
-    Why: ATen's CPU matmul lays the weight out for its kernel on every call. For the decode
-    step's one- to few-row products that relayout reads the whole weight once more, which about
-    doubled a step at Llasa-1B's shape, with bit-identical logits (both run oneDNN's kernel; only
-    the relayout moves to load time).
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        self.register_buffer("weight", packed, persistent=False)
-        self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
-
-    def weight_bytes(self) -> int:
-        return self.out_features * self.in_features * self.weight.element_size()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # one opaque call in a compiled round (see `packed_linear`)
-            return torch.ops.pcg_synth.packed_linear(x, self.weight, self.bias, self.out_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-
-
-def packed_linear(x, weight, bias, out_features):
-    """oneDNN's linear on a packed weight, as an op inductor calls as it is
-    (`torch.ops.pcg_synth.packed_linear`, an `opaque_op`). Inductor lowers `mkldnn._linear_pointwise`
-    only for weights it froze itself (and a frozen graph cannot be cached on disk); behind this op a
-    compiled round keeps the model's own packed weights and stays cacheable."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-opaque_op("packed_linear", "(Tensor x, Tensor weight, Tensor? bias, SymInt out_features) -> Tensor", packed_linear,
-          lambda x, weight, bias, out_features: x.new_empty(*x.shape[:-1], out_features))
-
-
-def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """Packed weights need oneDNN, i.e. a CPU build with mkldnn, in float32, or in bfloat16 where
-    oneDNN has a bf16 path on this CPU (AVX512-BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU has
-    none, and there a bfloat16 model keeps plain weights)."""
-    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if dtype == torch.bfloat16:
-        return onednn_bf16()
-    return dtype == torch.float32
-
-
-def onednn_bf16() -> bool:
-    """Whether oneDNN can run bfloat16 matmuls on this CPU (natively or by conversion)."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class MLP(nn.Module):
@@ -308,7 +170,7 @@ class DecoderLayer(nn.Module):
         """The layer on `x` `[b, T, h]`: its keys and values go to layer `index` of `cache` (see
         `Attention.forward` for the rest)."""
         h = self.input_layernorm(x)
-        x = x + self.self_attn(h, tables.cos, tables.sin, tables.mask, cache, index, slots, rows, positions, kind)
+        x = x + self.self_attn(h, tables, cache, index, slots, rows, positions, kind)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

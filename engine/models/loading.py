@@ -22,7 +22,8 @@ from engine.families import Family, SpeechLayout, resolve
 from engine.hf import from_transformers
 from engine.io.storage import model_dir
 from engine.models.device import resolve_compile, resolve_dtype
-from engine.models.llama import LlamaLM, LlamaShape, prepack_supported
+from engine.models.llama import LlamaLM, LlamaShape
+from engine.models.packed import prepack_supported
 from engine.models.quant import cpu_vnni
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")

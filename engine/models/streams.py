@@ -185,7 +185,7 @@ class LlasaPlusHeads(Heads):
         """The heads' states `[b, T, heads, H]` at `positions` `[b, T]` from the target's normed
         hidden states there `[b, T, H]`, each module's keys and values written into `cache`
         (rows `slots`, as `LlamaLM.step` writes)."""
-        from engine.models.llama import fold_mask
+        from engine.models.attention import fold_mask
 
         tables = target.step_tables(positions, kv_len)
         kind = target.attention_kind(positions)

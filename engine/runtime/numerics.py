@@ -20,7 +20,7 @@ COMPARED = ("device", "torch", "threads", "compile", "numerics")  # what the dri
 # 2: top-p's tokens of equal probability at the nucleus's edge: the lowest ids stay (a stable
 #    sort's order; before, an unstable sort's), which changes rows with top_p < 1.
 # 3: attention off CUDA folds each KV head's query heads into its query positions
-#    (`models.llama.folded_attention`): torch's SDPA splits the work another way, bit for bit the
+#    (`models.attention.folded_attention`): torch's SDPA splits the work another way, bit for bit the
 #    same in most shapes (every golden row of the kit) but a last bit off in others (llasa-1b-shape's
 #    decode steps in bfloat16), which can move a row's draws.
 NUMERICS_VERSION = 3

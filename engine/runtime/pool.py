@@ -36,6 +36,7 @@ from engine.errors import JobFailed
 from engine.io.lease import Fence, Fenced
 from engine.io.storage import WriteFailed, backoff_s
 from engine.runtime.actors import SynthesisWorker, cluster_capacity, worker_options
+from engine.runtime.commits import CommitRecord
 from engine.runtime.plan import Shard
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class IdleWorkers:
 
 @dataclass
 class PoolReport:
-    committed: list[dict] = field(default_factory=list)
+    committed: list[CommitRecord] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # shard id -> last error
     retries: int = 0
     replaced: int = 0
@@ -122,7 +123,7 @@ class WorkerPool:
     Args:
         spec: the job.
         groups_ref: object ref of the PCG groups (or None).
-        on_commit: called with each commit record as it arrives.
+        on_commit: called with each `CommitRecord` as it arrives.
         warmup: workers warm up after loading, and no shard is handed out before every first
             worker is ready (throughput measurements: nobody starts early).
         idle: loaded workers to take before starting new ones, and to give the workers back to
@@ -133,7 +134,7 @@ class WorkerPool:
             another driver holds the output (None: unchecked).
     """
 
-    def __init__(self, spec: JobSpec, groups_ref, on_commit: Callable[[dict], None],
+    def __init__(self, spec: JobSpec, groups_ref, on_commit: Callable[[CommitRecord], None],
                  warmup: bool = False, notify: Callable[[str], None] | None = None,
                  idle: IdleWorkers | None = None, halt: Callable[[], str | None] | None = None,
                  fence: Fence | None = None) -> None:
@@ -248,78 +249,119 @@ class WorkerPool:
         self.report.retries += 1
 
     def run(self, shards: list[Shard]) -> PoolReport:
+        """Run `shards` until each is committed or failed, or the pool stops; every worker is
+        retired as it ends, or given back to `idle`."""
+        self.begin(shards)
+        finished = False
+        try:
+            finished = self.serve()
+        finally:
+            self.release_workers(finished)
+        return self.report
+
+    def begin(self, shards: list[Shard]) -> None:
+        """Queue `shards` and start the job's workers (no more than it has shards)."""
         self.pending = deque(shards)
         self.target = min(self.spec.resources.workers, len(self.pending))  # workers the job runs on
         if self.target and cluster_capacity(self.spec) == 0:  # Ray would keep them pending, silently
-            res = self.spec.resources
-            need = f"{res.cpus_per_worker:g} CPU" + (f", {res.gpus_per_worker:g} GPU" if res.gpus_per_worker else "")
-            self.notify(f"no live node can host a worker ({need} each) now: the workers wait for nodes to join "
-                        "(an autoscaler); on a machine without what they need, change resources (e.g. "
-                        "resources.gpus_per_worker: 0 on a machine without GPUs)")
+            self.warn_no_room()
         for _ in range(self.target):
             self.start_worker()
-        finished = False
-        try:
-            barrier = self.warmup
-            while self.work_left() or self.inflight:
-                if (reason := self.report.stopped or self.halt()) is not None:
-                    self.stop(reason)
-                    break
-                next_due = self.release_due()
-                barrier = barrier and bool(self.starting)
-                over_share = []
-                while self.free and self.pending and not barrier:
-                    slot = self.free.popleft()
-                    if self.holding(slot) >= self.fair_share():
-                        over_share.append(slot)  # keep the rest for workers still starting
-                        continue
-                    shard = self.pending.popleft()
-                    if self.report.first_dispatch is None:
-                        self.report.first_dispatch = time.monotonic()
-                    self.attempts[shard.id] = self.attempts.get(shard.id, 0) + 1
-                    ref = self.actors[slot].process.remote(shard, self.attempts[shard.id], self.fence)
-                    self.inflight[ref] = (slot, shard)
-                self.free.extend(over_share)
-                if self.live() < self.target and self.work_left():
-                    self.top_up()
-                if self.live():
-                    self.capacity_found()
-                elif self.work_left() and not self.wait_for_capacity():
-                    waited = self.report.capacity_waits[-1]["waited_s"]
-                    for _, shard in self.delayed:
-                        self.pending.append(shard)
-                    for shard in self.pending:
-                        self.report.failed[shard.id] = (
-                            f"no worker could be started on the cluster (waited {waited:g} s for "
-                            "capacity, resources.capacity_wait_s)")
-                    self.pending.clear()
-                    self.delayed.clear()
-                    break
-                waitables = list(self.inflight) + list(self.starting)
-                timeout = max(0.05, min(POLL_S, next_due))
-                if not waitables:
-                    time.sleep(min(timeout, 1.0))
-                    continue
-                done, _ = ray.wait(waitables, num_returns=1, timeout=timeout)
-                if not done:
-                    self.check_start_timeouts()
-                    continue
-                ref = done[0]
-                if ref in self.starting:
-                    self.on_started(ref)
-                else:
-                    self.on_finished(ref)
-            finished = self.report.stopped is None  # stopped: workers may still hold shards, retire them
-        finally:
-            starting = {slot for slot, _ in self.starting.values()}
-            for slot in list(self.actors):
-                if self.idle is not None and finished and slot not in starting:
-                    self.idle.give(self.spec.worker_key, self.actors.pop(slot))  # idle: no shard held
-                else:
-                    self.retire(slot)
-            if self.waiting_since is not None:
-                request_capacity([])
-        return self.report
+
+    def warn_no_room(self) -> None:
+        res = self.spec.resources
+        need = f"{res.cpus_per_worker:g} CPU" + (f", {res.gpus_per_worker:g} GPU" if res.gpus_per_worker else "")
+        self.notify(f"no live node can host a worker ({need} each) now: the workers wait for nodes to join "
+                    "(an autoscaler); on a machine without what they need, change resources (e.g. "
+                    "resources.gpus_per_worker: 0 on a machine without GPUs)")
+
+    def serve(self) -> bool:
+        """Hand out shards and handle what comes back until no work is left or the pool stops.
+        Returns whether it ran to its end (False: stopped, and workers may still hold shards)."""
+        barrier = self.warmup  # no shard before every first worker is ready
+        while self.work_left() or self.inflight:
+            if (reason := self.report.stopped or self.halt()) is not None:
+                self.stop(reason)
+                break
+            next_due = self.release_due()
+            barrier = barrier and bool(self.starting)
+            if not barrier:
+                self.dispatch()
+            if not self.keep_workers():
+                self.fail_unplaced()
+                break
+            self.handle_next(next_due)
+        return self.report.stopped is None
+
+    def dispatch(self) -> None:
+        """Hand pending shards to the workers with room, none beyond its fair share (the rest of
+        the shards is kept for workers still starting)."""
+        over_share = []
+        while self.free and self.pending:
+            slot = self.free.popleft()
+            if self.holding(slot) >= self.fair_share():
+                over_share.append(slot)
+                continue
+            self.send(slot, self.pending.popleft())
+        self.free.extend(over_share)
+
+    def send(self, slot: int, shard: Shard) -> None:
+        """Start `shard`'s next attempt on the worker of `slot`."""
+        if self.report.first_dispatch is None:
+            self.report.first_dispatch = time.monotonic()
+        self.attempts[shard.id] = self.attempts.get(shard.id, 0) + 1
+        ref = self.actors[slot].process.remote(shard, self.attempts[shard.id], self.fence)
+        self.inflight[ref] = (slot, shard)
+
+    def keep_workers(self) -> bool:
+        """Start the workers missing where the live nodes have room; with none live and work
+        left, wait for capacity. False once that wait is over with no worker placed."""
+        if self.live() < self.target and self.work_left():
+            self.top_up()
+        if self.live():
+            self.capacity_found()
+            return True
+        return not self.work_left() or self.wait_for_capacity()
+
+    def fail_unplaced(self) -> None:
+        """Fail every shard not yet run: no worker could be placed within `capacity_wait_s`."""
+        waited = self.report.capacity_waits[-1]["waited_s"]
+        for _, shard in self.delayed:
+            self.pending.append(shard)
+        for shard in self.pending:
+            self.report.failed[shard.id] = (
+                f"no worker could be started on the cluster (waited {waited:g} s for "
+                "capacity, resources.capacity_wait_s)")
+        self.pending.clear()
+        self.delayed.clear()
+
+    def handle_next(self, next_due: float) -> None:
+        """Wait for the next event (a worker ready, a shard's result) and handle it; wait no
+        longer than `POLL_S` or until the next shard's backoff is over (`next_due` seconds)."""
+        waitables = list(self.inflight) + list(self.starting)
+        timeout = max(0.05, min(POLL_S, next_due))
+        if not waitables:
+            time.sleep(min(timeout, 1.0))
+            return
+        done, _ = ray.wait(waitables, num_returns=1, timeout=timeout)
+        if not done:
+            self.check_start_timeouts()
+        elif done[0] in self.starting:
+            self.on_started(done[0])
+        else:
+            self.on_finished(done[0])
+
+    def release_workers(self, finished: bool) -> None:
+        """Give the workers back to `idle` where the job ran to its end (idle: no shard held),
+        else retire them; withdraw a request for capacity still open."""
+        starting = {slot for slot, _ in self.starting.values()}
+        for slot in list(self.actors):
+            if self.idle is not None and finished and slot not in starting:
+                self.idle.give(self.spec.worker_key, self.actors.pop(slot))
+            else:
+                self.retire(slot)
+        if self.waiting_since is not None:
+            request_capacity([])
 
     def stop(self, reason: str) -> None:
         """End the job here: results already back count (commits made, writes refused), every
@@ -371,7 +413,7 @@ class WorkerPool:
     def on_finished(self, ref) -> None:
         slot, shard = self.inflight.pop(ref)
         try:
-            record = ray.get(ref)
+            record: CommitRecord = ray.get(ref)
         except (RayActorError, RayTaskError) as exc:
             died = isinstance(exc, RayActorError)
             first_news = died and slot in self.actors  # its other shards' failures follow

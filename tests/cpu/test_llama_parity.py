@@ -11,8 +11,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+import engine.models.attention as attention_paths
 import engine.models.llama as llama
-from engine.models.llama import LlamaLM, LlamaShape, fold_pays, folded_attention, grouped_attention
+from engine.models.attention import fold_pays, folded_attention, grouped_attention
+from engine.models.llama import LlamaLM, LlamaShape
 from engine.models.loading import ModelLoadError, load_model
 
 
@@ -91,7 +93,7 @@ def test_grouped_attention_is_torchs_masked_grouped_query_attention(monkeypatch,
         out = grouped_attention(q, k, v, mask)
         assert out.dtype == dtype and out.shape == (b, heads, t, d)
         assert torch.allclose(out.float(), ref, atol=tol, rtol=tol)
-        monkeypatch.setattr(llama, "GROUPED_SCORES_BYTES", heads * t * length * 4)
+        monkeypatch.setattr(attention_paths, "GROUPED_SCORES_BYTES", heads * t * length * 4)
         assert torch.equal(grouped_attention(q, k, v, mask), out)
         monkeypatch.undo()
 

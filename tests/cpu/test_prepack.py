@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models import llama
-from engine.models.llama import PackedLinear, prepack_supported
+from engine.models import packed
 from engine.models.loading import load_model
+from engine.models.packed import PackedLinear, prepack_supported
 
 pytestmark = pytest.mark.skipif(not prepack_supported(torch.device("cpu"), torch.float32),
                                 reason="this torch build has no oneDNN")
@@ -51,7 +51,7 @@ def test_auto_packs_on_cpu_and_refuses_elsewhere(kit_dir):
 def test_bfloat16_without_a_onednn_bf16_path_keeps_plain_weights(kit_dir, monkeypatch):
     """An AVX2-only CPU (no AVX512-BW, no AVX-NE-CONVERT): a bfloat16 model loads and decodes
     with plain weights, and an explicit prepack is refused with the reason, not a oneDNN crash."""
-    monkeypatch.setattr(llama, "onednn_bf16", lambda: False)
+    monkeypatch.setattr(packed, "onednn_bf16", lambda: False)
     model = load_model(kit_dir / "target", "cpu", "bfloat16").model
     assert not model.prepacked and model.dtype == torch.bfloat16
     tokens = torch.randint(0, model.shape.vocab_size, (1, 5), generator=torch.Generator().manual_seed(0))

@@ -207,7 +207,7 @@ def test_the_largest_batch_is_the_last_that_fits():
 def test_the_sizing_constants_are_the_engines():
     from engine.decoding.adaptive import CANDIDATES
     from engine.decoding.sizing import ATTENTION_SCORES
-    from engine.models.llama import GROUPED_SCORES_BYTES
+    from engine.models.attention import GROUPED_SCORES_BYTES
     from engine.runtime.sizing import AUTO_GAMMA_MAX
 
     assert ATTENTION_SCORES == GROUPED_SCORES_BYTES and AUTO_GAMMA_MAX == max(CANDIDATES)
