@@ -140,8 +140,8 @@ def trial_worker_kill(kit, manifest, work, baseline) -> dict:
 
         def kill_once(record):
             if not killed:
-                os.kill(record["pid"], signal.SIGKILL)
-                killed.append(record["worker"])
+                os.kill(record.pid, signal.SIGKILL)
+                killed.append(record.worker)
 
         spec = spec_for(kit, manifest, str(work / "worker_kill"), resources={"workers": 2, "gpus_per_worker": 1})
         summary = JobRunner(spec, progress=False, on_commit=kill_once).run()

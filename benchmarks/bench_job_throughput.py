@@ -484,9 +484,9 @@ def run_stream_in_process(spec, rep: int, admission: str) -> dict:
             records = list(pool.map(worker.process, shards))
     finally:
         worker.close()
-    return {"generated_tokens": sum(r["generated_tokens"] for r in records),
+    return {"generated_tokens": sum(r.generated_tokens for r in records),
             **decode_figures(per_worker(records).values()),
-            **read_profile([r["profile"] for r in records if r.get("profile")])}
+            **read_profile([r.profile for r in records if r.profile])}
 
 
 def run_before(before: Path, kit: Path, work: Path, threads: int, rep: int) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import asdict, dataclass, field, fields
 
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
@@ -25,6 +26,33 @@ from engine.runtime.plan import Layout
 
 TARGETS = tuple(f for f in OUTPUT_FORMATS if f != "hf-parquet")
 RECORD = "_convert.json"
+
+
+@dataclass(kw_only=True)
+class ConvertedShard:
+    """A converted shard's commit record (`<dest>/_commits/<shard>.json`): the shard, the data
+    file it was read from, the format written, and what the writer wrote (`ShardFiles`). Keys
+    unknown here are kept (`extra`) and written back."""
+
+    shard: str
+    source: str
+    format: str
+    files: list[str] = field(default_factory=list)
+    rows: int = 0
+    with_audio: int = 0
+    failed: int = 0
+    audio_seconds: float = 0.0
+    errors: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        return {**out, **out.pop("extra")}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ConvertedShard:
+        names = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names})
 
 
 def committed(storage: Storage, layout: Layout) -> set[str]:
@@ -108,22 +136,23 @@ def convert(source: str, to: str, dest: str | None = None, tarred: bool = False,
     claim(storage, source, output)
     src, out = Layout(source), Layout(output.uri)
     done = committed(storage, out)
-    totals = {"rows": 0, "with_audio": 0, "failed": 0, "audio_seconds": 0.0}
+    records: list[ConvertedShard] = []
     bar = tqdm(total=len(shards), desc=f"convert to {to}", unit="shard", disable=bar_disabled(progress))
     for shard in shards:
         if shard in done:
-            record = json.loads(storage.read_bytes(out.commit(shard)))
+            record = ConvertedShard.from_dict(json.loads(storage.read_bytes(out.commit(shard))))
         else:
             data = pq.ParquetFile(io.BytesIO(storage.read_bytes(src.data(shard))))
             tables = [data.read_row_group(i) for i in range(data.num_row_groups)]
-            record = {"shard": shard, "source": src.data(shard), "format": to,
-                      **write_shard(storage, output, shard, tables).to_dict()}
-            storage.write_bytes(out.commit(shard), json.dumps(record, indent=1).encode())
-        for key in totals:
-            totals[key] += record[key]
+            record = ConvertedShard.from_dict({"shard": shard, "source": src.data(shard), "format": to,
+                                               **write_shard(storage, output, shard, tables).to_dict()})
+            storage.write_bytes(out.commit(shard), json.dumps(record.to_dict(), indent=1).encode())
+        records.append(record)
         bar.update()
     bar.close()
     files = finish_output(storage, output, shards)
     return {"source": source, "dest": output.uri, "format": to, "tarred": tarred, "shards": len(shards),
             "converted": len(set(shards) - done), "skipped": len(set(shards) & done),
-            **{k: round(v, 3) if isinstance(v, float) else v for k, v in totals.items()}, "files": files}
+            "rows": sum(r.rows for r in records), "with_audio": sum(r.with_audio for r in records),
+            "failed": sum(r.failed for r in records),
+            "audio_seconds": round(sum((r.audio_seconds for r in records), 0.0), 3), "files": files}

@@ -8,6 +8,8 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ray
 from tqdm.auto import tqdm
@@ -19,8 +21,9 @@ from engine.errors import JobFailed
 from engine.io.formats import finish_output
 from engine.io.lease import Fenced, FencedStorage, LeaseHeld, OutputLease
 from engine.io.storage import Storage, StorageError
+from engine.runtime.commits import CommitRecord
 from engine.runtime.family import with_family
-from engine.runtime.plan import Layout, make_plan
+from engine.runtime.plan import Layout, Plan, make_plan
 from engine.runtime.pool import IdleWorkers, WorkerPool
 from engine.runtime.preflight import check_groups_file, check_resume, finished_summary, needs_groups, preflight
 from engine.runtime.summary import (
@@ -32,6 +35,10 @@ from engine.runtime.summary import (
     summary_table,
     then_rerun,
 )
+
+if TYPE_CHECKING:  # an augment job's module loads only where a job expands texts
+    from engine.groups.csr import SpeechGroups
+    from engine.runtime.augment import Expansion
 
 
 def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given=None):
@@ -56,6 +63,25 @@ def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given
                       progress=progress, ranges=layout.ranges, family=layout.family)
 
 
+@dataclass
+class Started:
+    """What a job settled before any work, holding the lease (`JobRunner.start`).
+
+    Attributes:
+        given_groups: the checked `models.groups` file (None: fetched or built later, or none needed).
+        expansion: an augment job's variants (None: not an augment job).
+        plan: the job's shards.
+        committed: the ids of the shards committed before.
+        numerics_changes: the numerics differences from the output's record a resume allowed.
+    """
+
+    given_groups: SpeechGroups | None
+    expansion: Expansion | None
+    plan: Plan
+    committed: set[str]
+    numerics_changes: list[str]
+
+
 class JobRunner:
     """Runs a job spec on the Ray cluster this process is connected to (or a local one).
 
@@ -69,7 +95,8 @@ class JobRunner:
         address: Ray address (`auto`, `ray://HEAD:10001`, `local`); None: `RAY_ADDRESS` if set,
             else a fresh local cluster.
         progress: show the progress bar and the final table.
-        on_commit: extra callback per committed shard (tests use it to inject failures).
+        on_commit: extra callback per committed shard, with its `CommitRecord` (tests use it to inject
+            failures).
         warmup: workers warm up and start together (for throughput measurements).
         allow_numerics_change: resume an output written under another numerics environment
             (`runtime/numerics.py`); the difference is recorded in `_job.json` and the summary.
@@ -81,7 +108,7 @@ class JobRunner:
     """
 
     def __init__(self, spec: JobSpec, address: str | None = None, progress: bool = True,
-                 on_commit: Callable[[dict], None] | None = None, warmup: bool = False,
+                 on_commit: Callable[[CommitRecord], None] | None = None, warmup: bool = False,
                  allow_numerics_change: bool = False, idle: IdleWorkers | None = None, wait: bool = False,
                  rerun: str | None = None) -> None:
         self.spec, self.address, self.progress, self.on_commit = spec, address, progress, on_commit
@@ -122,7 +149,7 @@ class JobRunner:
                     lease.keep_record = not made  # refused on an output this run created: nothing left there
                     raise
                 refused = False
-                return self.execute(lease, *started)
+                return self.execute(lease, started)
         except LeaseHeld:
             refused = False  # the output is another driver's: nothing of it is this run's to remove
             raise
@@ -132,10 +159,9 @@ class JobRunner:
             for folder in made if refused else []:  # refused before any work: no output folder left behind
                 storage.remove_empty_folders(folder)
 
-    def start(self) -> tuple:
+    def start(self) -> Started:
         """What happens before any work, holding the lease: the groups file checked, an augment
-        job's variants written, the plan made, the output checked and recorded (`_job.json`).
-        Returns (given groups, augment expansion, plan, committed shard ids, numerics changes)."""
+        job's variants written, the plan made, the output checked and recorded (`_job.json`)."""
         spec, storage, layout = self.spec, self.storage, self.layout
         # a given groups file is checked before anything is written to the output
         given_groups = check_groups_file(spec, storage) if needs_groups(spec) and spec.models.groups else None
@@ -151,12 +177,12 @@ class JobRunner:
         for warning in plan.warnings():
             print(f"{spec.name}: warning: {warning}", file=sys.stderr)
         committed, numerics_changes = check_resume(spec, plan, storage, layout, self.allow_numerics_change)
-        return given_groups, expansion, plan, committed, numerics_changes
+        return Started(given_groups, expansion, plan, committed, numerics_changes)
 
-    def execute(self, lease: OutputLease, given_groups, expansion, plan, committed: set[str],
-                numerics_changes: list[str]) -> dict:
+    def execute(self, lease: OutputLease, started: Started) -> dict:
         """Run the shards not committed yet, then summarize."""
         spec, storage, layout = self.spec, self.storage, self.layout
+        plan, committed = started.plan, started.committed
         todo = [s for s in plan.shards if s.id not in committed]
         if not todo and (previous := finished_summary(storage, layout, plan)) is not None:
             if self.progress:  # a rerun of a finished job: its figures, not a run of nothing
@@ -167,26 +193,26 @@ class JobRunner:
         if not todo and self.progress:  # a driver stopped after its last commit: the summary from the records
             print(f"{spec.name}: every shard of {spec.output.uri} ({counted(len(plan.shards), 'shard')}) was "
                   "committed before, but no summary was written; writing it from the commit records:")
-        started = time.perf_counter()
-        records: list[dict] = []
+        began = time.perf_counter()
+        records: list[CommitRecord] = []
         report = None
         setup_s = 0.0
         if todo:
-            groups = prepare_groups(spec, storage, self.progress, given_groups)
+            groups = prepare_groups(spec, storage, self.progress, started.given_groups)
             init_ray(self.address, log_to_driver=False, configure_logging=False)
-            setup_s = time.perf_counter() - started
+            setup_s = time.perf_counter() - began
             done_rows = sum(s.rows for s in plan.shards if s.id in committed)
             bar = tqdm(total=plan.rows, initial=done_rows, unit="row", desc=spec.name,
                        disable=bar_disabled(self.progress))
             retried: dict[str, int] = {}
 
-            def commit(record: dict) -> None:
+            def commit(record: CommitRecord) -> None:
                 records.append(record)
-                bar.update(record["rows"])
-                bar.set_postfix_str(progress_postfix(records, time.perf_counter() - started))
-                if record.get("storage_retries", 0) > retried.get(record["worker"], 0):
-                    retried[record["worker"]] = record["storage_retries"]
-                    self.notify(f"worker {record['worker']}: {counted(record['storage_retries'], 'storage call')} "
+                bar.update(record.rows)
+                bar.set_postfix_str(progress_postfix(records, time.perf_counter() - began))
+                if record.storage_retries > retried.get(record.worker, 0):
+                    retried[record.worker] = record.storage_retries
+                    self.notify(f"worker {record.worker}: {counted(record.storage_retries, 'storage call')} "
                                 "retried so far after transient failures (each logged in the worker's log)")
                 if self.on_commit:
                     self.on_commit(record)
@@ -200,13 +226,12 @@ class JobRunner:
                 report = pool.run(todo)
             finally:
                 bar.close()
-        all_records = [json.loads(storage.read_bytes(layout.commit(s))) for s in plan.shards
-                       if storage.exists(layout.commit(s))]
+        all_records = [CommitRecord.from_dict(json.loads(storage.read_bytes(layout.commit(s))))
+                       for s in plan.shards if storage.exists(layout.commit(s))]
         taken_over = lease.lost or (report is not None and report.fenced > 0)
         if taken_over:  # what this driver committed, not its successor's commits
-            all_records = [r for r in all_records
-                           if r["shard"] in committed or r.get("lease_generation") == lease.gen]
-        wall_s = time.perf_counter() - started
+            all_records = [r for r in all_records if r.shard in committed or r.lease_generation == lease.gen]
+        wall_s = time.perf_counter() - began
         if not todo:  # nothing ran now: the figures of the runs that committed the shards
             records, wall_s = all_records, commit_span(all_records)
         summary = summarize(spec, plan, all_records, records, report, len(committed), wall_s, setup_s)
@@ -214,10 +239,10 @@ class JobRunner:
             summary["shards"]["run_now"] = 0
             summary["figures_from"] = "the commit records of the runs that committed the shards"
         summary["family"] = self.family.name
-        if expansion is not None:
-            summary["augment"] = expansion.to_dict()
-        if numerics_changes:
-            summary["numerics_change_allowed"] = numerics_changes
+        if started.expansion is not None:
+            summary["augment"] = started.expansion.to_dict()
+        if started.numerics_changes:
+            summary["numerics_change_allowed"] = started.numerics_changes
         summary["warnings"] = plan.warnings()
         summary["driver_storage_retries"] = storage.retries
         if taken_over:  # another driver may hold the output now: the summary is its to write

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.config import VERIFY_QUEUE_BATCHES
+from engine.runtime.commits import PipelineFigures
+from engine.runtime.metrics import Measured, StreamMetrics
 from engine.runtime.profiling import RoundProfiler
 from engine.runtime.stages.codec import CodecStage
 from engine.runtime.stages.decode import DecodeStage
@@ -54,7 +56,7 @@ from engine.runtime.stages.prepare import PrepareStage
 from engine.runtime.stages.read import ReadStage
 from engine.runtime.stages.row import Attempt, ShardTask
 from engine.runtime.stages.write import WriteStage
-from engine.runtime.threads import STOP, Call, KeptThread, own_threads, thread_clock
+from engine.runtime.threads import STOP, Call, KeptThread, own_threads
 
 if TYPE_CHECKING:  # the quality gate's stage loads its verifiers' modules only where a job has one
     from engine.runtime.stages.verify import VerifyStage
@@ -83,22 +85,6 @@ class Again:
     """The next attempts of rows the quality gate failed, for the decode thread."""
 
     attempts: list[Attempt]
-
-
-class Counters:
-    """Cumulative figures of the pipeline; `take` returns what accrued since the last take."""
-
-    FIELDS = ("decode_rounds", "slot_rounds", "slots", "starved_slots", "split_slots", "decode_s", "decode_cpu_s",
-              "decode_waits", "decode_preempted", "io_wait_s", "verify_wait_s", "finalise_s", "overlap_s", "busy_s")
-
-    def __init__(self) -> None:
-        self.total = dict.fromkeys(self.FIELDS, 0.0)
-        self.taken = dict.fromkeys(self.FIELDS, 0.0)
-
-    def take(self, now: dict) -> dict:
-        out = {k: now[k] - self.taken[k] for k in self.FIELDS}
-        self.taken = dict(now)
-        return out
 
 
 class ShardStream:
@@ -135,24 +121,10 @@ class ShardStream:
         self.check_batch = max(1, self.decode.session.batch)
         self.verifying: queue.Queue = queue.Queue(maxsize=VERIFY_QUEUE_BATCHES * self.check_batch)
         self.verify_thread: threading.Thread | None = None
-        self.verify_wait_s = 0.0
         self.decoding: list[ShardTask] = []  # shards with attempts in the decoder (decode thread only)
         self.lock = threading.Lock()
         self.held = 0  # shards submitted and not yet resolved
-        self.waiting_io = 0  # settled shards not yet written (queued or being written)
-        self.waiting_io_max = 0
-        self.counters = Counters()
-        self.decode_s = 0.0
-        # the decode thread inside rounds: CPU seconds, and context switches (see thread_clock)
-        self.decode_cpu_s, self.decode_waits, self.decode_preempted = 0.0, 0, 0
-        self.round_started: float | None = None
-        self.io_wait_s = self.finalise_s = self.overlap_s = 0.0
-        self.busy_s, self.busy_since = 0.0, None
-        # Empty slots by cause (the decode thread counts them): `split_slots` while rows waited
-        # for another decoder (settings that cannot share a batch); the rest ran with nothing
-        # queued: a dry spell, `starved_slots` once later rows end it (the worker was waiting
-        # for its next shard), else the end of the worker's work (its last rows finishing).
-        self.starved_slots = self.split_slots = self.dry_spell = 0
+        self.metrics = StreamMetrics()  # the counters and clocks the commit records report
         self.io_thread: threading.Thread | None = None
         self.decode_done: Future | None = None  # the decode loop's run on `decode_thread`
 
@@ -162,15 +134,14 @@ class ShardStream:
         """Count a shard as held from now on (before it is prepared)."""
         with self.lock:
             if self.held == 0:
-                self.busy_since = time.perf_counter()
+                self.metrics.busy_began(time.perf_counter())
             self.held += 1
 
     def release(self) -> None:
         with self.lock:
             self.held -= 1
-            if self.held == 0 and self.busy_since is not None:
-                self.busy_s += time.perf_counter() - self.busy_since
-                self.busy_since = None
+            if self.held == 0:
+                self.metrics.busy_ended(time.perf_counter())
 
     def start_threads(self) -> None:
         with self.lock:  # shards arrive on several threads: start one loop, once
@@ -233,30 +204,18 @@ class ShardStream:
 
     # ---- figures ------------------------------------------------------------------------------
 
-    def decode_clock(self, now: float) -> float:
-        """Seconds the decode loop has spent in rounds up to `now`."""
-        started = self.round_started
-        return self.decode_s + (now - started if started is not None else 0.0)
-
-    def figures(self) -> dict:
-        """Counters accrued since the previous call (one call per commit record)."""
+    def figures(self) -> PipelineFigures:
+        """The pipeline's figures: its counters accrued since the previous call (one call per
+        commit record), the shards held, decoders made, the IO backlog's peak and the `gamma:
+        auto` choices so far."""
         now = time.perf_counter()
         with self.lock:
-            busy = self.busy_s + (now - self.busy_since if self.busy_since is not None else 0.0)
-            held = self.held
+            busy, held = self.metrics.busy_clock(now), self.held
         sched = self.decode.scheduler
-        totals = {"decode_rounds": sched.rounds, "slot_rounds": sched.slot_rounds, "slots": sched.slots,
-                  "starved_slots": self.starved_slots, "split_slots": self.split_slots,
-                  "decode_s": self.decode_clock(now), "decode_cpu_s": self.decode_cpu_s,
-                  "decode_waits": self.decode_waits, "decode_preempted": self.decode_preempted,
-                  "io_wait_s": self.io_wait_s, "verify_wait_s": self.verify_wait_s,
-                  "finalise_s": self.finalise_s, "overlap_s": self.overlap_s, "busy_s": busy}
-        out = self.counters.take(totals)
-        for k in ("decode_rounds", "slot_rounds", "slots", "starved_slots", "split_slots", "decode_waits",
-                  "decode_preempted"):
-            out[k] = int(out[k])
-        out.update(held=held, decoders=len(sched.used), io_backlog_max=self.waiting_io_max)
-        return out
+        counters = self.metrics.take(now, busy, sched)
+        return PipelineFigures(counters, held=held, decoders=len(sched.used),
+                               io_backlog_max=self.metrics.io_backlog_max,
+                               gamma_choices=[c.to_dict() for c in self.decode.session.gamma_choices])
 
     # ---- decode thread ------------------------------------------------------------------------
 
@@ -286,8 +245,7 @@ class ShardStream:
 
     def round(self) -> None:
         """One decode round; its finished rows settled, or on to the verify thread."""
-        cpu, waits, preempted = thread_clock()
-        self.round_started = start = time.perf_counter()
+        start, clock = self.metrics.round_began()
         sched = self.decode.scheduler
         slots, filled = sched.slots, sched.slot_rounds
         try:
@@ -297,17 +255,8 @@ class ShardStream:
             self.fail_all(exc)
             return
         finally:
-            self.decode_s += time.perf_counter() - start
-            self.round_started = None
-            now_cpu, now_waits, now_preempted = thread_clock()
-            self.decode_cpu_s += now_cpu - cpu
-            self.decode_waits += now_waits - waits
-            self.decode_preempted += now_preempted - preempted
-        empty = (sched.slots - slots) - (sched.slot_rounds - filled)
-        if sched.queued:
-            self.split_slots += empty
-        else:
-            self.dry_spell += empty
+            self.metrics.round_ended(start, clock)
+        self.metrics.empty((sched.slots - slots) - (sched.slot_rounds - filled), queued=bool(sched.queued))
         finished = self.decoded(done)
         if self.profiler and (self.profiler.due or self.decode.idle):
             self.profiler.finish()  # its rounds recorded, or the batch ran empty: the profile ends here
@@ -329,8 +278,7 @@ class ShardStream:
         task.remaining = len({id(a.row) for a in attempts} - {id(a.row) for a in refused})
         if task.in_decoder:
             self.decoding.append(task)
-            self.starved_slots += self.dry_spell  # the spell waited for these rows
-            self.dry_spell = 0
+            self.metrics.fed()
         else:
             self.hand_off(task)
 
@@ -360,8 +308,7 @@ class ShardStream:
         if refused is None:
             return
         if len(refused) < len(attempts):
-            self.starved_slots += self.dry_spell  # the spell waited for these rows
-            self.dry_spell = 0
+            self.metrics.fed()
         for attempt in refused:
             self.to_verify(attempt)
 
@@ -369,7 +316,7 @@ class ShardStream:
         """A decoded attempt to the verify thread; blocks while a batch of them waits (backpressure)."""
         start = time.perf_counter()
         self.verifying.put(attempt)
-        self.verify_wait_s += time.perf_counter() - start
+        self.metrics.total.verify_wait_s += time.perf_counter() - start
 
     def decoded(self, done: list[Attempt]) -> list[ShardTask]:
         """Attempts the last round finished: decoded again where they ended without a speech
@@ -421,11 +368,10 @@ class ShardStream:
         """A settled shard to the IO queue; blocks while the queue is full (backpressure)."""
         task.decoded = time.perf_counter()
         with self.lock:
-            self.waiting_io += 1
-            self.waiting_io_max = max(self.waiting_io_max, self.waiting_io)
+            self.metrics.backlog_in()
         start = time.perf_counter()
         self.io.put(task)
-        self.io_wait_s += time.perf_counter() - start
+        self.metrics.total.io_wait_s += time.perf_counter() - start
 
     # ---- verify thread ------------------------------------------------------------------------
 
@@ -487,22 +433,19 @@ class ShardStream:
                 task.future.set_result(record)
             finally:
                 with self.lock:
-                    self.waiting_io -= 1
+                    self.metrics.backlog_out()
 
-    def measured(self, start: float) -> Callable[[], dict]:
+    def measured(self, start: float) -> Callable[[], Measured]:
         """What a shard's commit record reports of the pipeline, taken when the write stage asks
-        (after its files are written): the counters since the last record, the `gamma: auto`
-        choices, and a finished profile."""
-        decoding_at_start = self.decode_clock(start)
+        (after its files are written): the figures since the last record (`figures`), and a
+        finished profile."""
+        metrics = self.metrics
+        decoding_at_start = metrics.decode_clock(start)
 
-        def figures() -> dict:
+        def measure() -> Measured:
             now = time.perf_counter()
-            self.finalise_s += now - start
-            self.overlap_s += self.decode_clock(now) - decoding_at_start
-            out = self.figures()
-            out["gamma_choices"] = [c.to_dict() for c in self.decode.session.gamma_choices]
-            profile = self.profiler.take() if self.profiler else None
-            if profile is not None:
-                out["profile"] = profile
-            return out
-        return figures
+            metrics.total.finalise_s += now - start
+            metrics.total.overlap_s += metrics.decode_clock(now) - decoding_at_start
+            figures = self.figures()
+            return Measured(figures, self.profiler.take() if self.profiler else None)
+        return measure

@@ -2,69 +2,64 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from dataclasses import asdict
 from textwrap import shorten
 
 from engine.config import JobSpec
 from engine.console import counted
 from engine.records import FAILED_EXAMPLES
+from engine.runtime.commits import CommitRecord, SplitCounts
 from engine.runtime.plan import Plan
 
 
-def acceptance(records: list[dict]) -> tuple[list[float], float]:
+def acceptance(records: list[CommitRecord]) -> tuple[list[float], float]:
     """Per-position acceptance and mean accepted length over commit records."""
-    width = max((len(r["reached"]) for r in records), default=0)
+    width = max((len(r.reached) for r in records), default=0)
     reached, accepted = [0] * width, [0] * width
     for r in records:
-        for i, (a, b) in enumerate(zip(r["reached"], r["accepted"])):
+        for i, (a, b) in enumerate(zip(r.reached, r.accepted)):
             reached[i] += a
             accepted[i] += b
-    rounds = sum(r["rounds"] for r in records)
-    mal = sum(r["emitted"] for r in records) / rounds if rounds else 0.0
+    rounds = sum(r.rounds for r in records)
+    mal = sum(r.emitted for r in records) / rounds if rounds else 0.0
     return [a / b if b else 0.0 for a, b in zip(accepted, reached)], mal
 
 
-def progress_postfix(records: list[dict], elapsed: float) -> str:
+def progress_postfix(records: list[CommitRecord], elapsed: float) -> str:
     """Audio hours, tokens/s and acceptance so far in this run."""
-    tokens = sum(r["generated_tokens"] for r in records)
-    hours = sum(r["audio_seconds"] for r in records) / 3600
+    tokens = sum(r.generated_tokens for r in records)
+    hours = sum(r.audio_seconds for r in records) / 3600
     per_pos, mal = acceptance(records)
     acc = f" acc={sum(per_pos) / len(per_pos):.2f}" if per_pos else ""
     return f"audio={hours:.3f}h tok/s={tokens / max(elapsed, 1e-9):.0f}{acc} mal={mal:.2f}"
 
 
-def slots_of(r: dict) -> int:
-    """Batch slots over the decode rounds a record accounts for."""
-    return r.get("slots", r.get("decode_rounds", 0) * r.get("batch_size", 1))
+# a worker's figures in the summary that add up its records' (seconds summed to ms, then counts)
+WORKER_SECONDS = ("decode_s", "decode_cpu_s", "codec_s", "busy_s", "io_wait_s", "finalise_s", "overlap_s")
+WORKER_COUNTS = ("decode_rounds", "slot_rounds", "decode_waits", "decode_preempted")
 
 
-def busy_of(r: dict) -> float:
-    """Worker seconds a record accounts for: time holding shards (streaming workers), else the
-    shard's wall time."""
-    return r.get("busy_s", r["wall_s"])
-
-
-def per_worker(records: list[dict]) -> dict:
-    keys = ("decode_s", "decode_cpu_s", "codec_s", "busy_s", "io_wait_s", "finalise_s", "overlap_s")
-    counts = ("decode_rounds", "slot_rounds", "decode_waits", "decode_preempted")
-    out: dict[str, dict] = defaultdict(lambda: {"shards": 0, "rows": 0, "generated_tokens": 0,
-                                                "audio_seconds": 0.0, **dict.fromkeys(keys, 0.0),
-                                                **dict.fromkeys(counts, 0), "slots": 0, "decoders": 0})
+def per_worker(records: list[CommitRecord]) -> dict:
+    """Each worker's figures over its records (the summary's `workers`), by worker."""
+    out: dict[str, dict] = {}
     for r in records:
-        w = out[r["worker"]]
+        c = r.pipeline.counters
+        w = out.setdefault(r.worker, {"shards": 0, "rows": 0, "generated_tokens": 0, "audio_seconds": 0.0,
+                                      **dict.fromkeys(WORKER_SECONDS, 0.0), **dict.fromkeys(WORKER_COUNTS, 0),
+                                      "slots": 0, "decoders": 0})
         w["shards"] += 1
-        w["rows"] += r["rows"]
-        w["generated_tokens"] += r["generated_tokens"]
-        w["audio_seconds"] = round(w["audio_seconds"] + r["audio_seconds"], 3)
-        for k in keys:
-            w[k] = round(w[k] + (busy_of(r) if k == "busy_s" else r.get(k, 0.0)), 3)
-        for k in counts:
-            w[k] += r.get(k, 0)
-        w["slots"] += slots_of(r)
-        w["decoders"] = max(w["decoders"], r.get("decoders", 0))
-        w.update(node=r.get("node"), gpu_ids=r.get("gpu_ids"), device=r.get("device"), host=r.get("host"),
-                 torch_threads=r.get("torch_threads"), omp_wait_policy=r.get("omp_wait_policy"),
-                 malloc=r.get("malloc"), rounds=r.get("round_stats"))
+        w["rows"] += r.rows
+        w["generated_tokens"] += r.generated_tokens
+        w["audio_seconds"] = round(w["audio_seconds"] + r.audio_seconds, 3)
+        seconds = (c.decode_s, c.decode_cpu_s, r.codec_s, c.busy_s, c.io_wait_s, c.finalise_s, c.overlap_s)
+        for k, v in zip(WORKER_SECONDS, seconds):
+            w[k] = round(w[k] + v, 3)
+        for k, v in zip(WORKER_COUNTS, (c.decode_rounds, c.slot_rounds, c.decode_waits, c.decode_preempted)):
+            w[k] += v
+        w["slots"] += c.slots
+        w["decoders"] = max(w["decoders"], r.pipeline.decoders)
+        w.update(node=r.node, gpu_ids=r.gpu_ids, device=r.device, host=r.host, torch_threads=r.torch_threads,
+                 omp_wait_policy=r.omp_wait_policy, malloc=r.malloc, rounds=r.round_stats)
     for w in out.values():
         w["tokens_per_s"] = round(w["generated_tokens"] / w["decode_s"], 2) if w["decode_s"] else None
         # how full the batch was while decoding (continuous batching keeps it near 1)
@@ -73,60 +68,61 @@ def per_worker(records: list[dict]) -> dict:
         # the decode thread's CPU time over its time in rounds: short of 1 when it waited for
         # the GIL or the device, or lost its core to other work (decode_waits, decode_preempted)
         w["decode_cpu_share"] = round(w["decode_cpu_s"] / w["decode_s"], 4) if w["decode_s"] else None
-    return dict(out)
+    return out
 
 
-def utilisation(records: list[dict], synth_s: float, workers: int, window: int | None = None) -> dict:
+def utilisation(records: list[CommitRecord], synth_s: float, workers: int, window: int | None = None) -> dict:
     """How busy the workers were: time holding shards over the synthesis phase (model loading
     and idle waits are the rest); batch slots filled per decode round; how long decoding waited
     for the writer (`io_wait_s`, ~0 when writing keeps up) and the share of writing time that
     ran while decoding went on (`overlap`); where the empty slots were (`empty_slots`)."""
-    busy = sum(busy_of(r) for r in records)
-    slots = sum(slots_of(r) for r in records)
-    filled = sum(r.get("slot_rounds", 0) for r in records)
-    finalise = sum(r.get("finalise_s", 0.0) for r in records)
+    counters = [r.pipeline.counters for r in records]
+    busy = sum(c.busy_s for c in counters)
+    slots = sum(c.slots for c in counters)
+    filled = sum(c.slot_rounds for c in counters)
+    finalise = sum(c.finalise_s for c in counters)
     return {"worker_busy_fraction": round(busy / (synth_s * workers), 4) if records else None,
             "slot_utilisation": round(filled / slots, 4) if slots else None,
             "empty_slots": empty_slots(records, slots, filled),
-            "io_wait_s": round(sum(r.get("io_wait_s", 0.0) for r in records), 4) if records else None,
-            "overlap": round(sum(r.get("overlap_s", 0.0) for r in records) / finalise, 4) if finalise else None,
+            "io_wait_s": round(sum(c.io_wait_s for c in counters), 4) if records else None,
+            "overlap": round(sum(c.overlap_s for c in counters) / finalise, 4) if finalise else None,
             "finalise_s": round(finalise, 4) if records else None,
             "shard_window": window}
 
 
-def empty_slots(records: list[dict], slots: int, filled: int) -> dict | None:
+def empty_slots(records: list[CommitRecord], slots: int, filled: int) -> dict | None:
     """The batch slots left empty, as shares of all slots, by cause: `waiting_for_shards` (a
     worker's queue ran dry and a later shard refilled it: a wider `shard_window` or smaller
     shards keep it fed), `other_decoders` (rows were queued, but for a decoder of other
     structural settings) and `end_of_work` (each worker's last rows finishing with nothing left
     to admit: a fixed cost per worker, so its share falls as a job grows). None for records
     written before these figures existed."""
-    if not slots or not all("starved_slots" in r for r in records):
+    if not slots or not all(r.pipeline.empty_slots_counted for r in records):
         return None
-    starved = sum(r["starved_slots"] for r in records)
-    split = sum(r["split_slots"] for r in records)
+    starved = sum(r.pipeline.counters.starved_slots for r in records)
+    split = sum(r.pipeline.counters.split_slots for r in records)
     return {"waiting_for_shards": round(starved / slots, 4), "other_decoders": round(split / slots, 4),
             "end_of_work": round((slots - filled - starved - split) / slots, 4)}
 
 
-def steady(records: list[dict], report) -> dict:
+def steady(records: list[CommitRecord], report) -> dict:
     """Throughput from the first shard handed out to the last committed (model loading and
     start-up excluded): what a sweep compares across points."""
     seconds = report.steady_s if report else None
     if not seconds:
         return {"wall_s": None, "tokens_per_s": None, "audio_s_per_s": None}
     return {"wall_s": round(seconds, 3),
-            "tokens_per_s": round(sum(r["generated_tokens"] for r in records) / seconds, 2),
-            "audio_s_per_s": round(sum(r["audio_seconds"] for r in records) / seconds, 3)}
+            "tokens_per_s": round(sum(r.generated_tokens for r in records) / seconds, 2),
+            "audio_s_per_s": round(sum(r.audio_seconds for r in records) / seconds, 3)}
 
 
-def commit_span(records: list[dict]) -> float:
+def commit_span(records: list[CommitRecord]) -> float:
     """Seconds the workers spent on `records`' shards, from the records alone (a driver that
     finds every shard committed but no summary): the union of each shard's time in its worker
     (`committed_at - wall_s` to `committed_at`), gaps between runs left out; records without a
     commit time count their busiest worker's time."""
-    if records and all("committed_at" in r for r in records):
-        spans = sorted((r["committed_at"] - r["wall_s"], r["committed_at"]) for r in records)
+    if records and all(r.committed_at is not None for r in records):
+        spans = sorted((r.committed_at - r.wall_s, r.committed_at) for r in records)
         total, end = 0.0, float("-inf")
         for start, stop in spans:
             total += max(0.0, stop - max(start, end))
@@ -134,62 +130,68 @@ def commit_span(records: list[dict]) -> float:
         return total
     busy: dict[str, float] = {}
     for r in records:
-        busy[r.get("worker", "?")] = busy.get(r.get("worker", "?"), 0.0) + busy_of(r)
+        busy[r.worker] = busy.get(r.worker, 0.0) + r.pipeline.counters.busy_s
     return max(busy.values(), default=0.0)
 
 
-def gamma_decisions(records: list[dict]) -> list[dict]:
+def gamma_decisions(records: list[CommitRecord]) -> list[dict]:
     """Distinct `gamma: auto` decisions of this run's workers (what was chosen and why)."""
     seen: dict[tuple, dict] = {}
     for r in records:
-        for c in r.get("gamma_choices", []):
-            key = (r["worker"], c["batch_size"], c["gamma"])
-            seen.setdefault(key, {"worker": r["worker"], "batch_size": c["batch_size"], "gamma": c["gamma"],
+        for c in r.pipeline.gamma_choices:  # `GammaChoice.to_dict()`s
+            key = (r.worker, c["batch_size"], c["gamma"])
+            seen.setdefault(key, {"worker": r.worker, "batch_size": c["batch_size"], "gamma": c["gamma"],
                                   "acceptance": c["acceptance"], "reason": c["reason"]})
     return list(seen.values())
 
 
-def storage_retries(records: list[dict]) -> int:
+def storage_retries(records: list[CommitRecord]) -> int:
     """Storage calls this run's workers retried after transient failures (each record carries
     its worker's running count)."""
     last: dict[str, int] = {}
     for r in records:
-        last[r["worker"]] = max(last.get(r["worker"], 0), r.get("storage_retries", 0))
+        last[r.worker] = max(last.get(r.worker, 0), r.storage_retries)
     return sum(last.values())
 
 
-def numerics_environments(records: list[dict]) -> list[dict]:
+def numerics_environments(records: list[CommitRecord]) -> list[dict]:
     """The distinct numerics environments the committed shards were decoded in, with their
     shard counts (more than one: codes are only reproducible per environment)."""
     seen: dict[str, dict] = {}
     for r in records:
-        env = r.get("numerics")
-        if env is None:
+        if r.numerics is None:
             continue
-        key = repr(sorted(env.items()))
-        seen.setdefault(key, {**env, "shards": 0})["shards"] += 1
+        key = repr(sorted(r.numerics.items()))
+        seen.setdefault(key, {**r.numerics, "shards": 0})["shards"] += 1
     return list(seen.values())
 
 
-def quality_counts(spec: JobSpec, all_records: list[dict], run_records: list[dict]) -> dict | None:
+def quality_counts(spec: JobSpec, all_records: list[CommitRecord], run_records: list[CommitRecord]) -> dict | None:
     """The quality gate's figures over every committed shard (None without the gate): rows
     checked, passed, rejected (and of those dropped), regenerated (decoded again after a failed
     attempt), attempts decoded, seconds spent checking (and per row checked), the seconds this
     run's decode loops waited for the verify thread, and the rejects files written."""
     if not spec.quality.enabled:
         return None
-    gated = [r["quality"] for r in all_records if r.get("quality")]
-    out = {k: sum(q[k] for q in gated) for k in ("checked", "passed", "rejected", "dropped", "regenerated", "decodes")}
-    verify_s = sum(q["verify_s"] for q in gated)
-    return {**out, "verify_s": round(verify_s, 3),
-            "verify_s_per_row": round(verify_s / out["checked"], 4) if out["checked"] else None,
-            "verify_wait_s": round(sum(r.get("verify_wait_s", 0.0) for r in run_records), 3),
+    gated = [r.quality for r in all_records if r.quality is not None]
+    checked = sum(q.checked for q in gated)
+    verify_s = sum(q.verify_s for q in gated)
+    return {"checked": checked, "passed": sum(q.passed for q in gated), "rejected": sum(q.rejected for q in gated),
+            "dropped": sum(q.dropped for q in gated), "regenerated": sum(q.regenerated for q in gated),
+            "decodes": sum(q.decodes for q in gated), "verify_s": round(verify_s, 3),
+            "verify_s_per_row": round(verify_s / checked, 4) if checked else None,
+            "verify_wait_s": round(sum(r.pipeline.counters.verify_wait_s for r in run_records), 3),
             "checks": spec.quality.checks, "asr": spec.quality.asr_model, "speaker": spec.quality.speaker_model,
             "attempts": spec.quality.attempts, "best_of": spec.quality.best_of, "on_reject": spec.quality.on_reject,
-            "rejects": [r["rejects"] for r in all_records if r.get("rejects")]}
+            "rejects": [r.rejects for r in all_records if r.rejects]}
 
 
-def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: list[dict], report,
+def split_of(r: CommitRecord) -> SplitCounts:
+    """A record's split counts (zeros where no row was split)."""
+    return r.split or SplitCounts()
+
+
+def summarize(spec: JobSpec, plan: Plan, all_records: list[CommitRecord], run_records: list[CommitRecord], report,
               committed_before: int, wall_s: float, setup_s: float = 0.0) -> dict:
     """Totals over every committed shard; throughput and workers of this run only.
 
@@ -197,11 +199,11 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
     included, planning, group building and cluster start-up not)."""
     synth_s = max(wall_s - setup_s, 1e-9)
     per_pos, mal = acceptance(all_records)
-    tokens = sum(r["generated_tokens"] for r in all_records)
-    audio = sum(r["audio_seconds"] for r in all_records)
-    run_tokens = sum(r["generated_tokens"] for r in run_records)
-    run_audio = sum(r["audio_seconds"] for r in run_records)
-    run_rows = sum(r["rows"] for r in run_records)
+    tokens = sum(r.generated_tokens for r in all_records)
+    audio = sum(r.audio_seconds for r in all_records)
+    run_tokens = sum(r.generated_tokens for r in run_records)
+    run_audio = sum(r.audio_seconds for r in run_records)
+    run_rows = sum(r.rows for r in run_records)
     failed = dict(report.failed) if report else {}
     return {
         "job": spec.name,
@@ -210,29 +212,29 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "method": spec.decoding.method,
         "decoding": spec.decoding.model_dump(),
         "rows": plan.rows,
-        "rows_ok": sum(r["ok"] for r in all_records),
-        "rows_failed": sum(r["failed"] for r in all_records),
-        "rows_rejected": sum(r.get("rejected", 0) for r in all_records),  # by the quality gate
+        "rows_ok": sum(r.ok for r in all_records),
+        "rows_failed": sum(r.failed for r in all_records),
+        "rows_rejected": sum(r.rejected for r in all_records),  # by the quality gate
         # rows whose speech reached the token limit (max_new_tokens or the context): audio cut there
-        "rows_cut": sum(r.get("cut", 0) for r in all_records),
-        "rows_committed": sum(r["rows"] for r in all_records),
+        "rows_cut": sum(r.cut for r in all_records),
+        "rows_committed": sum(r.rows for r in all_records),
         # long texts cut into chunks (text.split), and the rows written where chunks are rows
-        "rows_split": sum(r.get("split_rows", 0) for r in all_records),
-        "chunks": sum(r.get("chunks", 0) for r in all_records),
-        "chunk_rows": (sum(r.get("written_rows", 0) for r in all_records)  # split_output: rows
-                       if any("written_rows" in r for r in all_records) else None),
+        "rows_split": sum(split_of(r).split_rows for r in all_records),
+        "chunks": sum(split_of(r).chunks for r in all_records),
+        "chunk_rows": (sum(r.written_rows or 0 for r in all_records)  # split_output: rows
+                       if any(r.written_rows is not None for r in all_records) else None),
         # split rows cut below clauses (a clause too long for its budget), and their word cuts
-        "rows_split_at_words": sum(r.get("word_split_rows", 0) for r in all_records),
-        "word_cuts": sum(r.get("word_cuts", 0) for r in all_records),
+        "rows_split_at_words": sum(split_of(r).word_split_rows for r in all_records),
+        "word_cuts": sum(split_of(r).word_cuts for r in all_records),
         # chunks decoded again after ending without a speech code (text.chunk_retries)
-        "chunk_retries": sum(r.get("chunk_retries", 0) for r in all_records),
+        "chunk_retries": sum(split_of(r).chunk_retries for r in all_records),
         "audio_seconds": round(audio, 3),
         "audio_hours": round(audio / 3600, 5),
         "generated_tokens": tokens,
-        "target_calls": sum(r["rounds"] for r in all_records),
+        "target_calls": sum(r.rounds for r in all_records),
         "acceptance_per_position": [round(x, 4) for x in per_pos],
         "mean_accepted_length": round(mal, 4),
-        "thinning_trials": sum(r["thinning_trials"] for r in all_records),
+        "thinning_trials": sum(r.thinning_trials for r in all_records),
         "shards": {"total": len(plan.shards), "committed": len(all_records),
                    "committed_before": committed_before, "run_now": len(run_records),
                    "retries": report.retries if report else 0,
@@ -242,8 +244,8 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "failed_shards": failed,
         "output_format": spec.output.format,
         # the first failed rows (id, error, shard) in shard order; every error record is in the output
-        "failed_examples": [{**e, "shard": r["shard"]} for r in sorted(all_records, key=lambda r: r["shard"])
-                            for e in r.get("failed_rows", [])][:FAILED_EXAMPLES],
+        "failed_examples": [{**asdict(e), "shard": r.shard} for r in sorted(all_records, key=lambda r: r.shard)
+                            for e in r.failed_rows][:FAILED_EXAMPLES],
         "wall_s": round(wall_s, 3),
         "setup_s": round(setup_s, 3),
         "throughput": {"tokens_per_s": round(run_tokens / synth_s, 2) if run_records else None,
@@ -258,17 +260,18 @@ def summarize(spec: JobSpec, plan: Plan, all_records: list[dict], run_records: l
         "storage_retries": storage_retries(run_records),
         "steady": steady(run_records, report),
         # decode-loop profiles this run wrote (`profile.rounds`), one per worker process
-        "profiles": [r["profile"] for r in run_records if r.get("profile")],
+        "profiles": [r.profile for r in run_records if r.profile],
         "quality": quality_counts(spec, all_records, run_records),
         "rounds": round_figures(run_records),
     }
 
 
-def round_figures(records: list[dict]) -> dict | None:
-    """How this run's workers ran their rounds (each record carries its worker's running figures;
-    the last of each worker counts): the compile mode, rounds, graph launches, host and device
-    milliseconds per round, graphs compiled, their seconds and how many the on-disk cache served."""
-    last = {r["worker"]: r["round_stats"] for r in records if r.get("round_stats")}
+def round_figures(records: list[CommitRecord]) -> dict | None:
+    """How this run's workers ran their rounds (each record carries its worker's running figures,
+    `RoundStats.to_dict()`; the last of each worker counts): the compile mode, rounds, graph
+    launches, host and device milliseconds per round, graphs compiled, their seconds and how many
+    the on-disk cache served."""
+    last = {r.worker: r.round_stats for r in records if r.round_stats}
     if not last:
         return None
     total = {k: sum(w[k] for w in last.values())

@@ -32,6 +32,7 @@ from engine.io.lease import Fence
 from engine.io.storage import Storage
 from engine.models.device import resolve_device
 from engine.models.malloc import described as malloc_described
+from engine.runtime.commits import CommitRecord
 from engine.runtime.numerics import worker_device
 from engine.runtime.plan import Layout, Shard
 from engine.runtime.profiling import RoundProfiler
@@ -252,7 +253,7 @@ class ShardProcessor:
         return self.stream.on_io_thread(lambda: self.models.prompt_cache.encode(self.codec, wave)).result()
 
     def submit(self, shard: Shard, attempt: int = 1, fence: Fence | None = None) -> Future:
-        """Hand a shard to the pipeline; the future resolves to its commit record (or to the
+        """Hand a shard to the pipeline; the future resolves to its `CommitRecord` (or to the
         error that failed it). Its read and prepare stages run here, on the caller's thread,
         while the decode loop decodes other shards. With a `fence` (the driver's lease), the
         shard is refused at once if a newer driver holds the output, and every write it makes is
@@ -273,7 +274,7 @@ class ShardProcessor:
             raise
         return self.stream.submit(ShardTask(shard, attempt, rows, received, fence=fence))
 
-    def process(self, shard: Shard, attempt: int = 1, fence: Fence | None = None) -> dict:
+    def process(self, shard: Shard, attempt: int = 1, fence: Fence | None = None) -> CommitRecord:
         """Synthesize one shard, write its files, then its commit record."""
         return self.submit(shard, attempt, fence).result()
 

@@ -31,6 +31,7 @@ from engine.decoding.round import RoundPlan, decode_round
 from engine.decoding.speculative import Request, SpeculativeDecoder
 from engine.decoding.verify import Block, ExactRule, PCGRule, SSDRule, TopKRule
 from engine.groups.csr import GroupIndex
+from engine.knobs import SamplingSteps
 from engine.models.device import CPU_AUTO_COMPILE, resolve_compile
 
 TEXTS = ["Hi.", "The quick brown fox jumps over the lazy dog.", "Call Stella and ask her to bring these things.",
@@ -101,7 +102,7 @@ def admitted(synth: Synthesizer, mix: tuple[str, ...]) -> tuple[SpeculativeDecod
                             rule=rules[mix[i % len(mix)]] if mix else None) for i in range(4)])
     decoder.advance()  # admits the rows and runs one eager round
     plan = decoder.plan(sorted(decoder.owner))
-    assert plan.sampled and plan.greedy and plan.penalty and plan.top_p and plan.max_top_k == 30
+    assert plan.steps == SamplingSteps(sampled=True, greedy=True, penalty=True, top_p=True, max_top_k=30)
     assert len(plan.rules) == len(mix)
     return decoder, plan
 
@@ -309,12 +310,15 @@ def test_a_round_whose_graph_does_not_compile_runs_eagerly_under_auto_and_fails_
 
 
 def test_a_jobs_summary_says_which_workers_rounds_fell_back_to_eager():
+    from engine.runtime.commits import CommitRecord
     from engine.runtime.summary import round_figures
 
-    def stats(mode, failed=None):
-        return graphs.RoundStats(mode=mode, rounds=10, host_s=0.1, compiles=1, compile_failed=failed).to_dict()
-    records = [{"worker": "w0", "round_stats": stats("inductor")},
-               {"worker": "w1", "round_stats": stats("none", "InductorError: no C++ compiler")}]
+    def record(worker, mode, failed=None):
+        stats = graphs.RoundStats(mode=mode, rounds=10, host_s=0.1, compiles=1, compile_failed=failed).to_dict()
+        return CommitRecord(shard=f"shard-{worker}", rows=1, ok=1, failed=0, audio_seconds=1.0, generated_tokens=10,
+                            rounds=10, emitted=10, reached=[], accepted=[], thinning_trials=0, wall_s=1.0,
+                            worker=worker, round_stats=stats)
+    records = [record("w0", "inductor"), record("w1", "none", "InductorError: no C++ compiler")]
     figures = round_figures(records)
     assert figures["modes"] == ["inductor", "none"] and figures["rounds"] == 20
     assert figures["compile_failed"] == ["InductorError: no C++ compiler"]
@@ -339,7 +343,7 @@ def test_compile_settings_are_checked(small_kit):
     assert resolve_compile("auto", "cpu") == CPU_AUTO_COMPILE and resolve_compile("auto", "cpu", "int8") == "none"
     assert resolve_compile("auto", "cuda") == "cudagraphs" and resolve_compile("inductor", "cuda") == "inductor"
     groups = GroupIndex.__new__(GroupIndex)  # a plan names its rules; none is run here
-    assert RoundPlan(3, (PCGRule(groups, 5),), True, False, False, False, 0, 64).trials == 5
+    assert RoundPlan(3, (PCGRule(groups, 5),), SamplingSteps(sampled=True), 64).trials == 5
 
 
 @pytest.mark.parametrize("max_trials", [1])

@@ -150,7 +150,7 @@ def test_a_job_worker_with_an_int8_draft_gives_the_apis_codes(kit_dir, kit_group
         records = [processor.submit(s).result(timeout=600) for s in make_plan(spec, processor.storage).shards]
     finally:
         processor.close()
-    out = {row["id"]: row["codes"] for r in records for row in pq.read_table(r["data"]).to_pylist()}
+    out = {row["id"]: row["codes"] for r in records for row in pq.read_table(r.data).to_pylist()}
     items = [SynthesisItem(text=r["text"], id=r["id"]) for r in rows]
     results, _ = synth_int8.synthesize(items, spec.decoding, batch_size=2)
     assert {r.id: r.codes for r in results} == out

@@ -68,9 +68,9 @@ def test_a_worker_killed_holding_shards_is_replaced_and_they_are_redone_identica
     def kill_once(record):
         # this shard and three uncommitted ones (8 shards: each worker holds its fair share, 4):
         # one more may commit before the kill lands, at least two are still held
-        if not killed and record["held"] >= 4:
+        if not killed and record.pipeline.held >= 4:
             killed.append(record)
-            os.kill(record["pid"], signal.SIGKILL)  # a real crash of the worker process
+            os.kill(record.pid, signal.SIGKILL)  # a real crash of the worker process
 
     spec = gpu_spec(kit_dir, tmp_path, rows=16, workers=2, dtype="float64")
     summary = JobRunner(spec, progress=False, on_commit=kill_once).run()
@@ -90,7 +90,7 @@ def test_a_node_removed_mid_job_leaves_the_rest_to_finish(cluster, kit_dir, tmp_
 
     def remove_node_once(record):
         if not removed:
-            victim = next(n for nid, n in by_id.items() if nid != record["node"])
+            victim = next(n for nid, n in by_id.items() if nid != record.node)
             cluster.remove_node(victim)
             removed.append(victim.node_id)
 

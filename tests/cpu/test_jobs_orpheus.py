@@ -116,9 +116,9 @@ def test_a_killed_orpheus_worker_is_replaced_and_its_shards_redone_identically(t
     killed = []
 
     def kill_once(record):
-        if not killed and record["held"] >= 3:
+        if not killed and record.pipeline.held >= 3:
             killed.append(record)
-            os.kill(record["pid"], signal.SIGKILL)
+            os.kill(record.pid, signal.SIGKILL)
 
     spec = orpheus_job(orpheus_kit_dir, tmp_path, 11, resources={"workers": 2, "rows_per_shard": 2})
     summary = JobRunner(spec, progress=False, on_commit=kill_once).run()

@@ -25,6 +25,7 @@ from engine.config import VERIFY_QUEUE_BATCHES, DecodingSettings, QualitySpec
 from engine.io.dataset import quality_schema
 from engine.metrics.gate import QualityGate
 from engine.records import AttemptScores, SynthesisResult, attempt_seed
+from engine.runtime.commits import CommitRecord
 from engine.runtime.job import JobRunner
 from engine.runtime.plan import make_plan
 from engine.runtime.preflight import dry_run, dry_run_text
@@ -54,7 +55,7 @@ def decisions(root: Path) -> list[tuple]:
     return sorted(out, key=lambda d: d[0])
 
 
-def processor_run(spec, processor: ShardProcessor | None = None) -> tuple[ShardProcessor, list[dict]]:
+def processor_run(spec, processor: ShardProcessor | None = None) -> tuple[ShardProcessor, list[CommitRecord]]:
     """Every shard of `spec` through a ShardProcessor (the worker without Ray; `processor`: one
     whose models are reused); returns it, left open, and the commit records."""
     processor = processor.reuse(spec) if processor is not None else ShardProcessor(spec)
@@ -155,7 +156,7 @@ def test_best_of_three_keeps_the_candidate_the_gate_scores_best(kit_dir, synth64
     try:
         gate = QualityGate(spec.quality, processor.stages.verify.gate.asr, processor.stages.verify.gate.speaker,
                            processor.codec)
-        assert records[0]["quality"]["decodes"] == 9
+        assert records[0].quality.decodes == 9
         for row in rows_of(tmp_path / "out", "data"):
             base = json.loads(row["attempt_scores"])[0]["seed"]
             items = [SynthesisItem(text=row["text"], id=row["id"], seed=attempt_seed(base, n), **prompt)
@@ -273,9 +274,9 @@ def test_a_worker_killed_while_checking_rows_changes_nothing_and_a_resume_neithe
     killed = []
 
     def kill_once(record):  # three held shards still decoding or being checked
-        if not killed and record["held"] >= 3:
+        if not killed and record.pipeline.held >= 3:
             killed.append(record)
-            os.kill(record["pid"], signal.SIGKILL)
+            os.kill(record.pid, signal.SIGKILL)
 
     summary = JobRunner(spec, progress=False, on_commit=kill_once).run()
     assert killed and summary["shards"]["retries"] >= 2 and summary["shards"]["committed"] == 4
@@ -347,7 +348,7 @@ def test_a_row_whose_audio_makes_the_asr_raise_is_an_error_record(kit_dir, tmp_p
     processor, records = processor_run(spec)
     processor.close()
     out = {r["id"]: r for r in rows_of(tmp_path / "out", "data")}
-    assert sorted(out) == [r["id"] for r in rows] and records[0]["failed"] == 1
+    assert sorted(out) == [r["id"] for r in rows] and records[0].failed == 1
     broken = out["u001"]
     assert broken["error"].startswith("quality check failed: RuntimeError") and broken["audio"] is None
     for ident in ("u000", "u002", "u003"):

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,10 @@ import soundfile as sf
 import torch
 
 from engine import SynthesisItem
+from engine.decoding.adaptive import PilotMeasures
 from engine.io.manifest import ManifestRow
 from engine.io.storage import Storage
+from engine.runtime.commits import CommitRecord
 from engine.runtime.plan import make_plan
 from engine.runtime.stages.row import ShardTask
 from engine.runtime.summary import per_worker
@@ -39,7 +42,7 @@ def manifest_with_temperatures(path: Path, n: int) -> tuple[Path, list[dict]]:
     return write_manifest(path, rows), rows
 
 
-def run_shards(processor: ShardProcessor, spec, together: bool = False) -> list[dict]:
+def run_shards(processor: ShardProcessor, spec, together: bool = False) -> list[CommitRecord]:
     """Submit every shard of the plan (all held at once, as an actor's window). `together`: the
     decode thread starts its first round only once all are prepared, so every shard is admitted
     before it and the rounds do not depend on how fast shards are read."""
@@ -67,21 +70,22 @@ def test_per_row_temperatures_share_one_decoder_and_match_the_api(kit_dir, kit_g
         records = run_shards(processor, spec, together=True)
     finally:
         processor.close()
-    assert all(r["decoders"] == 1 for r in records)  # 4 temperatures, one batch
+    assert all(r.pipeline.decoders == 1 for r in records)  # 4 temperatures, one batch
+    counters = [r.pipeline.counters for r in records]
     # no slot waited for another decoder's rows, nor for a shard (all admitted before round one)
-    assert sum(r["split_slots"] + r["starved_slots"] for r in records) == 0
-    slot_rounds, slots = sum(r["slot_rounds"] for r in records), sum(r["slots"] for r in records)
+    assert sum(c.split_slots + c.starved_slots for c in counters) == 0
+    slot_rounds, slots = sum(c.slot_rounds for c in counters), sum(c.slots for c in counters)
     # 4 rows per temperature: a decoder per temperature would fill at most 4 slots of 8
     assert slot_rounds / slots > 0.5
-    assert sum(r["decode_rounds"] for r in records) < sum(r["rounds"] for r in records) / 4
+    assert sum(c.decode_rounds for c in counters) < sum(r.rounds for r in records) / 4
     # the decode thread over its rounds: CPU time within their wall time, switches counted
-    assert all(isinstance(r["decode_waits"], int) and isinstance(r["decode_preempted"], int) for r in records)
-    worker = per_worker([{**r, "worker": "w0"} for r in records])["w0"]
+    assert all(isinstance(c.decode_waits, int) and isinstance(c.decode_preempted, int) for c in counters)
+    worker = per_worker([replace(r, worker="w0") for r in records])["w0"]
     assert 0 < worker["decode_cpu_s"] <= worker["decode_s"] * 1.05 + 0.05
     assert worker["decode_cpu_share"] == round(worker["decode_cpu_s"] / worker["decode_s"], 4)
     out = {}
     for r in records:
-        for row in pq.read_table(r["data"]).to_pylist():
+        for row in pq.read_table(r.data).to_pylist():
             out[row["id"]] = row["codes"]
     assert sorted(out) == [r["id"] for r in rows]
     assert 1 <= len(out[rows[5]["id"]]) <= 3
@@ -189,9 +193,9 @@ def test_slow_storage_holds_decoding_back_and_bounds_waiting_shards(kit_dir, tmp
     assert len(records) == 6
     assert storage.ended_by_until  # decoding waited for the writer (the held upload)
     # decoded shards in memory: one being written, `io_queue` queued, one blocked handing off
-    assert max(r["io_backlog_max"] for r in records) == io_queue + 2
+    assert max(r.pipeline.io_backlog_max for r in records) == io_queue + 2
     for r in records:  # every commit record after its data file
-        shard = r["shard"]
+        shard = r.shard
         assert storage.writes.index(f"{shard}.json") > storage.writes.index(f"{shard}.parquet")
 
 
@@ -213,9 +217,9 @@ def test_a_failing_write_fails_only_its_shard(kit_dir, tmp_path):
         futures = [processor.submit(s) for s in plan.shards]
         with pytest.raises(OSError, match="disk full"):
             futures[1].result(timeout=600)
-        assert [futures[i].result(timeout=600)["shard"] for i in (0, 2)] == ["shard-00000", "shard-00002"]
+        assert [futures[i].result(timeout=600).shard for i in (0, 2)] == ["shard-00000", "shard-00002"]
         again = processor.process(plan.shards[0], attempt=2)  # the worker goes on
-        assert again["rows"] == 2
+        assert again.rows == 2
     finally:
         processor.close()
     assert not (tmp_path / "out" / "_commits" / "shard-00001.json").exists()
@@ -239,13 +243,14 @@ def test_empty_slots_are_told_apart_by_cause(kit_dir, tmp_path):
         second = processor.submit(plan.shards[1]).result(timeout=600)
     finally:
         processor.close()
-    first_empty = first["slots"] - first["slot_rounds"]
-    second_empty = second["slots"] - second["slot_rounds"]
-    assert first_empty >= 4 * first["decode_rounds"] > 0  # 4 rows in 8 slots
-    assert first["starved_slots"] == 0 and first["split_slots"] == 0  # not known yet at its commit
-    assert second["starved_slots"] == first_empty and second["split_slots"] == 0
+    one, two = first.pipeline.counters, second.pipeline.counters
+    first_empty = one.slots - one.slot_rounds
+    second_empty = two.slots - two.slot_rounds
+    assert first_empty >= 4 * one.decode_rounds > 0  # 4 rows in 8 slots
+    assert one.starved_slots == 0 and one.split_slots == 0  # not known yet at its commit
+    assert two.starved_slots == first_empty and two.split_slots == 0
     empty = utilisation([first, second], synth_s=1.0, workers=1)["empty_slots"]
-    slots = first["slots"] + second["slots"]
+    slots = one.slots + two.slots
     assert empty == {"waiting_for_shards": round(first_empty / slots, 4), "other_decoders": 0.0,
                      "end_of_work": round(second_empty / slots, 4)}
 
@@ -291,7 +296,7 @@ def test_worker_warms_up_on_the_threads_that_decode_and_write(kit_dir, tmp_path)
     assert seen["encode"] == {"shard-io"}
     # only the decode thread runs torch ops on several CPU threads (the constructing thread's count)
     assert threads == {"decode": torch.get_num_threads(), "io": 1, "new": torch.get_num_threads()}
-    assert records[0]["torch_threads"] == records[0]["numerics"]["threads"] == torch.get_num_threads()
+    assert records[0].torch_threads == records[0].numerics["threads"] == torch.get_num_threads()
 
 
 def test_own_threads_outlast_a_later_change_of_the_default():
@@ -367,9 +372,10 @@ def test_a_worker_profiles_the_rounds_asked_and_writes_them_with_a_shard(kit_dir
             records = run_shards(processor, spec)
         finally:
             processor.close()
-        named = [r["profile"] for r in records if "profile" in r]
+        named = [r.profile for r in records if r.profile is not None]
         assert len(named) == 1 and named[0] == str(tmp_path / name / "_profiles" / f"w0-{os.getpid()}.json")
-        figures[name] = (json.loads(Path(named[0]).read_text()), sum(r["decode_rounds"] for r in records))
+        rounds = sum(r.pipeline.counters.decode_rounds for r in records)
+        figures[name] = (json.loads(Path(named[0]).read_text()), rounds)
     some, _ = figures["some"]
     assert (some["rounds"], some["skipped_rounds"], some["worker"]) == (3, 2, "w0")
     spread = some["round_ms"]
@@ -431,20 +437,20 @@ def test_loaded_models_serve_another_job_as_fresh_ones_and_other_models_are_refu
     try:
         run_shards(processor, spec)
         models, first_thread = processor.models, decode_thread(processor)
-        processor.synth._gamma[("measured", 2)] = (0.5, 0.0, {})  # as a `gamma: auto` pilot leaves it
+        processor.synth.pilot.measured[("measured", 2)] = PilotMeasures(0.5, 0.0, {})  # as a pilot leaves it
         processor = processor.reuse(job("b", batch_size=4), worker_id="w1")
         assert processor.models is models and processor.synth.batch_size == 4
         # the next job decodes on the same thread (a thread's CUDA-graph trees are its own)
         assert decode_thread(processor) == first_thread == models.decode_thread.thread.ident
-        assert processor.synth._gamma == {}  # the next job measures for itself
+        assert processor.synth.pilot.measured == {}  # the next job measures for itself
         records = run_shards(processor, processor.spec)
-        assert {r["worker"] for r in records} == {"w1"} and {r["batch_size"] for r in records} == {4}
+        assert {r.worker for r in records} == {"w1"} and {r.batch_size for r in records} == {4}
         assert codes(processor.spec) == codes(spec) and len(codes(spec)) == 6
         other = processor.spec.model_copy(update={"models": spec.models.model_copy(update={"dtype": "float32"})})
         with pytest.raises(ValueError, match="other models"):
             processor.reuse(other)
         again = run_shards(processor, processor.spec)  # still serving: threads not closed by the refusal
-        assert [r["generated_tokens"] for r in again] == [r["generated_tokens"] for r in records]
+        assert [r.generated_tokens for r in again] == [r.generated_tokens for r in records]
     finally:
         processor.close()
     assert models.decode_thread.thread is None and not any(t.ident == first_thread for t in threading.enumerate())

@@ -181,7 +181,7 @@ def test_a_job_worker_drafts_with_stream_heads_and_gives_the_apis_codes(kit_dir,
         records = [processor.submit(s).result(timeout=600) for s in make_plan(spec, processor.storage).shards]
     finally:
         processor.close()
-    out = {row["id"]: row["codes"] for r in records for row in pq.read_table(r["data"]).to_pylist()}
+    out = {row["id"]: row["codes"] for r in records for row in pq.read_table(r.data).to_pylist()}
     results, _ = streams64.synthesize([SynthesisItem(text=r["text"], id=r["id"]) for r in rows], spec.decoding,
                                       batch_size=2)
     assert {r.id: r.codes for r in results} == out

@@ -21,6 +21,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -39,6 +40,8 @@ from engine.io.formats import write_shard
 from engine.io.lease import FencedStorage
 from engine.io.storage import Storage, join
 from engine.records import FAILED_EXAMPLES, aggregate
+from engine.runtime.commits import CommitRecord, FailedRow, QualityFigures, SplitCounts
+from engine.runtime.metrics import Measured
 from engine.runtime.plan import Layout
 from engine.runtime.stages.codec import CodecStage
 from engine.runtime.stages.row import Row, ShardTask
@@ -122,8 +125,8 @@ class WriteStage:
                 writer.write_table(table)
         return buffer.getvalue()
 
-    def __call__(self, task: ShardTask, figures: Callable[[], dict]) -> dict:
-        """Write the shard's files, then its commit record (returned). `figures()` gives what the
+    def __call__(self, task: ShardTask, measure: Callable[[], Measured]) -> CommitRecord:
+        """Write the shard's files, then its commit record (returned). `measure()` gives what the
         pipeline measured since the last record (taken when called, after the files are written)."""
         shard = task.shard
         storage = FencedStorage(self.storage, task.fence) if task.fence is not None else self.storage
@@ -139,59 +142,61 @@ class WriteStage:
         rows_rejected = sum(row.rejected for row in task.rows)
         failed = [row for row in silent if not row.rejected]
         stats = aggregate([s for row in task.rows for s in row.work()])  # every attempt decoded
-        measured = figures()
-        profile = measured.pop("profile", None)
-        record = {
-            "shard": shard.id, "manifest": shard.manifest, "rows": shard.rows, "ok": ok,
-            "failed": shard.rows - ok - rows_rejected, "rejected": rows_rejected,
-            "failed_rows": [{"id": row.result.id, "error": row_error(row)} for row in failed[:FAILED_EXAMPLES]],
-            "cut": sum(out.result.cut for out in kept),  # rows written whose audio stops at the token limit
-            "audio_seconds": round(files.audio_seconds, 3), "generated_tokens": stats.generated_tokens,
-            "rounds": stats.rounds, "emitted": stats.emitted, "reached": stats.reached,
-            "accepted": stats.accepted, "thinning_trials": stats.thinning_trials,
-            "codec_s": round(task.codec_s, 3),
-            "wall_s": round(time.perf_counter() - task.received, 4), "attempt": task.attempt,
-            "batch_size": self.spec.resources.batch_size,
-            **{k: round(v, 4) if isinstance(v, float) else v for k, v in measured.items()},
-            **(self.verdicts(task) if self.quality else {}),
-            **split_counts(task.rows, len(kept) if self.as_rows else None),
-            "data": self.layout.data(shard) if self.spec.output.format == "hf-parquet" else None,
-            "format": self.spec.output.format, "files": files.files, "errors": files.errors,
+        measured = measure()
+        figures = measured.figures
+        quality, rejects = self.verdicts(task) if self.quality else (None, None)
+        split = split_counts(task.rows, None)  # its split rows' counts (empty: none was split)
+        record = CommitRecord(
+            shard=shard.id, manifest=shard.manifest, rows=shard.rows, ok=ok,
+            failed=shard.rows - ok - rows_rejected, rejected=rows_rejected,
+            failed_rows=[FailedRow(row.result.id, row_error(row)) for row in failed[:FAILED_EXAMPLES]],
+            cut=sum(out.result.cut for out in kept),  # rows written whose audio stops at the token limit
+            audio_seconds=round(files.audio_seconds, 3), generated_tokens=stats.generated_tokens,
+            rounds=stats.rounds, emitted=stats.emitted, reached=stats.reached,
+            accepted=stats.accepted, thinning_trials=stats.thinning_trials,
+            codec_s=round(task.codec_s, 3),
+            wall_s=round(time.perf_counter() - task.received, 4), attempt=task.attempt,
+            batch_size=self.spec.resources.batch_size,
+            pipeline=replace(figures, counters=figures.counters.rounded(4)),
+            quality=quality, rejects=rejects,
+            split=SplitCounts(**split) if split else None,
+            written_rows=len(kept) if self.as_rows else None,
+            data=self.layout.data(shard) if self.spec.output.format == "hf-parquet" else None,
+            format=self.spec.output.format, files=files.files, errors=files.errors,
             **self.worker_info(),
-            "storage_retries": self.storage.retries,  # this worker's, so far (transient failures ridden out)
-        }
-        if profile is not None:  # finished with this shard's rounds: written once, named in this record
-            record["profile"] = self.write_profile(profile, record, storage)
-        record["committed_at"] = round(time.time(), 3)  # unix time: the span of a job's commits
+            storage_retries=self.storage.retries,  # this worker's, so far (transient failures ridden out)
+        )
+        if measured.profile is not None:  # finished with this shard's rounds: written once, named in this record
+            record.profile = self.write_profile(measured.profile, record, storage)
+        record.committed_at = round(time.time(), 3)  # unix time: the span of a job's commits
         if isinstance(storage, FencedStorage):
-            storage.write_commit(self.layout.commit(shard), record)
-            record["lease_generation"] = task.fence.generation
+            storage.write_commit(self.layout.commit(shard), record.to_dict())
+            record.lease_generation = task.fence.generation
         else:
-            storage.write_bytes(self.layout.commit(shard), json.dumps(record, indent=1).encode())
+            storage.write_bytes(self.layout.commit(shard), json.dumps(record.to_dict(), indent=1).encode())
         return record
 
-    def verdicts(self, task: ShardTask) -> dict:
-        """The quality gate's figures of a shard, over what was decoded (rows, or the parts of
-        split rows: each is checked on its own): checked, kept, rejected, decoded more than once,
-        attempts decoded, seconds spent checking."""
+    def verdicts(self, task: ShardTask) -> tuple[QualityFigures, str | None]:
+        """The quality gate's part of a shard's commit record: its figures over what was decoded
+        (rows, or the parts of split rows: each is checked on its own), and the shard's rejects
+        file (None: none written)."""
         units = task.units()
         judged = [u.result.quality for u in units if u.result.quality is not None]
+        failing = sum(not v.passed for v in judged)
         dropped = self.spec.quality.on_reject == "drop"
-        return {"quality": {"checked": len(judged), "passed": sum(v.passed for v in judged),
-                            "rejected": sum(not v.passed for v in judged),
-                            "dropped": sum(not v.passed for v in judged) if dropped else 0,
-                            "regenerated": sum(len(v.attempts) > 1 for v in judged) if self.spec.quality.best_of == 1
-                            else 0,
-                            "decodes": sum(len(u.attempts) for u in units),
-                            "verify_s": round(task.verify_s, 4)},
-                "rejects": self.rejects(task.shard) if any(not v.passed for v in judged) and not dropped else None}
+        figures = QualityFigures(
+            checked=len(judged), passed=sum(v.passed for v in judged), rejected=failing,
+            dropped=failing if dropped else 0,
+            regenerated=sum(len(v.attempts) > 1 for v in judged) if self.spec.quality.best_of == 1 else 0,
+            decodes=sum(len(u.attempts) for u in units), verify_s=round(task.verify_s, 4))
+        return figures, self.rejects(task.shard) if failing and not dropped else None
 
-    def write_profile(self, profile: dict, record: dict, storage: Storage) -> str:
+    def write_profile(self, profile: dict, record: CommitRecord, storage: Storage) -> str:
         """Write a finished decode-loop profile under `_profiles/` (and its Chrome trace, if
         kept); returns the profile's URI."""
         trace = profile.pop("trace_gz", None)
-        name = f"{record['worker']}-{os.getpid()}"
-        profile = {"worker": record["worker"], "pid": os.getpid(), "device": record["device"],
+        name = f"{record.worker}-{os.getpid()}"
+        profile = {"worker": record.worker, "pid": os.getpid(), "device": record.device,
                    "batch_size": self.spec.resources.batch_size, **profile}
         if trace is not None:
             profile["trace"] = self.layout.profile(f"{name}.trace.json.gz")
