@@ -12,6 +12,7 @@ from engine.config import DecodingSettings
 from engine.families.base import Family, OutputSpace, SpeechLayout
 from engine.families.llasa import FAMILY as LLASA
 from engine.families.orpheus import FAMILY as ORPHEUS
+from engine.knobs import GREEDY_OFF  # sampling knobs a greedy setting must leave off
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLASA, ORPHEUS)}
 FAMILY_NAMES: tuple[str, ...] = tuple(FAMILIES)
@@ -58,9 +59,6 @@ def resolve(tokenizer, name: str = "auto", where: str = "the checkpoint") -> Fam
         raise UnknownFamily(f"{where} is a checkpoint of the {found.name} family ({found.title}), not {name}: "
                             f"set models.family to {found.name} or auto")
     return found
-
-
-GREEDY_OFF = ("top_p", "top_k")  # sampling knobs a greedy setting must leave off
 
 
 def family_settings(settings: DecodingSettings, family: Family) -> DecodingSettings:
