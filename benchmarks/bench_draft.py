@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import DecodingSettings, Synthesizer  # noqa: E402
-from engine.draft.evaluate import HELDOUT_TEXTS, evaluate_drafts  # noqa: E402
+from engine.draft.evaluate import HELDOUT_TEXTS, ModelLoading, evaluate_drafts  # noqa: E402
 from engine.draft.init import init_draft  # noqa: E402
 from engine.draft.run import train_draft  # noqa: E402
 from engine.draft.settings import TrainSettings  # noqa: E402
@@ -89,8 +89,8 @@ def main() -> None:
         evals = [r for r in log if "heldout_acceptance" in r]
         losses = [r["loss"] for r in log if "loss" in r]
         result = evaluate_drafts(target, [init, kit / "draft", tmp / "trained"], HELDOUT_TEXTS,
-                                 ("exact", "pcg"), max_new_tokens=args.eval_max_new_tokens, device="cpu",
-                                 dtype="float32", progress=True)
+                                 ("exact", "pcg"), DecodingSettings(max_new_tokens=args.eval_max_new_tokens),
+                                 ModelLoading(device="cpu", dtype="float32"), progress=True)
     names = {str(init): "untrained subset", str(kit / "draft"): "kit draft (24 KD steps in kit build)",
              str(tmp / "trained"): f"distilled here ({args.steps} KD steps)"}
     kit_info = json.loads((kit / "kit.json").read_text())

@@ -92,11 +92,11 @@ def main() -> None:
     import torch
     from bench_nucleus import kit_logits
 
-    from engine.bench.presets import load_synthesizer
+    from engine.bench.presets import LoadOptions, load_synthesizer
 
     torch.set_num_threads(args.threads)
     load0 = round(os.getloadavg()[0], 2)
-    synth, _ = load_synthesizer("tiny", kit=args.kit, device="cpu", dtype="auto", compile="none")
+    synth, _ = load_synthesizer("tiny", kit=args.kit, options=LoadOptions("cpu", "auto", "none"))
     groups = synth.rule(decoder_settings()).groups
     logits = kit_logits(args.kit, 2)
     masses = []

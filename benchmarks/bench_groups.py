@@ -72,6 +72,7 @@ def main() -> None:
 
     from engine.groups.build import build_groups
     from engine.groups.distributed import build_groups_distributed
+    from engine.groups.options import GroupsBuild
 
     emb = np.random.default_rng(args.seed).standard_normal((args.tokens, args.dim), dtype=np.float32)
     flops = 2.0 * args.tokens * args.tokens * args.dim
@@ -87,8 +88,8 @@ def main() -> None:
     ray_start = round(time.perf_counter() - start, 2)
     for n in counts:
         row, groups = timed(f"ray, {n} CPU worker{'s' if n > 1 else ''} (1 thread each)",
-                            lambda n=n: build_groups_distributed(emb, args.theta, workers=n,
-                                                                 backend=args.backend), flops)
+                            lambda n=n: build_groups_distributed(
+                                emb, GroupsBuild(args.theta, backend=args.backend, workers=n)), flops)
         runs.append(row)
         results.append(groups)
     ray.shutdown()

@@ -522,10 +522,10 @@ def models_of(args, kit: Path) -> tuple[dict, str]:
         if not (root / "target" / "config.json").is_file():
             import torch
 
-            from engine.bench.presets import llasa_1b_shape
+            from engine.bench.presets import ModelBuild, llasa_1b_shape
 
             print(f"writing the {args.preset} checkpoints to {root} ...", flush=True)
-            llasa_1b_shape(torch.device(args.device), torch.float32, save_to=root)
+            llasa_1b_shape(ModelBuild(torch.device(args.device), torch.float32), save_to=root)
         return {**kit_models(kit), "target": str(root / "target"), "draft": str(root / "draft")}, args.preset
     if args.target:
         if not args.draft:

@@ -46,13 +46,13 @@ def child(args) -> None:
         assert mallopt(M_MMAP_MAX, GLIBC_MMAP_MAX)
     from bench_round import decoder_for, timed
 
-    from engine.bench.presets import load_synthesizer
+    from engine.bench.presets import LoadOptions, load_synthesizer
 
     synths, out = {}, {"malloc": described(), "readings": []}
     for setting in args.settings.split(","):
         method, batch, mode = setting.split(":")
         if mode not in synths:
-            synths[mode], _ = load_synthesizer("tiny", kit=args.kit, device="cpu", dtype="auto", compile=mode)
+            synths[mode], _ = load_synthesizer("tiny", kit=args.kit, options=LoadOptions("cpu", "auto", mode))
         decoder = decoder_for(synths[mode], method, int(batch), int(batch) * 8)
         for _ in range(args.warmup):
             timed(decoder)

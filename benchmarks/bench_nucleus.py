@@ -28,9 +28,9 @@ def kit_logits(kit: str, rounds: int):
     """`rounds` rounds of the kit target's logits `[32, V]`, from an `ar` decoder kept full."""
     from bench_round import decoder_for
 
-    from engine.bench.presets import load_synthesizer
+    from engine.bench.presets import LoadOptions, load_synthesizer
 
-    synth, _ = load_synthesizer("tiny", kit=kit, device="cpu", dtype="auto", compile="none")
+    synth, _ = load_synthesizer("tiny", kit=kit, options=LoadOptions("cpu", "auto", "none"))
     decoder = decoder_for(synth, "ar", 32, 32 * 8)
     model, kept = synth.target.model, []
     step = model.step

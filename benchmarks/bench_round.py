@@ -71,13 +71,13 @@ def parse() -> argparse.Namespace:
 
 def synthesizers(name: str, args, modes: list[str]) -> tuple[dict, dict]:
     """A Synthesizer per compile mode over the same models, and their description."""
-    from engine.bench.presets import load_synthesizer
+    from engine.bench.presets import LoadOptions, load_synthesizer
 
     out, desc = {}, {}
     for mode in modes:
         preset = "tiny" if name == "kit" else name
-        synth, desc = load_synthesizer(preset, kit=args.kit if name == "kit" else None, device=args.device,
-                                       dtype=args.dtype, compile=mode)
+        synth, desc = load_synthesizer(preset, kit=args.kit if name == "kit" else None,
+                                       options=LoadOptions(args.device, args.dtype, mode))
         out[mode] = synth
     return out, desc
 

@@ -30,14 +30,14 @@ from machine import ROOT, cpu_headline, describe, how_line, write_or_print  # no
 
 def load(preset: str, kit: str, shared: bool, compile: str = "none"):
     """The preset's synthesizer, its draft sharing the target's tables or (not `shared`) not."""
-    from engine.bench.presets import load_synthesizer
+    from engine.bench.presets import LoadOptions, load_synthesizer
     from engine.models.llama import LlamaLM
 
     keep = LlamaLM.share_tables
     if not shared:
         LlamaLM.share_tables = lambda self, source: []
     try:
-        synth, _ = load_synthesizer(preset, kit=kit, device="cpu", dtype="auto", compile=compile)
+        synth, _ = load_synthesizer(preset, kit=kit, options=LoadOptions("cpu", "auto", compile))
     finally:
         LlamaLM.share_tables = keep
     return synth

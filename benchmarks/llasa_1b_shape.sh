@@ -71,9 +71,9 @@ if [ -z "${TARGET:-}" ]; then
 import sys
 from pathlib import Path
 import torch
-from engine.bench.presets import llasa_1b_shape
+from engine.bench.presets import ModelBuild, llasa_1b_shape
 if not (Path(sys.argv[1]) / "target" / "config.json").is_file():
-    llasa_1b_shape(torch.device("cpu"), torch.bfloat16, save_to=Path(sys.argv[1]))
+    llasa_1b_shape(ModelBuild(torch.device("cpu"), torch.bfloat16), save_to=Path(sys.argv[1]))
 PYEOF
   TARGET=$WORK/target
 fi

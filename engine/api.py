@@ -30,6 +30,7 @@ from engine.errors import field_errors
 from engine.families import check_max_new_tokens, family_settings
 from engine.groups.cache import get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
+from engine.groups.options import GroupsBuild
 from engine.groups.source import stored_speech_rows
 from engine.io.storage import model_dir
 from engine.models.device import resolve_compile, resolve_device
@@ -208,8 +209,8 @@ class Synthesizer:
         from the target's embeddings only when absent."""
         key = (theta, max_group_size)
         if key not in self._groups:
-            self.set_groups(get_groups(self.speech_embeddings(), theta, max_group_size, ranges=self.layout.ranges,
-                                       family=self.layout.family))
+            build = GroupsBuild(theta, max_group_size, ranges=self.layout.ranges, family=self.layout.family)
+            self.set_groups(get_groups(self.speech_embeddings(), build))
         return self._groups[key]
 
     def rule(self, settings: DecodingSettings) -> Rule | None:
@@ -695,6 +696,7 @@ class _GatedCall(_Call):
     def score(self, index: int, number: int, seed: int, row: RowResult):
         from engine.codec.base import CodecError
         from engine.codec.export import no_codes
+        from engine.metrics.gate import AttemptInput
 
         prompt = self.items[index][2]
         wave, why = None, no_codes(row.finish_reason)
@@ -706,8 +708,8 @@ class _GatedCall(_Call):
         hyp = self.gate.transcribe([wave])[0] if wave is not None else None
         if isinstance(hyp, Exception):
             raise hyp
-        return self.gate.score(self.results[index].text, wave, row.finish_reason, number, seed, prompt,
-                               hypothesis=hyp, no_audio=why)
+        return self.gate.score(AttemptInput(self.results[index].text, wave, row.finish_reason, number, seed,
+                                            prompt, hypothesis=hyp, no_audio=why))
 
     def finished(self, request, row):
         index, number = request.key

@@ -187,15 +187,16 @@ def write_audio(args, kind: str | None, items, settings, results, codec, several
 
 def export_results(args, kind: str | None, items, settings, results, codec, several: bool) -> None:
     """`results`' audio where `args` says (--out, --wav-dir; one file per method when `several`)."""
-    from engine.codec.export import export_audio, file_name
+    from engine.codec.export import AudioOutput, export_audio, file_name
     from engine.codec.prompts import prompts_of
 
     parquet = per_method(Path(args.out), settings.method, several) if kind == "parquet" else None
     wav_dir = Path(args.wav_dir) / settings.method if (args.wav_dir and several) else args.wav_dir
-    load = {"codec": codec, "prompts": prompts_of(items), "prompt_audio": args.prompt_audio}
+    prompts = prompts_of(items)
     if parquet or wav_dir:
-        done = export_audio(results, settings, None, parquet_path=parquet, wav_dir=wav_dir,
-                            audio_format=args.audio_format, quality=any(r.quality for r in results), **load)
+        output = AudioOutput(parquet, wav_dir, args.audio_format, args.prompt_audio,
+                             quality=any(r.quality for r in results))
+        done = export_audio(results, settings, codec, output, prompts=prompts)
         where = " and ".join(str(x) for x in (done["parquet"], done["wav_dir"]) if x)
         print(f"[{settings.method}] {done['with_audio']} clips, {done['audio_seconds']:.1f} s of audio "
               f"written to {where}")
@@ -203,7 +204,8 @@ def export_results(args, kind: str | None, items, settings, results, codec, seve
         path = per_method(Path(args.out), settings.method, several)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".pcg-synth-") as folder:
-            done = export_audio(results, settings, None, wav_dir=folder, audio_format=kind, **load)
+            output = AudioOutput(wav_dir=folder, audio_format=kind, prompt_audio=args.prompt_audio)
+            done = export_audio(results, settings, codec, output, prompts=prompts)
             if done["with_audio"]:
                 os.replace(Path(folder) / file_name(results[0].id, kind), path)
                 print(f"[{settings.method}] {done['audio_seconds']:.1f} s of audio written to {path}")

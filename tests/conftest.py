@@ -87,9 +87,10 @@ def kit_groups(kit_synth, groups_cache):
     """Acoustic similarity groups of the kit target at theta 0.4, built once into the session's
     groups cache (jobs over the kit then find them there)."""
     from engine.groups.cache import get_groups
+    from engine.groups.options import GroupsBuild
 
-    return get_groups(kit_synth.speech_embeddings(), 0.4, cache_dir=groups_cache, ranges=kit_synth.layout.ranges,
-                      family=kit_synth.layout.family)
+    build = GroupsBuild(0.4, ranges=kit_synth.layout.ranges, family=kit_synth.layout.family)
+    return get_groups(kit_synth.speech_embeddings(), build, cache_dir=groups_cache)
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ def gamma_value(text: str) -> int | str:
 
 def cmd_bench(args) -> int:
     from engine.bench.plots import bench_plots, quality_vs_speedup
-    from engine.bench.presets import heads_synthesizer, load_synthesizer
+    from engine.bench.presets import LoadOptions, heads_synthesizer, load_synthesizer
     from engine.bench.report import markdown
     from engine.bench.runner import BenchConfig, run_bench
 
@@ -42,8 +42,8 @@ def cmd_bench(args) -> int:
                       topk=base.topk, cost_model=not args.no_cost_model, cost_reps=args.cost_reps,
                       context=args.context)
     cfg.check()  # before loading any model
-    synth, models = load_synthesizer(args.preset, args.target, args.draft, args.kit, args.device,
-                                     args.dtype, args.save_preset, args.compile, args.draft_weights)
+    options = LoadOptions(args.device, args.dtype, args.compile, args.draft_weights)
+    synth, models = load_synthesizer(args.preset, args.target, args.draft, args.kit, options, args.save_preset)
     heads = heads_synthesizer(synth, args.streams, models) if args.streams else None
     doc = run_bench(synth, cfg, models, command_line(args), progress=not args.quiet, heads=heads)
     stem = out_stem(args.out or default_out(args))

@@ -21,6 +21,7 @@ from engine.records import SynthesisItem
 
 if TYPE_CHECKING:  # the protocol's settings import light (the CLI reads its defaults)
     from engine.api import Synthesizer
+    from engine.codec.base import Codec
     from engine.metrics.quality import Backends
 
 PAPER_ROWS = {  # docs/pcg.md section 10: Llasa-8B target, 3-layer draft, one H100, 500 utterances
@@ -92,20 +93,39 @@ def arms(synth: Synthesizer, heads: Synthesizer | None, methods: tuple[str, ...]
     return out
 
 
-def run_seed(rows: list[tuple[str, str, Synthesizer]], codec, items, prompts, cfg: PaperConfig, seed: int,
-             out: Path, backends: Backends, progress: bool) -> dict[str, dict]:
+@dataclass(frozen=True)
+class PaperRun:
+    """What every seed of one protocol run shares.
+
+    Attributes:
+        codec: the loaded codec that turns each row's codes into audio.
+        cfg: the protocol's settings.
+        out: the output directory (`datasets/` holds each row's audio per seed).
+        backends: the quality backends (ASR, speaker, DNSMOS).
+        progress: progress bars.
+    """
+
+    codec: Codec
+    cfg: PaperConfig
+    out: Path
+    backends: Backends
+    progress: bool = True
+
+
+def run_seed(rows: list[tuple[str, str, Synthesizer]], items, prompts, run: PaperRun, seed: int) -> dict[str, dict]:
     """Every row (`arms`) on every item for one seed: speed, audio dataset, quality summary."""
-    from engine.codec.export import export_audio
+    from engine.codec.export import AudioOutput, export_audio
     from engine.metrics.quality import evaluate_table, summarize
     from engine.metrics.references import read_dataset
 
+    codec, cfg, out, backends, progress = run.codec, run.cfg, run.out, run.backends, run.progress
     k = seed % len(rows)
     out_rows = {}
     for name, method, synth in rows[k:] + rows[:k]:
         settings = cfg.settings(method, seed)
         results, summary = synth.synthesize(items, settings, batch_size=cfg.batch_size, progress=progress)
         path = out / "datasets" / f"{name.replace(' ', '-')}.seed{seed}.parquet"
-        export_audio(results, settings, None, parquet_path=path, codec=codec, prompts=prompts)
+        export_audio(results, settings, codec, AudioOutput(parquet_path=path), prompts=prompts)
         table = evaluate_table(read_dataset(str(path)), backends, progress=progress)
         quality = summarize(table, backends)["methods"].get(method, {})
         out_rows[name] = {"speed": summary.to_dict(), "quality": quality}
@@ -137,15 +157,15 @@ def table_rows(per_seed: dict[int, dict[str, dict]], names: list[str]) -> dict[s
     return out
 
 
-def run_protocol(synth: Synthesizer, codec, manifest: str, cfg: PaperConfig, out: Path,
-                 backends: Backends, models: dict, how: str, progress: bool = True,
+def run_protocol(synth: Synthesizer, manifest: str, run: PaperRun, models: dict, how: str,
                  heads: Synthesizer | None = None) -> dict:
     """The whole protocol; returns the table document (also the input of `render`). `heads`: a
     Synthesizer over the same target drafting with stream heads, whose speculative rows are
     measured in the same seeds beside the draft model's."""
     from engine.bench.machine import describe
 
-    items, prompts = manifest_items(manifest, codec, cfg.limit)
+    cfg, backends = run.cfg, run.backends
+    items, prompts = manifest_items(manifest, run.codec, cfg.limit)
     if not items:
         raise ValueError(f"{manifest}: no rows")
     from engine.api import COMPARE_WARMUP_TOKENS
@@ -156,7 +176,7 @@ def run_protocol(synth: Synthesizer, codec, manifest: str, cfg: PaperConfig, out
         runner.warmup_each([cfg.settings(method, cfg.seeds[0])], cfg.batch_size)
     per_seed = {}
     for seed in cfg.seeds:
-        per_seed[seed] = run_seed(rows, codec, items, prompts, cfg, seed, out, backends, progress)
+        per_seed[seed] = run_seed(rows, items, prompts, run, seed)
     return {"benchmark": "paper protocol (pcg-synth paper-table)", "how": how,
             "machine": describe(synth.device), "models": models, "manifest": manifest,
             "items": len(items), "settings": asdict(cfg), "warmup_tokens": COMPARE_WARMUP_TOKENS,

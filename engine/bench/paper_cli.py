@@ -19,8 +19,8 @@ from engine.config import DecodingSettings
 
 
 def cmd_paper_table(args) -> int:
-    from engine.bench.paper import render, run_protocol
-    from engine.bench.presets import heads_synthesizer, load_synthesizer, tiny_kit
+    from engine.bench.paper import PaperRun, render, run_protocol
+    from engine.bench.presets import LoadOptions, heads_synthesizer, load_synthesizer, tiny_kit
     from engine.codec.load import load_codec
     from engine.metrics.references import PromptClips
 
@@ -39,8 +39,8 @@ def cmd_paper_table(args) -> int:
 
         manifest = str(write_demo_manifest(out / "demo-manifest"))
     preset = "tiny" if (args.kit or (args.target is None)) else None
-    synth, models = load_synthesizer(preset, args.target, args.draft, args.kit, args.device, args.dtype,
-                                     compile=args.compile, draft_weights=args.draft_weights)
+    options = LoadOptions(args.device, args.dtype, args.compile, args.draft_weights)
+    synth, models = load_synthesizer(preset, args.target, args.draft, args.kit, options)
     codec_dir = args.codec or (str(tiny_kit(args.kit) / "codec") if preset == "tiny" else None)
     if codec_dir is None:
         raise ValueError("give --codec DIR (the model family's codec checkpoint) to turn codes into audio")
@@ -49,8 +49,8 @@ def cmd_paper_table(args) -> int:
     models["codec"] = codec_dir
     heads = heads_synthesizer(synth, args.streams, models) if args.streams else None
     backends = load_backends(args, PromptClips([manifest]))
-    doc = run_protocol(synth, codec, manifest, cfg, out, backends, models, command_line(args),
-                       progress=not args.quiet, heads=heads)
+    run = PaperRun(codec, cfg, out, backends, progress=not args.quiet)
+    doc = run_protocol(synth, manifest, run, models, command_line(args), heads=heads)
     stem = out_stem(args.table) if args.table else out / "paper_table"
 
     def plots() -> list[Path]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -95,41 +95,71 @@ def kit_description(root: Path) -> dict:
                               f"layer subset {manifest.get('spec', {}).get('draft_layers')} (untrained)")}
 
 
-def model_from_tensors(config: dict, tensors: dict, tokenizer, device: torch.device,
-                       dtype: torch.dtype, label: str, prepack: bool | None = None,
-                       weights: str = "native", fuse: bool = True) -> LoadedModel:
+@dataclass(frozen=True)
+class ModelBuild:
+    """Where a preset's in-memory models live and how they are readied for decoding.
+
+    Attributes:
+        device, dtype: where and how the models live.
+        prepack: as in `ready_for_decoding` (None: where supported).
+        weights: `ready_for_decoding`'s `weights` for the model built (`llasa_1b_shape`: the
+            draft's; its target is always native).
+        fuse: as in `ready_for_decoding`.
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    prepack: bool | None = None
+    weights: str = "native"
+    fuse: bool = True
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How `load_synthesizer` loads and runs its models (the command line's names).
+
+    Attributes:
+        device: auto | cpu | cuda | cuda:N.
+        dtype: auto | float32 | bfloat16 | float16.
+        compile: how decode rounds run, as `ModelsSpec.compile`.
+        draft_weights: the draft's weights, as `load_model`'s `weights`.
+    """
+
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: str = "auto"
+    draft_weights: str = "native"
+
+
+def model_from_tensors(config: dict, tensors: dict, tokenizer, label: str, build: ModelBuild) -> LoadedModel:
     """A `LoadedModel` from in-memory HF-named tensors (what `load_model` does from disk;
-    `prepack`, `weights` and `fuse` as in `ready_for_decoding`)."""
+    `build` places it and readies it as `ready_for_decoding`)."""
     family = detect(tokenizer, label)
     layout = family.layout(tokenizer, model_vocab_size=config["vocab_size"])
-    model = empty_model(config, layout, device, dtype)
+    model = empty_model(config, layout, build.device, build.dtype)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in tensors.items():
             params[name].copy_(value)
         model.head.copy_(tensors["model.embed_tokens.weight"][layout.output_token_ids()])  # tied
-    ready_for_decoding(model, prepack, weights=weights, fuse=fuse)
+    ready_for_decoding(model, build.prepack, weights=build.weights, fuse=build.fuse)
     return LoadedModel(path=Path(label), model=model, tokenizer=tokenizer, layout=layout, config=config,
                        family=family)
 
 
-def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLASA_1B_SPEC,
+def llasa_1b_shape(build: ModelBuild, spec: KitSpec = LLASA_1B_SPEC,
                    draft_layers: tuple[int, ...] = LLASA_1B_DRAFT_LAYERS,
                    vocab_size: int = LLASA_VOCAB, save_to: Path | None = None,
-                   middle: float = LLASA_1B_MIDDLE_SCALE, prepack: bool | None = None,
-                   draft_weights: str = "native", fuse: bool = True) -> tuple[LoadedModel, LoadedModel]:
+                   middle: float = LLASA_1B_MIDDLE_SCALE) -> tuple[LoadedModel, LoadedModel]:
     """(target, draft) with Llasa-1B's shape and random weights (deterministic from spec.seed).
 
     Args:
-        device, dtype: where and how the models live.
+        build: where and how both models live; its `weights` are the draft's.
         spec: dimensions and the kit's weight recipe (tests pass a smaller one).
         draft_layers: target layers the draft keeps.
         vocab_size: rows of the embedding table (Llasa's 193,800; the head keeps 65,537).
         save_to: also write `target/` and `draft/` checkpoints there (for draft distillation).
         middle: scale of the middle layers' residual writes (`middle_scale`).
-        prepack: as in `ready_for_decoding` (None: where supported).
-        draft_weights: the draft's `weights` in `ready_for_decoding`.
-        fuse: as in `ready_for_decoding` (both models).
     """
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_tokenizer(Path(tmp) / "tok", spec.text_vocab_size)
@@ -144,28 +174,26 @@ def llasa_1b_shape(device: torch.device, dtype: torch.dtype, spec: KitSpec = LLA
         if save_to is not None:
             save_checkpoint(Path(save_to) / "target", t_cfg, tensors, Path(tmp) / "tok")
             save_checkpoint(Path(save_to) / "draft", d_cfg, draft_tensors, Path(tmp) / "tok")
-        target = model_from_tensors(t_cfg, tensors, tokenizer, device, dtype, "llasa-1b-shape/target", prepack,
-                                    fuse=fuse)
-        draft = model_from_tensors(d_cfg, draft_tensors, tokenizer, device, dtype,
-                                   f"llasa-1b-shape/draft(layers {','.join(map(str, draft_layers))})", prepack,
-                                   draft_weights, fuse)
+        target = model_from_tensors(t_cfg, tensors, tokenizer, "llasa-1b-shape/target",
+                                    replace(build, weights="native"))
+        draft = model_from_tensors(d_cfg, draft_tensors, tokenizer,
+                                   f"llasa-1b-shape/draft(layers {','.join(map(str, draft_layers))})", build)
     return target, draft
 
 
 def load_synthesizer(preset: str | None, target: str | None = None, draft: str | None = None,
-                     kit: str | None = None, device: str = "auto", dtype: str = "auto",
-                     save_preset: str | None = None, compile: str = "auto",
-                     draft_weights: str = "native") -> tuple[Synthesizer, dict]:
+                     kit: str | None = None, options: LoadOptions = LoadOptions(),
+                     save_preset: str | None = None) -> tuple[Synthesizer, dict]:
     """A Synthesizer for a preset or checkpoint directories, and a description of the models
-    (`compile`: how its decode rounds run, as `ModelsSpec.compile`; `draft_weights` as
-    `load_model`'s `weights`).
+    (`options`: device, dtype, how decode rounds run, the draft's weights).
 
     `draft` overrides a preset's draft: this is where a distilled draft (`pcg-synth draft`)
     for the `llasa-1b-shape` target goes, after `--save-preset DIR` wrote that target to disk
     for the distillation; stream heads made for the target go there too.
     """
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dev = resolve_device(options.device)
+    dt = resolve_dtype(options.dtype, dev)
+    compile, draft_weights = options.compile, options.draft_weights
     check_weights(draft_weights, compile)  # before the target loads
     compile = resolve_compile(compile, dev, draft_weights)
     pack = None
@@ -181,8 +209,8 @@ def load_synthesizer(preset: str | None, target: str | None = None, draft: str |
         desc = {"preset": "tiny", "target": str(root / "target"), "draft": str(draft or root / "draft"),
                 **kit_description(root)}
     elif preset == "llasa-1b-shape":
-        tgt, drf = llasa_1b_shape(dev, dt, save_to=Path(save_preset) if save_preset else None, prepack=pack,
-                                  draft_weights=draft_weights)
+        tgt, drf = llasa_1b_shape(ModelBuild(dev, dt, prepack=pack, weights=draft_weights),
+                                  save_to=Path(save_preset) if save_preset else None)
         # The target is deterministic (seed 0), so a draft distilled against the saved copy
         # (`--save-preset DIR`, then `pcg-synth draft init --target DIR/target --layers 0,1,15`
         # and `pcg-synth draft train`) fits this target.

@@ -12,6 +12,7 @@ import hashlib
 import re
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -149,33 +150,47 @@ def check_export_args(results: Sequence[SynthesisResult], prompts, parquet_path,
         raise ValueError("item ids repeat: audio files are named by id, so ids must be unique")
 
 
+@dataclass(frozen=True)
+class AudioOutput:
+    """Where and how `export_audio` writes (at least one of `parquet_path`, `wav_dir`).
+
+    Attributes:
+        parquet_path: a `.parquet` path (written atomically) or a binary file-like object.
+        wav_dir: a directory for one `{id}.{audio_format}` file per item with audio.
+        audio_format: `wav` (16-bit PCM) or `flac` (16-bit), for both outputs.
+        prompt_audio: `strip` (default), `include` or `context`; see `codes_for_audio`.
+        window: items decoded and written per step (bounds memory).
+        quality: add the quality gate's columns (`engine.io.dataset.QUALITY_FIELDS`), from each
+            result's `quality` verdict.
+    """
+
+    parquet_path: str | Path | BinaryIO | None = None
+    wav_dir: str | Path | None = None
+    audio_format: str = "wav"
+    prompt_audio: str = "strip"
+    window: int = 256
+    quality: bool = False
+
+
 def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings | Sequence[DecodingSettings],
-                 codec_dir: str | Path | None, parquet_path: str | Path | BinaryIO | None = None,
-                 wav_dir: str | Path | None = None, device: str = "cpu", audio_format: str = "wav", *,
-                 dtype: str = "auto", prompts: Sequence[VoicePrompt | None] | None = None,
-                 prompt_audio: str = "strip", codec: Codec | None = None, window: int = 256,
-                 provenance: Sequence[dict | None] | None = None, quality: bool = False) -> dict:
+                 codec: Codec | str | Path | None, output: AudioOutput, *,
+                 prompts: Sequence[VoicePrompt | None] | None = None,
+                 provenance: Sequence[dict | None] | None = None, device: str = "cpu",
+                 dtype: str = "auto") -> dict:
     """Decode results with the codec and write a Parquet shard and/or audio files.
 
     Args:
         results: the core's results (any order of success and failure).
         settings: the settings they were decoded with (stored per row): one for all, or one
             per result.
-        codec_dir: the codec's checkpoint directory (ignored when `codec` is given).
-        parquet_path: a `.parquet` path (written atomically) or a binary file-like object.
-        wav_dir: a directory for one `{id}.{audio_format}` file per item with audio.
-        device: where the codec decodes (`auto`, `cpu`, `cuda`, `cuda:N`).
-        audio_format: `wav` (16-bit PCM) or `flac` (16-bit), for both outputs.
-        dtype: the codec's dtype (`auto`: bfloat16 on CUDA, float32 on CPU).
+        codec: an already loaded codec (workers reuse theirs), or its checkpoint directory.
+        output: where and how to write.
         prompts: each result's voice prompt (None for none), aligned with `results`; see
             `engine.codec.prompts.prompts_of(items)`.
-        prompt_audio: `strip` (default), `include` or `context`; see `codes_for_audio`.
-        codec: an already loaded codec (workers reuse theirs).
-        window: items decoded and written per step (bounds memory).
         provenance: per result, where it came from (text id, prompt, seeds, model revisions):
             the `text_id` and `provenance` columns.
-        quality: add the quality gate's columns (`engine.io.dataset.QUALITY_FIELDS`), from each
-            result's `quality` verdict.
+        device: where a codec loaded from its directory decodes (`auto`, `cpu`, `cuda`, `cuda:N`).
+        dtype: that codec's dtype (`auto`: bfloat16 on CUDA, float32 on CPU).
 
     Returns:
         {rows, with_audio, failed, audio_seconds, codec_seconds, audio_s_per_s, parquet,
@@ -185,14 +200,16 @@ def export_audio(results: Sequence[SynthesisResult], settings: DecodingSettings 
         ValueError: nothing to write, unknown format or mode, misaligned prompts, repeated ids
             with `wav_dir`; `CodecError` (a ValueError) for a missing or invalid codec.
     """
+    parquet_path, wav_dir, audio_format = output.parquet_path, output.wav_dir, output.audio_format
+    prompt_audio, window, quality = output.prompt_audio, output.window, output.quality
     results = list(results)
     check_export_args(results, prompts, parquet_path, wav_dir, audio_format, prompt_audio)
     if codec is None:
-        if codec_dir is None:
-            raise ValueError("give the codec's checkpoint directory (or a loaded codec)")
+        raise ValueError("give the codec's checkpoint directory (or a loaded codec)")
+    if isinstance(codec, (str, Path)):
         from engine.codec.load import load_codec
 
-        codec = load_codec(codec_dir, device=device, dtype=dtype)
+        codec = load_codec(codec, device=device, dtype=dtype)
     prompts = list(prompts) if prompts is not None else [None] * len(results)
     per_row = [settings] * len(results) if isinstance(settings, DecodingSettings) else list(settings)
     if len(per_row) != len(results):

@@ -43,8 +43,6 @@ def streams_settings_from(args):
 
     if args.draft:
         raise ValueError("--kind streams trains new heads on the target: drop --draft")
-    if args.workers:
-        raise ValueError("--kind streams trains on one device (--workers is for draft models)")
     if not args.target:
         raise ValueError("--kind streams needs --target DIR (the model the heads run on)")
     fields = {k: getattr(args, k) for k in (
@@ -57,10 +55,16 @@ def streams_settings_from(args):
 
 def cmd_train(args) -> int:
     if args.kind == "streams":
-        from engine.draft.streams import train_streams
-
         streams = streams_settings_from(args)  # validated before any loading
-        record = train_streams(streams, progress=not args.quiet)
+        if args.workers:
+            from engine.draft.streams_ray import train_streams_ray
+
+            record = train_streams_ray(streams, args.workers, use_gpu=args.use_gpu, address=args.address,
+                                       storage_path=args.storage_path)
+        else:
+            from engine.draft.streams import train_streams
+
+            record = train_streams(streams, progress=not args.quiet)
         per_head = record.get("acceptance_after")
         print(f"stream heads written to {streams.out}: {record['parameters']:,} parameters "
               f"({record['parameters'] / record['target_parameters']:.1%} of the target's); held-out acceptance "
@@ -85,17 +89,15 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from engine.draft.evaluate import evaluate_drafts, format_eval, read_texts
+    from engine.draft.evaluate import ModelLoading, evaluate_drafts, format_eval, read_texts
 
     methods = [m for m in args.methods.split(",") if m.strip()]
     if args.out and Path(args.out).suffix != ".json":
         raise ValueError(f"--out {args.out}: write a .json file")
     base = settings_from_args(args, DecodingSettings)  # the flags given; the rest: its defaults
-    result = evaluate_drafts(args.target, args.draft, read_texts(args.texts_file), methods,
-                             gamma=base.gamma, theta=base.theta, temperature=base.temperature,
-                             max_new_tokens=base.max_new_tokens, seed=base.seed,
-                             batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-                             draft_weights=args.draft_weights, progress=not args.quiet)
+    loading = ModelLoading(device=args.device, dtype=args.dtype, draft_weights=args.draft_weights)
+    result = evaluate_drafts(args.target, args.draft, read_texts(args.texts_file), methods, base, loading,
+                             batch_size=args.batch_size, progress=not args.quiet)
     print(format_eval(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

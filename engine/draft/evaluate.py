@@ -9,9 +9,10 @@ so "before" (the untrained layer subset) and "after" (the distilled draft) compa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import DecodingSettings, decoding_default
+from engine.config import DecodingSettings
 from engine.console import bar_disabled
 
 # Held out from every training set this project builds (the kit's `KIT_TRAIN_TEXTS`).
@@ -34,6 +35,22 @@ HELDOUT_TEXTS = [
     "Nobody expected the match to end in a draw.",
 ]
 DEFAULT_METHODS = ("exact", "pcg")
+EVAL_MAX_NEW_TOKENS = 128  # `draft eval`'s default: enough tokens per text to measure acceptance
+
+
+@dataclass(frozen=True)
+class ModelLoading:
+    """How `evaluate_drafts` loads the target and every draft.
+
+    Attributes:
+        device: auto | cpu | cuda | cuda:N.
+        dtype: auto | float32 | bfloat16 | float16 (both models).
+        draft_weights: the drafts' weights, as `load_model`'s `weights`.
+    """
+
+    device: str = "auto"
+    dtype: str = "auto"
+    draft_weights: str = "native"
 
 
 def read_texts(path: str | Path | None) -> list[str]:
@@ -60,17 +77,19 @@ def summarize(summary) -> dict:
 
 
 def evaluate_drafts(target: str | Path, drafts: Sequence[str | Path], texts: Sequence[str] | None = None,
-                    methods: Sequence[str] = DEFAULT_METHODS, gamma: int = decoding_default("gamma"),
-                    theta: float = decoding_default("theta"),
-                    temperature: float = decoding_default("temperature"), max_new_tokens: int = 128,
-                    seed: int = decoding_default("seed"),
-                    batch_size: int = 8, device: str = "auto", dtype: str = "auto",
-                    draft_weights: str = "native", progress: bool = False) -> dict:
+                    methods: Sequence[str] = DEFAULT_METHODS, decoding: DecodingSettings | None = None,
+                    loading: ModelLoading = ModelLoading(), batch_size: int = 8, progress: bool = False) -> dict:
     """Decode `texts` with each draft and method against `target`.
+
+    Args:
+        decoding: the decoding settings every run uses, its `method` replaced by each of
+            `methods` (only the fields it was given are kept; None: the defaults with
+            `EVAL_MAX_NEW_TOKENS` new tokens).
+        loading: device, dtype and the drafts' weights.
 
     Returns:
         `{"settings": {...}, "drafts": {draft path: {method: figures}}}` (figures as in
-        `summarize`). `draft_weights` as in `load_model`'s `weights`.
+        `summarize`).
 
     Raises:
         ValueError: a draft's vocabulary differs from the target's, or a bad setting.
@@ -80,16 +99,18 @@ def evaluate_drafts(target: str | Path, drafts: Sequence[str | Path], texts: Seq
     from engine.models.device import resolve_device
     from engine.models.loading import load_model
 
+    if decoding is None:
+        decoding = DecodingSettings(max_new_tokens=EVAL_MAX_NEW_TOKENS)
+    given = decoding.model_dump(exclude_unset=True)
     texts = list(texts) if texts is not None else list(HELDOUT_TEXTS)
-    settings = {m: DecodingSettings(method=m, gamma=gamma, theta=theta, temperature=temperature,
-                                    max_new_tokens=max_new_tokens, seed=seed) for m in methods}
-    device = str(resolve_device(device))
+    settings = {m: DecodingSettings(**{**given, "method": m}) for m in methods}
+    device, dtype, draft_weights = str(resolve_device(loading.device)), loading.dtype, loading.draft_weights
     # Tokenizers via the content-keyed cache: a draft with the target's tokenizer files is not
     # loaded twice, and Synthesizer still compares the two vocabularies.
     tgt = load_model(target, device=device, dtype=dtype, tokenizer=vocabulary_view(target).tokenizer)
-    out: dict = {"settings": {"methods": list(methods), "gamma": gamma, "theta": theta,
-                              "temperature": temperature, "max_new_tokens": max_new_tokens,
-                              "seed": seed, "texts": len(texts), "batch_size": batch_size,
+    out: dict = {"settings": {"methods": list(methods), "gamma": decoding.gamma, "theta": decoding.theta,
+                              "temperature": decoding.temperature, "max_new_tokens": decoding.max_new_tokens,
+                              "seed": decoding.seed, "texts": len(texts), "batch_size": batch_size,
                               "device": device, "dtype": str(tgt.model.dtype).replace("torch.", ""),
                               "draft_weights": draft_weights},
                  "drafts": {}}

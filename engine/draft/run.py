@@ -29,7 +29,7 @@ from engine.draft.data import (
 from engine.draft.init import DRAFT_INFO, save_draft, vocabulary_view
 from engine.draft.objective import TEACHER_LOSSES, SpeechLM, set_trainable
 from engine.draft.settings import TrainSettings
-from engine.draft.train import DraftTrainer, Hyper
+from engine.draft.train import DraftTrainer, Hyper, Placement
 from engine.families import family_settings
 from engine.families.base import Family, SpeechLayout
 from engine.io.storage import Storage
@@ -139,8 +139,8 @@ def build_trainer(plan: Plan, device: torch.device, rank: int = 0, world: int = 
         target = SpeechLM.load(plan.target_dir, output_ids, torch.bfloat16 if low else torch.float32, device)
         target.eval().requires_grad_(False)
     forward = wrap(draft) if wrap is not None else draft
-    return DraftTrainer(plan.hyper, draft, target, plan.layout, plan.train, plan.heldout, device,
-                        forward=forward, rank=rank, world=world, autocast=low)
+    return DraftTrainer(plan.hyper, draft, target, plan.layout, plan.train, plan.heldout,
+                        Placement(device, forward=forward, rank=rank, world=world, autocast=low))
 
 
 def export_trained(plan: Plan, tensors: dict[str, torch.Tensor], out: Path, record: dict) -> Path:

@@ -7,7 +7,8 @@ position `j` a round may end at (from the last prompt token but one): the heads 
 token `x_{j+1}`, and head `k` learns the target's distribution at position `j + k` (the law of
 `x_{j+1+k}`) by forward KL at the sampling temperature, for every `k` whose position holds a
 generated token. A step trains on `anchors` anchors drawn from the training sequences (the draw
-depends only on the seed and the step). Held-out acceptance per head is `1 - TV` between the
+depends only on the seed and the step; `--workers N` splits each step's draw across N Ray Train
+workers, `engine.draft.streams_ray`). Held-out acceptance per head is `1 - TV` between the
 head's and the target's distributions, averaged over the held-out anchors: the chance that one
 exact-SD proposal at that position is accepted.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -48,6 +50,39 @@ class StreamsSettings(DataSettings):
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description=(
         "The target's precision while its hidden states are computed (auto: bfloat16 where native); "
         "the heads train in float32."))
+
+
+@dataclass(frozen=True)
+class HeadsHyper:
+    """What distilling stream heads does (`train_heads`); `StreamsSettings` holds the same names
+    for the CLI, with the temperature still to resolve against the data.
+
+    Attributes:
+        heads: stream heads: the largest gamma they can draft.
+        intermediate_size: each head's MLP width (None: the target's hidden size).
+        temperature: KD softening and held-out acceptance: the sampling temperature.
+        steps: optimizer steps.
+        anchors: anchor positions per step (each trains every head).
+        lr: AdamW learning rate (after warm-up; constant).
+        warmup_steps: linear learning-rate warm-up steps.
+        seed: initial weights and anchor draws.
+    """
+
+    heads: int = 4
+    intermediate_size: int | None = None
+    temperature: float = 0.8
+    steps: int = 400
+    anchors: int = 128
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    seed: int = 0
+
+    @classmethod
+    def from_settings(cls, settings: StreamsSettings, temperature: float) -> HeadsHyper:
+        """The step settings of `settings`, at the resolved `temperature`."""
+        return cls(heads=settings.heads, intermediate_size=settings.intermediate_size, temperature=temperature,
+                   steps=settings.steps, anchors=settings.anchors, lr=settings.lr,
+                   warmup_steps=settings.warmup_steps, seed=settings.seed)
 
 
 @dataclass
@@ -93,13 +128,30 @@ def hidden_states(target: LlamaLM, seqs: list[CodeSequence], progress: bool = Fa
     return out
 
 
+class HeadsChain(torch.nn.Module):
+    """The heads' `chain` as `forward`: what a data-parallel wrapper (DDP) wraps, since gradients
+    are only synchronised for what runs through the wrapper's `forward`."""
+
+    def __init__(self, heads: StreamHeads) -> None:
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        return self.heads.chain(hidden, embedded)
+
+
 class StreamsTrainer:
-    """Trains `heads` on `train` sequences against `target` (frozen)."""
+    """Trains `heads` on `train` sequences against `target` (frozen), with `hyper`'s temperature,
+    anchors per step, learning rate, warm-up and seed (its shape fields made `heads`).
+
+    `wrap` (e.g. `ray.train.torch.prepare_model`) wraps `HeadsChain(heads)` for data-parallel
+    training steps (`train_step(rank, world)`); held-out acceptance runs the bare heads."""
 
     def __init__(self, heads: StreamHeads, target: LlamaLM, train: list[CodeSequence],
-                 heldout: list[CodeSequence], temperature: float, anchors: int, lr: float,
-                 warmup_steps: int, seed: int, progress: bool = False) -> None:
-        self.heads, self.target, self.temperature = heads, target.requires_grad_(False), temperature
+                 heldout: list[CodeSequence], hyper: HeadsHyper, progress: bool = False,
+                 wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None) -> None:
+        self.heads, self.target, self.temperature = heads, target.requires_grad_(False), hyper.temperature
+        self.chain = wrap(HeadsChain(heads)) if wrap is not None else heads.chain
         self.train_seqs, self.heldout_seqs = train, heldout
         self.train_h = hidden_states(target, train, progress)
         self.heldout_h = hidden_states(target, heldout, progress)
@@ -107,8 +159,8 @@ class StreamsTrainer:
         self.heldout_anchors = anchors_of(heldout, heads.heads)
         if not len(self.train_anchors):
             raise ValueError("the training sequences hold no generated tokens for the heads to learn")
-        self.anchors, self.lr, self.warmup, self.seed = anchors, lr, warmup_steps, seed
-        self.optimizer = torch.optim.AdamW(heads.parameters(), lr=lr)
+        self.anchors, self.lr, self.warmup, self.seed = hyper.anchors, hyper.lr, hyper.warmup_steps, hyper.seed
+        self.optimizer = torch.optim.AdamW(heads.parameters(), lr=hyper.lr)
         self.step = 0
 
     def batch(self, seqs: list[CodeSequence], hidden: list[torch.Tensor], anchors: Anchors,
@@ -128,28 +180,48 @@ class StreamsTrainer:
         return (torch.stack(src), torch.tensor(tok, device=device), torch.stack(teach),
                 anchors.valid[which].to(device))
 
-    def head_logits(self, source: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """`[M, heads, V]` float32 logits of the heads (through the target's frozen head)."""
-        states = self.heads.follow(self.target, source.float(), tokens)
+    def head_logits(self, source: torch.Tensor, tokens: torch.Tensor, train: bool = False) -> torch.Tensor:
+        """`[M, heads, V]` float32 logits of the heads (through the target's frozen head); `train`:
+        through the (possibly data-parallel) training chain."""
+        if train:
+            states = self.chain(source.float(), self.target.model.embed_tokens(tokens))
+        else:
+            states = self.heads.follow(self.target, source.float(), tokens)
         return self.target.project(self.target.model.norm(states.to(self.target.dtype)))
 
     def teacher_logits(self, teach: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return self.target.project(teach)
 
-    def train_step(self) -> float:
+    def train_step(self, rank: int = 0, world: int = 1) -> float:
+        """One optimizer step; returns the step's loss (the whole draw's, on every rank).
+
+        The step's anchors are drawn as one process draws them (seed and step); of `world`
+        data-parallel ranks, `rank` takes every `world`-th anchor from its `rank`-th. Its loss is
+        its share's KD sum over the whole draw's valid count, times `world` (the wrapper averages
+        the ranks' gradients): the ranks together compute the single-process gradient.
+        """
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
         which = torch.randint(len(self.train_anchors), (self.anchors,), generator=gen)
+        count = max(int(self.train_anchors.valid[which].sum()), 1)
+        if world > 1:
+            which = which[rank::world]
         source, tokens, teach, valid = self.batch(self.train_seqs, self.train_h, self.train_anchors, which)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr * min(1.0, (self.step + 1) / max(1, self.warmup))
-        logits = self.head_logits(source, tokens)[valid]
-        loss = kd_loss_sum(logits, self.teacher_logits(teach)[valid], self.temperature) / max(int(valid.sum()), 1)
+        logits = self.head_logits(source, tokens, train=True)[valid]
+        loss = kd_loss_sum(logits, self.teacher_logits(teach)[valid], self.temperature) / count
+        if world > 1:
+            loss = loss * world
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.heads.parameters(), 1.0)
         self.optimizer.step()
         self.step += 1
+        if world > 1:  # the ranks' shares / world, summed: the whole draw's loss
+            total = loss.detach() / world
+            torch.distributed.all_reduce(total)
+            return total.item()
         return loss.item()
 
     @torch.no_grad()
@@ -192,32 +264,56 @@ def target_record(target: LlamaLM, path: str | Path) -> dict:
             "num_layers": target.shape.num_layers}
 
 
+def heads_record(trainer: StreamsTrainer, hyper: HeadsHyper, losses: list[float], before: list[float] | None) -> dict:
+    """The training record of `trainer`'s heads after `losses` (one per step), with held-out
+    acceptance `before` training and now."""
+    return {"kind": "streams", "loss": "kd", "temperature": hyper.temperature, "steps": hyper.steps,
+            "anchors": hyper.anchors, "lr": hyper.lr, "seed": hyper.seed, "sequences": len(trainer.train_seqs),
+            "heldout_sequences": len(trainer.heldout_seqs), "train_anchors": len(trainer.train_anchors),
+            "loss_first": round(losses[0], 6), "loss_last": round(losses[-1], 6), "acceptance_before": before,
+            "acceptance_after": trainer.acceptance(),
+            "parameters": trainer.heads.num_parameters(), "target_parameters": trainer.target.num_parameters()}
+
+
 def train_heads(target: LlamaLM, target_path: str | Path, train: list[CodeSequence], heldout: list[CodeSequence],
-                out: str | Path, heads: int = 4, intermediate_size: int | None = None, temperature: float = 0.8,
-                steps: int = 400, anchors: int = 128, lr: float = 1e-3, warmup_steps: int = 20, seed: int = 0,
-                progress: bool = False) -> dict:
-    """Distil fresh heads on `train` and write them to `out`; returns the training record
-    (held-out acceptance per head before and after, losses)."""
-    module = init_heads(target, heads, intermediate_size, seed)
-    trainer = StreamsTrainer(module, target, train, heldout, temperature, anchors, lr, warmup_steps, seed,
-                             progress)
+                out: str | Path, hyper: HeadsHyper = HeadsHyper(), progress: bool = False) -> dict:
+    """Distil fresh heads (`hyper`) on `train` and write them to `out`; returns the training
+    record (held-out acceptance per head before and after, losses)."""
+    module = init_heads(target, hyper.heads, hyper.intermediate_size, hyper.seed)
+    trainer = StreamsTrainer(module, target, train, heldout, hyper, progress)
     before = trainer.acceptance()
     losses = []
-    for _ in tqdm(range(steps), desc="stream heads", unit="step", disable=bar_disabled(progress)):
+    for _ in tqdm(range(hyper.steps), desc="stream heads", unit="step", disable=bar_disabled(progress)):
         losses.append(trainer.train_step())
-    record = {"kind": "streams", "loss": "kd", "temperature": temperature, "steps": steps, "anchors": anchors,
-              "lr": lr, "seed": seed, "sequences": len(train), "heldout_sequences": len(heldout),
-              "train_anchors": len(trainer.train_anchors), "loss_first": round(losses[0], 6),
-              "loss_last": round(losses[-1], 6), "acceptance_before": before,
-              "acceptance_after": trainer.acceptance(),
-              "parameters": module.num_parameters(), "target_parameters": target.num_parameters()}
+    record = heads_record(trainer, hyper, losses, before)
     save_streams(out, module, target_record(target, target_path), record)
     return record
 
 
-def train_streams(settings: StreamsSettings, progress: bool = True) -> dict:
-    """`draft train --kind streams` on one device: read the data, load the target, distil the
-    heads, write them and `training.json` to `settings.out`; returns the training record."""
+@dataclass
+class StreamsSetup:
+    """What training stream heads starts from (`setup_streams`): the loaded target, the split
+    sequences, the rows skipped and the resolved step settings."""
+
+    target: LlamaLM
+    train: list[CodeSequence]
+    heldout: list[CodeSequence]
+    skipped: dict
+    hyper: HeadsHyper
+    temperature_source: str
+
+    def describe(self, heads: int) -> str:
+        return (f"stream heads: {heads} heads, kd at temperature {self.hyper.temperature:g} "
+                f"({self.temperature_source}); {len(self.train)} training sequences, {len(self.heldout)} held out")
+
+
+def setup_streams(settings: StreamsSettings, device: str | torch.device | None = None) -> StreamsSetup:
+    """Read the data, load the target (on `device`, default `settings.device`) and split the
+    sequences as every run of `settings` does (one process or each Ray Train worker).
+
+    Raises:
+        ValueError: rows the engine did not produce (the heads distil the target's own samples).
+    """
     from engine.draft.run import resolve_temperature
     from engine.io.storage import Storage
     from engine.models.device import resolve_device, resolve_dtype
@@ -225,7 +321,7 @@ def train_streams(settings: StreamsSettings, progress: bool = True) -> dict:
 
     storage = Storage(settings.storage)
     target_dir = storage.local_dir(settings.target)
-    device = resolve_device(settings.device)
+    device = resolve_device(settings.device if device is None else device)
     dtype = "bfloat16" if resolve_dtype(settings.dtype, device) == torch.bfloat16 else "float32"
     loaded = load_model(target_dir, device=device, dtype=dtype, prepack=False)
     rows = read_rows(settings.data, storage)
@@ -234,11 +330,23 @@ def train_streams(settings: StreamsSettings, progress: bool = True) -> dict:
                          "were not produced by the engine (generate or a job with method ar)")
     temperature, source = resolve_temperature(settings, rows, loaded.family)
     train, heldout, skipped = training_split(rows, loaded, settings)
-    print(f"stream heads: {settings.heads} heads, kd at temperature {temperature:g} ({source}); "
-          f"{len(train)} training sequences, {len(heldout)} held out")
-    record = train_heads(loaded.model, settings.target, train, heldout, settings.out, settings.heads,
-                         settings.intermediate_size, temperature, settings.steps, settings.anchors, settings.lr,
-                         settings.warmup_steps, settings.seed, progress)
+    return StreamsSetup(loaded.model, train, heldout, dict(skipped), HeadsHyper.from_settings(settings, temperature),
+                        source)
+
+
+def write_training(settings: StreamsSettings, skipped: dict, record: dict) -> None:
+    """`training.json` in `settings.out`: the settings, the rows skipped and the final record."""
     summary = {"settings": settings.model_dump(), "skipped_rows": dict(skipped), "final": record}
     (Path(settings.out) / "training.json").write_text(json.dumps(summary, indent=1))
+
+
+def train_streams(settings: StreamsSettings, progress: bool = True) -> dict:
+    """`draft train --kind streams` on one device: read the data, load the target, distil the
+    heads, write them and `training.json` to `settings.out`; returns the training record
+    (`engine.draft.streams_ray.train_streams_ray`: the same on N Ray Train workers)."""
+    setup = setup_streams(settings)
+    print(setup.describe(settings.heads))
+    record = train_heads(setup.target, settings.target, setup.train, setup.heldout, settings.out, setup.hyper,
+                         progress)
+    write_training(settings, setup.skipped, record)
     return record

@@ -49,6 +49,26 @@ class Hyper:
         return self.lr * min(1.0, (step + 1) / max(1, self.warmup_steps))
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a trainer runs and which share of every batch is its own.
+
+    Attributes:
+        device: where batches go.
+        forward: the module to call for the draft's logits (a DDP wrapper under Ray Train);
+            None: the draft itself.
+        rank, world: this worker's share of every batch (`[rank::world]`).
+        autocast: bfloat16 autocast for the draft's forward (CUDA, or CPUs with native bf16);
+            cached target logits are then kept in bfloat16.
+    """
+
+    device: torch.device
+    forward: torch.nn.Module | None = None
+    rank: int = 0
+    world: int = 1
+    autocast: bool = False
+
+
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     """Sum across workers (identity without torch.distributed)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -67,18 +87,12 @@ class DraftTrainer:
         target: the teacher for `kd` and for held-out acceptance; None for `ce` without one.
         layout: the family's token layout.
         train, heldout: sequences.
-        device: where batches go.
-        forward: the module to call for the draft's logits (a DDP wrapper under Ray Train);
-            defaults to `draft`.
-        rank, world: this worker's share of every batch.
-        autocast: bfloat16 autocast for the draft's forward (CUDA, or CPUs with native bf16);
-            cached target logits are then kept in bfloat16.
+        placement: device, forward module, this worker's share, autocast.
     """
 
     def __init__(self, hyper: Hyper, draft: SpeechLM, target: SpeechLM | None, layout: SpeechLayout,
-                 train: list[CodeSequence], heldout: list[CodeSequence], device: torch.device,
-                 forward: torch.nn.Module | None = None, rank: int = 0, world: int = 1,
-                 autocast: bool = False) -> None:
+                 train: list[CodeSequence], heldout: list[CodeSequence], placement: Placement) -> None:
+        world = placement.world
         if hyper.loss in TEACHER_LOSSES and target is None:
             raise ValueError(f"the {hyper.loss} loss distils the target: it needs --target DIR")
         if not train:
@@ -88,9 +102,9 @@ class DraftTrainer:
                              f"{world} workers: raise --batch-size or use fewer workers")
         self.hyper, self.draft, self.target, self.layout = hyper, draft, target, layout
         self.train_seqs, self.heldout = train, heldout
-        self.device, self.rank, self.world = torch.device(device), rank, world
-        self.forward = forward or draft
-        self.autocast = autocast
+        self.device, self.rank, self.world = torch.device(placement.device), placement.rank, world
+        self.forward = placement.forward or draft
+        self.autocast = placement.autocast
         self.params = [p for p in draft.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=hyper.lr, weight_decay=hyper.weight_decay)
         self.step = 0

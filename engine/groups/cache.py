@@ -13,6 +13,7 @@ import json
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -21,6 +22,7 @@ import torch
 
 from engine.groups.build import build_groups, check_cap, check_ranges, check_theta
 from engine.groups.csr import SpeechGroups
+from engine.groups.options import GroupsBuild
 from engine.groups.source import embeddings_sha256
 from engine.groups.store import FORMAT_VERSION, GroupFileError, deduplicate, from_bytes, to_bytes
 from engine.io.storage import cache_dir, write_atomic
@@ -86,39 +88,28 @@ def cache_key(embeddings_hash: str, theta: float, max_group_size: int | None, de
 
 def build_with_metadata(
     embeddings: torch.Tensor | np.ndarray,
-    theta: float,
-    max_group_size: int | None = None,
-    dedup: bool = False,
-    source: str = "input_embeddings",
-    backend: str = "auto",
-    workers: int = 0,
-    device: str | None = None,
-    progress: bool = False,
+    build: GroupsBuild,
     embeddings_hash: str | None = None,
-    ranges: Sequence[tuple[int, int]] | None = None,
-    family: str | None = None,
 ) -> SpeechGroups:
     """Build groups and record their provenance in `meta` (ready for `store.to_bytes`).
 
     Args:
-        workers: 0 builds in this process; N >= 1 uses N Ray workers (`distributed.py`).
+        embeddings: the rows `[V, D]` to group.
+        build: the request (`build.workers` 0 builds in this process, N >= 1 uses N Ray
+            workers, `distributed.py`); `family` and `source` are recorded.
         embeddings_hash: the precomputed `embeddings_sha256(embeddings)`, if known.
-        ranges: code ranges a group never mixes (`build.build_groups`; None: one range).
-        family: the target's model family (`SpeechLayout.family`), recorded; None for bare rows.
-        Others: as `build.build_groups`.
     """
     start = time.perf_counter()
-    if workers:
+    if build.workers:
         from engine.groups.distributed import build_groups_distributed
 
-        groups = build_groups_distributed(embeddings, theta, max_group_size, workers=workers,
-                                          backend=backend, progress=progress, ranges=ranges)
+        groups = build_groups_distributed(embeddings, build)
     else:
-        groups = build_groups(embeddings, theta, max_group_size, progress=progress, backend=backend,
-                              device=device, ranges=ranges)
-    if dedup:
+        groups = build_groups(embeddings, build.theta, build.max_group_size, progress=build.progress,
+                              backend=build.backend, device=build.device, ranges=build.ranges)
+    if build.dedup:
         groups = deduplicate(groups)
-    groups.meta.update(family=family, source=source, embeddings_shape=list(embeddings.shape),
+    groups.meta.update(family=build.family, source=build.source, embeddings_shape=list(embeddings.shape),
                        embeddings_sha256=embeddings_hash or embeddings_sha256(embeddings),
                        build_seconds=round(time.perf_counter() - start, 3))
     return groups
@@ -126,47 +117,34 @@ def build_with_metadata(
 
 def get_groups(
     embeddings: torch.Tensor | np.ndarray,
-    theta: float,
-    max_group_size: int | None = None,
+    build: GroupsBuild,
     cache_dir: str | Path | None = None,
-    source: str = "input_embeddings",
-    progress: bool = False,
-    dedup: bool = False,
     store: BlobStore | None = None,
-    backend: str = "auto",
-    workers: int = 0,
-    ranges: Sequence[tuple[int, int]] | None = None,
-    family: str | None = None,
 ) -> SpeechGroups:
     """Groups for `embeddings` `[V, D]` from the cache, built and stored only when absent.
 
     Args:
         embeddings: the target's speech rows (`Synthesizer.speech_embeddings()`).
-        theta: cosine threshold in (0, 1].
-        max_group_size: optional cap (truncated groups are counted).
+        build: the request. Its theta, cap, dedup, ranges (the target's `SpeechLayout.ranges`:
+            no group mixes two) and family (`SpeechLayout.family`: a cached file for another
+            family is refused, then rebuilt) are the key with the rows' hash; `source` is
+            recorded, not keyed (the key hashes the rows themselves); backend, workers, device
+            and progress only say how a miss builds (see `build_with_metadata`).
         cache_dir: a local cache directory (default `default_cache_dir()`); ignored with `store`.
-        source: which table the rows came from (recorded, not part of the key: the key hashes
-            the rows themselves).
-        progress: progress bar while building.
-        dedup: store identical groups once (changes N(t); docs/pcg.md section 2).
         store: any `BlobStore` (e.g. object storage) instead of a local directory.
-        backend, workers: how to build on a miss (see `build_with_metadata`).
-        ranges: the target's code ranges (`SpeechLayout.ranges`): no group mixes two; part of the
-            key. None: one range.
-        family: the target's family (`SpeechLayout.family`): recorded, part of the key, and a
-            cached file for another family is refused (then rebuilt).
 
     Returns:
         The groups; `meta["cache"]` is `"hit"` or `"miss"` and `meta["cache_path"]` says where.
         A corrupt or mislabelled cached entry is rebuilt and replaced, with a warning.
     """
-    theta, max_group_size = check_theta(theta), check_cap(max_group_size)
-    ranges = check_ranges(ranges, len(embeddings))
+    theta, max_group_size = check_theta(build.theta), check_cap(build.max_group_size)
+    ranges = check_ranges(build.ranges, len(embeddings))
+    build = replace(build, theta=theta, max_group_size=max_group_size, ranges=ranges)
     store = store or LocalDirStore(cache_dir or default_cache_dir())
     emb_hash = embeddings_sha256(embeddings)
-    key = cache_key(emb_hash, theta, max_group_size, dedup, ranges, family)
-    expect = {"family": family, "ranges": ranges, "embeddings_sha256": emb_hash, "theta": theta,
-              "max_group_size": max_group_size, "dedup": bool(dedup)}
+    key = cache_key(emb_hash, theta, max_group_size, build.dedup, ranges, build.family)
+    expect = {"family": build.family, "ranges": ranges, "embeddings_sha256": emb_hash, "theta": theta,
+              "max_group_size": max_group_size, "dedup": bool(build.dedup)}
     if store.exists(key):
         try:
             groups = from_bytes(store.get(key), store.where(key), expect)
@@ -174,9 +152,7 @@ def get_groups(
             return groups
         except GroupFileError as exc:
             warnings.warn(f"{exc}; rebuilding this cache entry", stacklevel=2)
-    groups = build_with_metadata(embeddings, theta, max_group_size, dedup, source, backend,
-                                 workers, progress=progress, embeddings_hash=emb_hash, ranges=ranges,
-                                 family=family)
+    groups = build_with_metadata(embeddings, build, embeddings_hash=emb_hash)
     store.put(key, to_bytes(groups))
     groups.meta.update(cache="miss", cache_path=store.where(key))
     return groups

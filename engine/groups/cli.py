@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from engine.groups.options import BACKENDS, SOURCES, check_cap, check_theta, parse_ranges
+from engine.groups.options import BACKENDS, SOURCES, GroupsBuild, check_cap, check_theta, parse_ranges
 
 if TYPE_CHECKING:
     import torch
@@ -82,9 +82,9 @@ def cmd_build(args) -> int:
         raise ValueError(f"--workers must be >= 0; got {args.workers}")
     rows = read_embeddings(args)
     emb_hash = embeddings_sha256(rows.embeddings)
-    groups = build_with_metadata(rows.embeddings, theta, cap, args.dedup, args.source, args.backend,
-                                 args.workers, args.device, progress=not args.quiet,
-                                 embeddings_hash=emb_hash, ranges=rows.ranges, family=rows.family)
+    build = GroupsBuild(theta, cap, args.dedup, rows.ranges, rows.family, args.source, args.backend,
+                        args.workers, args.device, progress=not args.quiet)
+    groups = build_with_metadata(rows.embeddings, build, embeddings_hash=emb_hash)
     data = to_bytes(groups)
     if args.out:
         out = Path(args.out)

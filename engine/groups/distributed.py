@@ -32,6 +32,7 @@ from engine.groups.build import (
     unit_rows,
 )
 from engine.groups.csr import SpeechGroups
+from engine.groups.options import GroupsBuild
 from engine.groups.search import make_range_searcher
 
 
@@ -141,36 +142,35 @@ class SlicePool:
 
 def build_groups_distributed(
     embeddings: torch.Tensor | np.ndarray,
-    theta: float,
-    max_group_size: int | None = None,
-    workers: int | None = None,
-    backend: str = "auto",
+    build: GroupsBuild,
     slice_rows: int = SLICE_ROWS,
     max_attempts: int = 3,
     cpus_per_worker: int = 1,
-    progress: bool = False,
     worker_cls: type = SliceWorker,
-    ranges: Sequence[tuple[int, int]] | None = None,
 ) -> SpeechGroups:
     """Groups for every row of `embeddings` `[V, D]`, built by Ray actors.
 
     Args:
-        workers: number of actors (default: one per GPU, else one per `cpus_per_worker` CPUs).
+        build: the request: theta, cap, ranges and backend as `build.build_groups` (the same
+            groups); `workers` the number of actors (0 or None: one per GPU, else one per
+            `cpus_per_worker` CPUs); `progress` a bar. Dedup and provenance are the caller's
+            (`cache.build_with_metadata`).
         slice_rows: query rows per task (smaller slices balance better and lose less on a crash).
         max_attempts: tries per slice before giving up.
+        cpus_per_worker: CPU threads each actor asks for (and uses).
         worker_cls: the actor class (a `SliceWorker`); Ray initialises locally if needed.
-        Others: as `build.build_groups` (`ranges` included: the same groups).
 
     Raises:
         ValueError: bad theta, cap, ranges or backend. RuntimeError: a slice kept failing.
     """
-    theta, max_group_size = check_theta(theta), check_cap(max_group_size)
+    backend, progress = build.backend, build.progress
+    theta, max_group_size = check_theta(build.theta), check_cap(build.max_group_size)
     x = unit_rows(embeddings)
-    ranges = check_ranges(ranges, x.shape[0])  # before any worker starts
+    ranges = check_ranges(build.ranges, x.shape[0])  # before any worker starts
     started = ensure_ray()
     pool = None
     try:
-        count, options = worker_plan(workers, cpus_per_worker)
+        count, options = worker_plan(build.workers, cpus_per_worker)
         bounds = slice_bounds(x.shape[0], slice_rows, ranges)
         table = ray.put(x)
         actor_cls = ray.remote(worker_cls).options(**options)

@@ -6,10 +6,46 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 
 BACKENDS = ("auto", "faiss", "torch")
 SOURCES = ("input_embeddings", "lm_head")
+
+
+@dataclass(frozen=True)
+class GroupsBuild:
+    """One groups request: what the groups are and how a build makes them.
+
+    `theta`, `max_group_size`, `dedup`, `ranges` and `family` decide the groups (they are the
+    cache key, with the rows' hash); `source` is recorded only; `backend`, `workers`, `device`
+    and `progress` change how a build runs, never its result, so they stay out of the key.
+    Values are checked where they are used (`check_theta`, `check_cap`, `check_ranges`).
+
+    Attributes:
+        theta: cosine threshold in (0, 1].
+        max_group_size: optional cap (truncated groups are counted); None: no cap.
+        dedup: store identical groups once (changes N(t); docs/pcg.md section 2).
+        ranges: code ranges as `(first row, size)` pairs a group never mixes; None: one range.
+        family: the target's model family (`SpeechLayout.family`); None for bare rows.
+        source: which table the rows came from (`SOURCES`).
+        backend: `auto` | `faiss` | `torch` (`BACKENDS`).
+        workers: 0 builds in this process; N >= 1 uses N Ray workers (in
+            `build_groups_distributed`, 0 or None: one per GPU, else per CPU slot).
+        device: where a single-process build searches (None or `auto`: CUDA where available).
+        progress: progress bar while building.
+    """
+
+    theta: float
+    max_group_size: int | None = None
+    dedup: bool = False
+    ranges: Sequence[tuple[int, int]] | None = None
+    family: str | None = None
+    source: str = "input_embeddings"
+    backend: str = "auto"
+    workers: int | None = 0
+    device: str | None = None
+    progress: bool = False
 
 
 def check_theta(theta: float) -> float:

@@ -16,7 +16,7 @@ from engine.draft.data import CodeSequence
 from engine.draft.init import DRAFT_INFO, init_draft, save_draft
 from engine.draft.objective import SpeechLM, set_trainable
 from engine.draft.settings import DEFAULT_TRAINABLE
-from engine.draft.train import DraftTrainer, Hyper
+from engine.draft.train import DraftTrainer, Hyper, Placement
 from engine.models.loading import read_config
 
 # Disjoint from `engine.draft.evaluate.HELDOUT_TEXTS` and from the texts tests and the
@@ -101,7 +101,7 @@ def distil(init_dir: Path, target: Path, seqs: list[CodeSequence], recipe: KitDr
     teacher = SpeechLM.load(target, layout.output_token_ids()).eval().requires_grad_(False)
     hyper = Hyper(loss="kd", temperature=recipe.temperature, batch_size=recipe.batch_size,
                   lr=recipe.lr, warmup_steps=recipe.warmup_steps, seed=seed, cache_target=True)
-    trainer = DraftTrainer(hyper, draft, teacher, layout, seqs, [], torch.device("cpu"))
+    trainer = DraftTrainer(hyper, draft, teacher, layout, seqs, [], Placement(torch.device("cpu")))
     losses = [trainer.train_step()["loss"] for _ in range(recipe.steps)]
     return trainer.trainable_state(), losses
 
@@ -145,10 +145,10 @@ class KitStreamsRecipe:
 def build_kit_streams(target: Path, out: Path, recipe: KitStreamsRecipe, temperature: float, seed: int,
                       seqs: list[CodeSequence]) -> dict:
     """Write the kit's stream heads, distilled on `seqs`, to `out`; returns what training did."""
-    from engine.draft.streams import train_heads
+    from engine.draft.streams import HeadsHyper, train_heads
     from engine.models.loading import load_model
 
     model = load_model(target, device="cpu", dtype="float32", prepack=False).model
-    return train_heads(model, target.name, seqs, [], out, heads=recipe.heads, temperature=temperature,
-                       steps=recipe.steps, anchors=recipe.anchors, lr=recipe.lr,
-                       warmup_steps=recipe.warmup_steps, seed=seed)
+    hyper = HeadsHyper(heads=recipe.heads, temperature=temperature, steps=recipe.steps, anchors=recipe.anchors,
+                       lr=recipe.lr, warmup_steps=recipe.warmup_steps, seed=seed)
+    return train_heads(model, target.name, seqs, [], out, hyper)

@@ -15,6 +15,7 @@ best of its failures (written to the rejects).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,32 @@ from engine.records import AttemptScores, QualityVerdict
 
 SAMPLE_RATE = 16_000  # what the verifiers hear (the ASR and speaker models take 16 kHz audio)
 BUNDLED = {"asr": "pocketsphinx", "speaker": "resemblyzer"}
+
+
+@dataclass(frozen=True)
+class AttemptInput:
+    """What `QualityGate.score` judges of one attempt at one row.
+
+    Attributes:
+        text: the row's text.
+        wave: its speech at `SAMPLE_RATE` (`heard`; a voice prompt's audio left out); None: it
+            has no audio (`no_audio` says why), which fails the attempt.
+        finish_reason: `eos` or `length`.
+        attempt, seed: which attempt it is.
+        prompt, prompt_wave: the row's voice prompt and its clip (at the codec's rate), if any.
+        hypothesis: the ASR's transcript of `wave` (`transcribe`).
+        no_audio: why `wave` is None.
+    """
+
+    text: str
+    wave: np.ndarray | None
+    finish_reason: str
+    attempt: int
+    seed: int
+    prompt: object = None
+    prompt_wave: np.ndarray | None = None
+    hypothesis: str | None = None
+    no_audio: str | None = None
 
 
 class VerifierLost(RuntimeError):
@@ -154,20 +181,11 @@ class QualityGate:
             self._references[prompt.id] = self.speaker.embed(wave)
         return self._references[prompt.id]
 
-    def score(self, text: str, wave: np.ndarray | None, finish_reason: str, attempt: int, seed: int,
-              prompt=None, prompt_wave: np.ndarray | None = None, hypothesis: str | None = None,
-              no_audio: str | None = None) -> AttemptScores:
-        """One attempt's scores and the checks it failed.
-
-        Args:
-            text: the row's text.
-            wave: its speech at `SAMPLE_RATE` (`heard`; a voice prompt's audio left out); None: it has no audio
-                (`no_audio` says why), which fails the attempt.
-            finish_reason: `eos` or `length`.
-            attempt, seed: which attempt it is.
-            prompt, prompt_wave: the row's voice prompt and its clip (at the codec's rate), if any.
-            hypothesis: the ASR's transcript of `wave` (`transcribe`).
-        """
+    def score(self, row: AttemptInput) -> AttemptScores:
+        """One attempt's scores and the checks it failed (`row`: the attempt, its audio and
+        transcript)."""
+        text, wave, finish_reason, attempt, seed = row.text, row.wave, row.finish_reason, row.attempt, row.seed
+        prompt, prompt_wave, hypothesis, no_audio = row.prompt, row.prompt_wave, row.hypothesis, row.no_audio
         if wave is None:
             return AttemptScores(attempt, seed, finish_reason, 0.0, failed=[f"no audio ({no_audio})"])
         duration = len(wave) / SAMPLE_RATE

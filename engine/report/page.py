@@ -8,11 +8,12 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from html import escape
 from pathlib import PurePosixPath
 
 from engine.report.figures import SERIES
-from engine.report.read import ReportRow
+from engine.report.read import Output, ReportRow
 
 TEXT_CHARS = 300  # of a row's text kept in the table (a long-form row's whole text would swell the page)
 MIME = {".flac": "audio/flac", ".wav": "audio/wav", ".mp3": "audio/mpeg", ".ogg": "audio/ogg"}
@@ -188,9 +189,36 @@ def rows_data(rows: Sequence[ReportRow], sample: Sequence[ReportRow]) -> tuple[s
     return text.replace("<", "\\u003c"), shown
 
 
-def render(output, rows: Sequence[ReportRow], sample: Sequence[ReportRow], clips: dict, svgs: Sequence[str],
-           summary_text: str | None, size: int, seed: int, version: str) -> str:
+@dataclass(frozen=True)
+class PageContent:
+    """Everything one report page shows.
+
+    Attributes:
+        output: the job output read (`engine.report.read.open_output`).
+        rows: every row of its committed shards.
+        sample: the rows chosen for players (`choose_sample`).
+        clips: their audio by row id (rows without audio are absent).
+        svgs: the histograms, as inline SVG.
+        summary_text: the job's summary, if it wrote one.
+        size, seed: the sample asked for and its seed (shown beside the players).
+        version: the pcg-synth version writing the page.
+    """
+
+    output: Output
+    rows: Sequence[ReportRow]
+    sample: Sequence[ReportRow]
+    clips: dict
+    svgs: Sequence[str]
+    summary_text: str | None
+    size: int
+    seed: int
+    version: str
+
+
+def render(page: PageContent) -> str:
     """The whole page."""
+    output, rows, sample, clips = page.output, page.rows, page.sample, page.clips
+    svgs, summary_text, size, seed, version = page.svgs, page.summary_text, page.size, page.seed, page.version
     data, _ = rows_data(rows, sample)
     bad = sum(r.status != "ok" for r in rows)
     title = f"{output.name}: {len(rows)} rows"

@@ -8,7 +8,7 @@ from engine.config import StorageOptions
 from engine.console import bar_disabled
 from engine.io.storage import Storage, is_remote, join
 from engine.report.figures import choose_sample, histograms
-from engine.report.page import render
+from engine.report.page import PageContent, render
 from engine.report.read import ReportRow, open_output
 
 __all__ = ["default_destination", "write_report"]
@@ -72,8 +72,8 @@ def write_report(output: str, dest: str | None = None, sample: int = 24, seed: i
     bar.close()
     chosen = choose_sample(rows, sample, seed)
     clips = out.clips(chosen)
-    page = render(out, rows, chosen, clips, histograms(rows), _summary_text(out.summary), sample, seed,
-                  __version__).encode()
+    page = render(PageContent(out, rows, chosen, clips, histograms(rows), _summary_text(out.summary), sample, seed,
+                              __version__)).encode()
     dest = dest or default_destination(output)
     storage.write_bytes(dest, page)
     return {"output": output, "dest": dest, "format": out.format, "shards": len(out.committed),

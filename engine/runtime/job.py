@@ -54,13 +54,15 @@ def prepare_groups(spec: JobSpec, storage: Storage, progress: bool = True, given
     if spec.models.groups:
         return check_groups_file(spec, storage)
     from engine.groups.cache import default_cache_dir, get_groups
+    from engine.groups.options import GroupsBuild
     from engine.groups.source import speech_rows_of
     from engine.runtime.storage_blobs import StorageBlobStore
 
     embeddings, layout = speech_rows_of(storage, spec.models.target)
     store = StorageBlobStore(storage, spec.models.groups_cache or str(default_cache_dir()))
-    return get_groups(embeddings, spec.decoding.theta, spec.decoding.max_group_size, store=store,
-                      progress=progress, ranges=layout.ranges, family=layout.family)
+    build = GroupsBuild(spec.decoding.theta, spec.decoding.max_group_size, ranges=layout.ranges,
+                        family=layout.family, progress=progress)
+    return get_groups(embeddings, build, store=store)
 
 
 @dataclass

@@ -222,10 +222,12 @@ class ShardProcessor:
             self.stream.on_verify_thread(self.warm_verifiers).result()
 
     def warm_verifiers(self) -> None:
+        from engine.metrics.gate import AttemptInput
+
         gate = self.stages.verify.gate
         wave = self.codec.decode([[0] * 50])[0]  # a second of the codec's audio
         hyp = gate.transcribe([wave])[0]
-        gate.score("Warm-up.", wave, "eos", 1, 0, hypothesis=hyp if isinstance(hyp, str) else "")
+        gate.score(AttemptInput("Warm-up.", wave, "eos", 1, 0, hypothesis=hyp if isinstance(hyp, str) else ""))
 
     def info(self) -> dict:
         import ray

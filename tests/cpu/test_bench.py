@@ -134,12 +134,12 @@ def test_llasa_shape_builder_makes_a_working_target_and_draft(tmp_path):
     from dataclasses import replace
 
     from engine import DecodingSettings, Synthesizer
-    from engine.bench.presets import LLASA_1B_SPEC, llasa_1b_shape
+    from engine.bench.presets import LLASA_1B_SPEC, ModelBuild, llasa_1b_shape
     from engine.models.loading import load_model
 
     small = replace(LLASA_1B_SPEC, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
                     num_kv_heads=2)
-    target, draft = llasa_1b_shape(torch.device("cpu"), torch.float32, spec=small, draft_layers=(0, 1, 3),
+    target, draft = llasa_1b_shape(ModelBuild(torch.device("cpu"), torch.float32), spec=small, draft_layers=(0, 1, 3),
                                    vocab_size=70_000, save_to=tmp_path)
     assert target.model.vocab_out == 65_537 and target.model.model.embed_tokens.weight.shape[0] == 70_000
     assert len(draft.model.model.layers) == 3

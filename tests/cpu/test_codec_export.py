@@ -12,7 +12,7 @@ import soundfile as sf
 
 from engine.codec.audio import read_audio_bytes, read_clip, to_pcm16
 from engine.codec.cli import register
-from engine.codec.export import export_audio, file_name
+from engine.codec.export import AudioOutput, export_audio, file_name
 from engine.codec.prompts import VoicePrompt
 from engine.codec.xcodec2 import Xcodec2Codec
 from engine.config import DecodingSettings
@@ -47,8 +47,8 @@ def mixed_results() -> list[SynthesisResult]:
 
 def test_export_parquet_and_wav_dir(codec, tmp_path):
     results = mixed_results()
-    summary = export_audio(results, SETTINGS, None, tmp_path / "out.parquet", tmp_path / "wavs",
-                           codec=codec, window=4)
+    summary = export_audio(results, SETTINGS, codec, AudioOutput(tmp_path / "out.parquet", tmp_path / "wavs",
+                                                                 window=4))
     assert summary["rows"] == 6 and summary["with_audio"] == 3 and summary["failed"] == 3
     assert summary["audio_seconds"] == pytest.approx((12 + 7 + 12) * HOP / 16000)
     table = pq.read_table(tmp_path / "out.parquet")
@@ -76,8 +76,8 @@ def test_prompt_audio_modes(codec, tmp_path):
     res = [result("x", list(range(500, 515)))]
     decoded = {}
     for mode in ("strip", "include", "context"):
-        export_audio(res, SETTINGS, None, tmp_path / f"{mode}.parquet", None, codec=codec,
-                     prompts=[prompt], prompt_audio=mode)
+        export_audio(res, SETTINGS, codec, AudioOutput(tmp_path / f"{mode}.parquet", prompt_audio=mode),
+                     prompts=[prompt])
         row = pq.read_table(tmp_path / f"{mode}.parquet").to_pylist()[0]
         assert row["prompt_id"] == "spk" and row["prompt_audio"] == mode
         assert row["codes"] == res[0].codes  # the generated codes only, in every mode
@@ -94,8 +94,8 @@ def test_flac_export_to_file_like(codec, tmp_path):
     import io
 
     buf = io.BytesIO()
-    summary = export_audio([result("f", [1, 2, 3])], SETTINGS, None, buf, tmp_path / "w", codec=codec,
-                           audio_format="flac")
+    summary = export_audio([result("f", [1, 2, 3])], SETTINGS, codec,
+                           AudioOutput(buf, tmp_path / "w", audio_format="flac"))
     assert summary["parquet"] is None and summary["format"] == "flac"
     row = pq.read_table(io.BytesIO(buf.getvalue())).to_pylist()[0]
     assert row["audio"]["bytes"][:4] == b"fLaC" and row["audio"]["path"] == "f.flac"
@@ -104,7 +104,7 @@ def test_flac_export_to_file_like(codec, tmp_path):
 
 
 def test_export_loads_the_codec_from_its_directory(kit_dir, tmp_path):
-    summary = export_audio([result("k", [9, 8, 7])], SETTINGS, kit_dir / "codec", tmp_path / "k.parquet")
+    summary = export_audio([result("k", [9, 8, 7])], SETTINGS, kit_dir / "codec", AudioOutput(tmp_path / "k.parquet"))
     assert summary["with_audio"] == 1 and (tmp_path / "k.parquet").is_file()
 
 
@@ -115,15 +115,16 @@ def test_export_loads_the_codec_from_its_directory(kit_dir, tmp_path):
     (dict(prompts=[None, None]), "2 prompts for 1 results"),
 ])
 def test_export_argument_errors(codec, tmp_path, kwargs, match):
-    args = dict(parquet_path=tmp_path / "x.parquet", wav_dir=None, codec=codec) | kwargs
+    args = dict(parquet_path=tmp_path / "x.parquet", wav_dir=None) | kwargs
+    prompts = args.pop("prompts", None)
     with pytest.raises(ValueError, match=match):
-        export_audio([result("a", [1])], SETTINGS, None, **args)
+        export_audio([result("a", [1])], SETTINGS, codec, AudioOutput(**args), prompts=prompts)
     assert not (tmp_path / "x.parquet").exists()
 
 
 def test_export_refuses_repeated_ids_for_files(codec, tmp_path):
     with pytest.raises(ValueError, match="ids repeat"):
-        export_audio([result("a", [1]), result("a", [2])], SETTINGS, None, None, tmp_path, codec=codec)
+        export_audio([result("a", [1]), result("a", [2])], SETTINGS, codec, AudioOutput(wav_dir=tmp_path))
 
 
 def run_cli(argv: list[str]) -> int:

@@ -258,9 +258,10 @@ def test_a_second_process_loads_the_compiled_round_from_the_cache(small_kit, kit
         "import json, sys\n"
         "from engine import DecodingSettings, Synthesizer\n"
         "from engine.groups.cache import get_groups\n"
+        "from engine.groups.options import GroupsBuild\n"
         "s = Synthesizer.load(sys.argv[1] + '/target', draft=sys.argv[1] + '/draft', device='cpu',\n"
         "                     dtype='float64', batch_size=4, compile='inductor')\n"
-        "s.set_groups(get_groups(s.speech_embeddings(), 0.4))\n"
+        "s.set_groups(get_groups(s.speech_embeddings(), GroupsBuild(0.4)))\n"
         "s.synthesize(['Hi.', 'Hello there.'], DecodingSettings(method='exact', gamma=2, max_new_tokens=12))\n"
         "print(json.dumps(s.runner.stats.to_dict()))\n")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}

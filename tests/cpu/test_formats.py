@@ -221,7 +221,7 @@ def test_convert_reads_and_writes_s3(kit_output, s3_endpoint, s3_bucket):
 
 
 def test_hf_parquet_writer_writes_the_bytes_export_audio_writes(kit_dir, tmp_path):
-    from engine.codec.export import export_audio, render_rows, windows
+    from engine.codec.export import AudioOutput, export_audio, render_rows, windows
     from engine.codec.xcodec2 import Xcodec2Codec
     from engine.records import SynthesisResult
 
@@ -232,7 +232,7 @@ def test_hf_parquet_writer_writes_the_bytes_export_audio_writes(kit_dir, tmp_pat
     results.append(SynthesisResult(id="bad", text="x", seed=9, error="boom"))
     settings = DecodingSettings()
     buffer = io.BytesIO()
-    export_audio(results, settings, None, parquet_path=buffer, codec=codec, audio_format="flac", window=2)
+    export_audio(results, settings, codec, AudioOutput(parquet_path=buffer, audio_format="flac", window=2))
     tables = [build_table(render_rows(codec, results[part], [None] * len(results[part]), audio_format="flac"),
                           settings, codec.sample_rate) for part in windows(len(results), 2)]
     written = write_shard(Storage(), OutputSpec(uri=str(tmp_path)), "shard-00000", tables)

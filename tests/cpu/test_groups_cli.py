@@ -13,6 +13,7 @@ import ray
 from engine.cli import main
 from engine.groups.build import build_groups, unit_rows
 from engine.groups.cache import get_groups
+from engine.groups.options import GroupsBuild
 from engine.groups.source import load_speech_embeddings
 from engine.groups.store import load_groups
 
@@ -42,8 +43,8 @@ def test_build_from_checkpoint_with_two_workers_fills_the_cache(kit_dir, kit_syn
     assert "tokens 65536" in out and "truncated 0" in out and "written to" in out
     assert not ray.is_initialized(), "the CLI must shut down the cluster it started"
     layout = kit_synth.layout  # what the API passes: the checkpoint's family and code ranges
-    hit = get_groups(kit_synth.speech_embeddings(), 0.4, cache_dir=tmp_path, ranges=layout.ranges,
-                     family=layout.family)
+    hit = get_groups(kit_synth.speech_embeddings(), GroupsBuild(0.4, ranges=layout.ranges, family=layout.family),
+                     cache_dir=tmp_path)
     assert hit.meta["cache"] == "hit" and hit.meta["family"] == "llasa" and hit.code_ranges == [(0, 65536)]
     assert hit.num_tokens == 65536 and hit.members.dtype == np.uint16
     # A few groups against brute force on the model's rows.

@@ -10,6 +10,7 @@ import pytest
 
 from engine.groups.build import build_groups
 from engine.groups.distributed import SliceWorker, build_groups_distributed
+from engine.groups.options import GroupsBuild
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def assert_same(a, b) -> None:
 @pytest.mark.parametrize("cap", [None, 12])
 def test_two_workers_equal_local_build(local_ray, emb, cap):
     local = build_groups(emb, 0.35, cap)
-    spread = build_groups_distributed(emb, 0.35, cap, workers=2, slice_rows=256)
+    spread = build_groups_distributed(emb, GroupsBuild(0.35, cap, workers=2), slice_rows=256)
     assert_same(spread, local)
     assert spread.meta["workers"] == 2 and spread.meta["retries"] == 0
     assert local.sizes.mean() > 3 and (cap is None or local.truncated > 0)
@@ -40,7 +41,7 @@ def test_two_workers_equal_local_build_within_code_ranges(local_ray, emb, cap):
     """Slices of 256 rows would cross the end of the first range (700) if they were not cut there."""
     ranges = [(0, 700), (700, 800)]
     local = build_groups(emb, 0.35, cap, ranges=ranges)
-    spread = build_groups_distributed(emb, 0.35, cap, workers=2, slice_rows=256, ranges=ranges)
+    spread = build_groups_distributed(emb, GroupsBuild(0.35, cap, ranges=ranges, workers=2), slice_rows=256)
     assert_same(spread, local)
     assert spread.meta["ranges"] == [[0, 700], [700, 800]]
     def second_range(groups, t: int) -> set:
@@ -64,7 +65,7 @@ def test_dead_worker_slice_is_retried(local_ray, emb, tmp_path):
                 os._exit(1)
             return super().search(lo, hi, theta, max_group_size)
 
-    groups = build_groups_distributed(emb, 0.35, workers=2, slice_rows=256, worker_cls=CrashOnce)
+    groups = build_groups_distributed(emb, GroupsBuild(0.35, workers=2), slice_rows=256, worker_cls=CrashOnce)
     assert not os.path.exists(marker), "the crash never happened"
     assert groups.meta["retries"] == 1
     assert_same(groups, build_groups(emb, 0.35))
@@ -78,12 +79,12 @@ def test_slice_that_always_kills_its_worker_gives_up(local_ray, emb):
             return super().search(lo, hi, theta, max_group_size)
 
     with pytest.raises(RuntimeError, match=r"groups slice 0\.\.750 failed 2 times"):
-        build_groups_distributed(emb, 0.35, workers=2, slice_rows=750, max_attempts=2,
+        build_groups_distributed(emb, GroupsBuild(0.35, workers=2), slice_rows=750, max_attempts=2,
                                  worker_cls=AlwaysCrash)
 
 
 def test_errors_before_any_worker_starts(local_ray, emb):
     with pytest.raises(ValueError, match=r"theta must lie in \(0, 1\]"):
-        build_groups_distributed(emb, 0.0, workers=2)
+        build_groups_distributed(emb, GroupsBuild(0.0, workers=2))
     with pytest.raises(ValueError, match="code ranges must tile 0..1499"):
-        build_groups_distributed(emb, 0.35, workers=2, ranges=[(0, 700), (700, 700)])
+        build_groups_distributed(emb, GroupsBuild(0.35, ranges=[(0, 700), (700, 700)], workers=2))

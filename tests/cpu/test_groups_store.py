@@ -13,6 +13,7 @@ from safetensors.numpy import load_file
 from engine.groups import store
 from engine.groups.cache import LocalDirStore, build_with_metadata, cache_key, default_cache_dir, get_groups
 from engine.groups.csr import GroupIndex, SpeechGroups
+from engine.groups.options import GroupsBuild
 from engine.groups.source import embeddings_sha256
 from engine.groups.stats import group_stats
 from engine.groups.store import GroupFileError, deduplicate, from_bytes, load_groups, save_groups, to_bytes
@@ -42,7 +43,7 @@ def same_groups(a: SpeechGroups, b: SpeechGroups) -> bool:
 
 @pytest.mark.parametrize("cap,dedup", [(None, False), (8, False), (None, True), (8, True)])
 def test_round_trip(emb, tmp_path, cap, dedup):
-    built = build_with_metadata(emb, 0.4, cap, dedup=dedup)
+    built = build_with_metadata(emb, GroupsBuild(0.4, cap, dedup=dedup))
     path = save_groups(built, tmp_path / "g.safetensors")
     loaded = load_groups(path, expect={"embeddings_sha256": embeddings_sha256(emb), "theta": 0.4})
     assert same_groups(built, loaded)
@@ -58,10 +59,10 @@ def test_dedup_round_trip_keeps_every_group(tmp_path):
     # Each row appears 6 times, so each group 6 times: dedup must shrink and stay exact.
     base = embeddings(100, 16, seed=1)
     emb = base[torch.arange(600) % 100]
-    plain = build_with_metadata(emb, 0.5)
+    plain = build_with_metadata(emb, GroupsBuild(0.5))
     deduped = deduplicate(plain)
     assert deduped.num_groups <= 100 and deduped.num_tokens == 600
-    loaded = load_groups(save_groups(build_with_metadata(emb, 0.5, dedup=True), tmp_path / "d.st"))
+    loaded = load_groups(save_groups(build_with_metadata(emb, GroupsBuild(0.5, dedup=True)), tmp_path / "d.st"))
     assert same_groups(deduped, loaded)
     for t in range(600):
         np.testing.assert_array_equal(loaded.group_of(t), plain.group(t))
@@ -77,7 +78,7 @@ def test_dedup_round_trip_keeps_every_group(tmp_path):
 
 
 def test_member_ids_use_uint16_and_group_index_accepts_loaded(emb, tmp_path):
-    loaded = load_groups(save_groups(build_with_metadata(emb, 0.35), tmp_path / "g.st"))
+    loaded = load_groups(save_groups(build_with_metadata(emb, GroupsBuild(0.35)), tmp_path / "g.st"))
     assert loaded.members.dtype == np.uint16
     index = GroupIndex(loaded, 601)
     assert index.symmetric and index.num_groups == 601
@@ -88,7 +89,7 @@ def flip_byte(data: bytes, offset: int) -> bytes:
 
 
 def test_corrupt_files_fail_clearly(emb):
-    data = to_bytes(build_with_metadata(emb, 0.4))
+    data = to_bytes(build_with_metadata(emb, GroupsBuild(0.4)))
     with pytest.raises(GroupFileError, match="content hash mismatch"):
         from_bytes(flip_byte(data, len(data) - 5), "g.st")  # a member id deep in the data
     with pytest.raises(GroupFileError, match="g.st: not a pcg-synth groups file, or corrupt"):
@@ -112,7 +113,7 @@ def rewrite_meta(data: bytes, **changes) -> bytes:
 
 
 def test_version_format_and_mismatch_fail_clearly(emb, tmp_path):
-    data = to_bytes(build_with_metadata(emb, 0.4))
+    data = to_bytes(build_with_metadata(emb, GroupsBuild(0.4)))
     assert same_groups(from_bytes(rewrite_meta(data)), from_bytes(data))  # the editor is faithful
     with pytest.raises(GroupFileError, match="content hash mismatch"):
         from_bytes(rewrite_meta(data, theta=0.6), "g.st")  # metadata is covered by the hash too
@@ -134,29 +135,29 @@ def test_provenance_is_required_to_save():
 
 
 def test_cache_builds_once_then_hits(emb, tmp_path):
-    first = get_groups(emb, 0.4, cache_dir=tmp_path)
+    first = get_groups(emb, GroupsBuild(0.4), cache_dir=tmp_path)
     assert first.meta["cache"] == "miss"
     files = list(tmp_path.iterdir())
     assert [f.name for f in files] == [cache_key(embeddings_sha256(emb), 0.4, None, False)]
     mtime = files[0].stat().st_mtime_ns
-    second = get_groups(emb.clone(), 0.4, cache_dir=tmp_path)
+    second = get_groups(emb.clone(), GroupsBuild(0.4), cache_dir=tmp_path)
     assert second.meta["cache"] == "hit" and same_groups(first, second)
     assert files[0].stat().st_mtime_ns == mtime
     # Every input of the key gives its own entry.
-    get_groups(emb, 0.45, cache_dir=tmp_path)
-    get_groups(emb, 0.4, max_group_size=4, cache_dir=tmp_path)
-    get_groups(emb, 0.4, dedup=True, cache_dir=tmp_path)
-    get_groups(embeddings(seed=5), 0.4, cache_dir=tmp_path)
+    get_groups(emb, GroupsBuild(0.45), cache_dir=tmp_path)
+    get_groups(emb, GroupsBuild(0.4, max_group_size=4), cache_dir=tmp_path)
+    get_groups(emb, GroupsBuild(0.4, dedup=True), cache_dir=tmp_path)
+    get_groups(embeddings(seed=5), GroupsBuild(0.4), cache_dir=tmp_path)
     assert len(list(tmp_path.iterdir())) == 5
 
 
 def test_cache_replaces_a_corrupt_entry(emb, tmp_path):
-    first = get_groups(emb, 0.4, cache_dir=tmp_path)
+    first = get_groups(emb, GroupsBuild(0.4), cache_dir=tmp_path)
     path = tmp_path / cache_key(embeddings_sha256(emb), 0.4, None, False)
     data = path.read_bytes()
     path.write_bytes(flip_byte(data, len(data) - 5))
     with pytest.warns(UserWarning, match=r"content hash mismatch\); rebuilding"):
-        again = get_groups(emb, 0.4, cache_dir=tmp_path)
+        again = get_groups(emb, GroupsBuild(0.4), cache_dir=tmp_path)
     assert again.meta["cache"] == "miss" and same_groups(first, again)
     assert path.read_bytes() == data
 
@@ -183,8 +184,8 @@ class CountingStore(LocalDirStore):
 
 def test_cache_uses_a_plugged_store(emb, tmp_path):
     blobs = CountingStore(tmp_path / "bucket")
-    get_groups(emb, 0.4, store=blobs)
-    get_groups(emb, 0.4, store=blobs)
+    get_groups(emb, GroupsBuild(0.4), store=blobs)
+    get_groups(emb, GroupsBuild(0.4), store=blobs)
     assert blobs.calls == ["exists", "put", "exists", "get"]
 
 
@@ -230,25 +231,25 @@ def resealed(data: bytes, **changes) -> bytes:
 
 
 def test_round_trip_keeps_family_and_ranges(emb, tmp_path):
-    built = build_with_metadata(emb, 0.4, 8, ranges=TWO, family="orpheus")
+    built = build_with_metadata(emb, GroupsBuild(0.4, 8, ranges=TWO, family="orpheus"))
     loaded = load_groups(save_groups(built, tmp_path / "g.st"),
                          expect={"family": "orpheus", "ranges": TWO, "theta": 0.4})
     assert same_groups(built, loaded)
     assert loaded.meta["family"] == "orpheus" and loaded.meta["ranges"] == [[0, 250], [250, 350]]
     assert loaded.code_ranges == TWO
-    plain = from_bytes(to_bytes(build_with_metadata(emb, 0.4)))
+    plain = from_bytes(to_bytes(build_with_metadata(emb, GroupsBuild(0.4))))
     assert plain.meta["family"] is None and plain.meta["ranges"] == [[0, 600]]
 
 
 def test_another_familys_file_is_refused_naming_both(emb):
-    llasa = to_bytes(build_with_metadata(emb, 0.4, family="llasa"))
+    llasa = to_bytes(build_with_metadata(emb, GroupsBuild(0.4, family="llasa")))
     other_rows = embeddings_sha256(embeddings(seed=9))  # wrong as well: the family is what the user hears
     with pytest.raises(GroupFileError, match=r"^g\.st: built for a llasa target \(1 range of 600 codes\), not "
                                              r"orpheus \(2 ranges of 250, 350 codes\)"):
         from_bytes(llasa, "g.st", expect={"embeddings_sha256": other_rows, "family": "orpheus", "ranges": TWO})
     with pytest.raises(GroupFileError, match=r"built for a llasa target \(1 range of 600 codes\), not orpheus:"):
         from_bytes(llasa, "g.st", expect={"family": "orpheus"})
-    orpheus = to_bytes(build_with_metadata(emb, 0.4, ranges=[(0, 300), (300, 300)], family="orpheus"))
+    orpheus = to_bytes(build_with_metadata(emb, GroupsBuild(0.4, ranges=[(0, 300), (300, 300)], family="orpheus")))
     with pytest.raises(GroupFileError, match=r"built for an orpheus target \(2 ranges of 300 codes\), not "
                                              r"this target \(1 range of 600 codes\)"):
         from_bytes(orpheus, "g.st", expect={"ranges": [(0, 600)]})
@@ -256,7 +257,7 @@ def test_another_familys_file_is_refused_naming_both(emb):
 
 
 def test_an_old_file_without_family_or_ranges_serves_one_range(emb):
-    old = without_layout(to_bytes(build_with_metadata(emb, 0.4)))
+    old = without_layout(to_bytes(build_with_metadata(emb, GroupsBuild(0.4))))
     expect = {"family": "llasa", "ranges": [(0, 600)], "embeddings_sha256": embeddings_sha256(emb), "theta": 0.4}
     loaded = from_bytes(old, "old.st", expect)
     assert loaded.meta["family"] is None and loaded.meta["ranges"] == [[0, 600]] and loaded.code_ranges == [(0, 600)]
@@ -267,7 +268,7 @@ def test_an_old_file_without_family_or_ranges_serves_one_range(emb):
 
 
 def test_ranges_that_groups_cross_or_that_do_not_tile_are_corrupt(emb):
-    data = to_bytes(build_with_metadata(emb, 0.4))  # one range: its groups cross 250
+    data = to_bytes(build_with_metadata(emb, GroupsBuild(0.4)))  # one range: its groups cross 250
     with pytest.raises(GroupFileError, match=r"g\.st: corrupt groups file \(a group mixes code ranges\)"):
         from_bytes(resealed(data, ranges=[[0, 250], [250, 350]]), "g.st")
     with pytest.raises(GroupFileError, match=r"corrupt groups file \(code ranges \[\[0, 250\]\] do not tile 0..599"):
@@ -276,7 +277,7 @@ def test_ranges_that_groups_cross_or_that_do_not_tile_are_corrupt(emb):
 
 
 def test_stats_per_code_range(emb):
-    groups = build_with_metadata(emb, 0.55, 6, ranges=TWO, family="orpheus")
+    groups = build_with_metadata(emb, GroupsBuild(0.55, 6, ranges=TWO, family="orpheus"))
     stats = from_bytes(to_bytes(groups)).meta["stats"]
     sizes = groups.sizes
     assert [(r["start"], r["size"]) for r in stats["ranges"]] == TWO
@@ -288,7 +289,7 @@ def test_stats_per_code_range(emb):
     assert sum(r["truncated"] for r in stats["ranges"]) == stats["truncated"] == groups.truncated > 0
     assert sum(r["singletons"] for r in stats["ranges"]) == stats["singletons"] > 0
     assert stats["ranges"][0]["mean_size"] != stats["ranges"][1]["mean_size"]
-    assert "ranges" not in group_stats(build_with_metadata(emb, 0.55))
+    assert "ranges" not in group_stats(build_with_metadata(emb, GroupsBuild(0.55)))
 
 
 def test_cache_keys_differ_by_ranges_and_family(emb, tmp_path):
@@ -298,19 +299,19 @@ def test_cache_keys_differ_by_ranges_and_family(emb, tmp_path):
     assert len(keys) == 9
     # one range is the default: the key (and the cached file) of a request without ranges
     assert cache_key(h, 0.4, None, False, [(0, 600)]) == cache_key(h, 0.4, None, False)
-    first = get_groups(emb, 0.4, cache_dir=tmp_path, ranges=TWO, family="orpheus")
-    again = get_groups(emb, 0.4, cache_dir=tmp_path, ranges=TWO, family="orpheus")
+    first = get_groups(emb, GroupsBuild(0.4, ranges=TWO, family="orpheus"), cache_dir=tmp_path)
+    again = get_groups(emb, GroupsBuild(0.4, ranges=TWO, family="orpheus"), cache_dir=tmp_path)
     assert (first.meta["cache"], again.meta["cache"]) == ("miss", "hit") and same_groups(first, again)
     assert again.meta["family"] == "orpheus" and again.code_ranges == TWO
-    assert get_groups(emb, 0.4, cache_dir=tmp_path).meta["cache"] == "miss"
+    assert get_groups(emb, GroupsBuild(0.4), cache_dir=tmp_path).meta["cache"] == "miss"
     assert [f.name for f in sorted(tmp_path.iterdir(), key=lambda f: f.stat().st_mtime_ns)] == \
         [cache_key(h, 0.4, None, False, TWO, "orpheus"), cache_key(h, 0.4, None, False)]
 
 
 def test_cache_rebuilds_an_entry_of_another_family(emb, tmp_path):
     key = cache_key(embeddings_sha256(emb), 0.4, None, False, TWO, "orpheus")
-    (tmp_path / key).write_bytes(to_bytes(build_with_metadata(emb, 0.4, ranges=TWO, family="llasa")))
+    (tmp_path / key).write_bytes(to_bytes(build_with_metadata(emb, GroupsBuild(0.4, ranges=TWO, family="llasa"))))
     with pytest.warns(UserWarning, match=r"built for a llasa target \(2 ranges of 250, 350 codes\), not orpheus "
                                          r"\(2 ranges of 250, 350 codes\).*; rebuilding"):
-        groups = get_groups(emb, 0.4, cache_dir=tmp_path, ranges=TWO, family="orpheus")
+        groups = get_groups(emb, GroupsBuild(0.4, ranges=TWO, family="orpheus"), cache_dir=tmp_path)
     assert groups.meta["cache"] == "miss" and from_bytes((tmp_path / key).read_bytes()).meta["family"] == "orpheus"

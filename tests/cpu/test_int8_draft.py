@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import DecodingSettings, SynthesisItem, Synthesizer
-from engine.bench.presets import load_synthesizer
+from engine.bench.presets import LoadOptions, load_synthesizer
 from engine.cli import main
 from engine.config import ModelsSpec
 from engine.models.loading import load_model
@@ -126,7 +126,7 @@ def test_draft_weights_setting_is_checked_and_reaches_generate(kit_dir, tmp_path
     with pytest.raises(ValueError):
         ModelsSpec(target="t", draft="d", codec="c", draft_weights="int4")
     with pytest.raises(ValueError, match="eagerly"):  # refused before any model loads
-        load_synthesizer("tiny", kit=str(kit_dir), device="cpu", compile="inductor", draft_weights="int8")
+        load_synthesizer("tiny", kit=str(kit_dir), options=LoadOptions("cpu", compile="inductor", draft_weights="int8"))
     out = tmp_path / "codes.json"
     assert main(["generate", "--kit", str(kit_dir), "--text", "Hello there.", "--method", "pcg",
                  "--draft-weights", "int8", "--max-new-tokens", "16", "--device", "cpu",

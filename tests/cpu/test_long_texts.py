@@ -349,7 +349,7 @@ def test_the_api_and_generate_prepare_texts_as_jobs_do(synth64, kit_dir, tmp_pat
     import pyarrow.parquet as pq
 
     from engine.cli import main
-    from engine.codec.export import export_audio
+    from engine.codec.export import AudioOutput, export_audio
     from engine.codec.xcodec2 import Xcodec2Codec
     from engine.config import DecodingSettings, QualitySpec, TextSpec
     from engine.metrics.gate import QualityGate
@@ -375,7 +375,7 @@ def test_the_api_and_generate_prepare_texts_as_jobs_do(synth64, kit_dir, tmp_pat
     assert [streamed[r.id].codes for r in results] == [r.codes for r in results]
     # the joined clip: the chunks' audio, edges trimmed and crossfaded; the chunks in its provenance
     codec = Xcodec2Codec.load(kit_dir / "codec", device="cpu")
-    export_audio(results, settings, None, parquet_path=tmp_path / "api.parquet", codec=codec)
+    export_audio(results, settings, codec, AudioOutput(parquet_path=tmp_path / "api.parquet"))
     rows = pq.read_table(tmp_path / "api.parquet").to_pylist()
     assert [r["normalized_text"] for r in rows] == [r.normalized_text for r in results]
     placed = json.loads(rows[0]["provenance"])["chunks"]

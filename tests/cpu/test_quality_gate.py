@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from engine import SynthesisItem
 from engine.config import VERIFY_QUEUE_BATCHES, DecodingSettings, QualitySpec
 from engine.io.dataset import quality_schema
-from engine.metrics.gate import QualityGate
+from engine.metrics.gate import AttemptInput, QualityGate
 from engine.records import AttemptScores, SynthesisResult, attempt_seed
 from engine.runtime.commits import CommitRecord
 from engine.runtime.job import JobRunner
@@ -169,7 +169,8 @@ def test_best_of_three_keeps_the_candidate_the_gate_scores_best(kit_dir, synth64
             for n, res in enumerate(results, 1):
                 wave = gate.audio(res.codes)
                 hyp = gate.transcribe([wave])[0]
-                scores.append(gate.score(row["text"], wave, res.finish_reason, n, res.seed, voice, hypothesis=hyp))
+                scores.append(gate.score(AttemptInput(row["text"], wave, res.finish_reason, n, res.seed, voice,
+                                                      hypothesis=hyp)))
             best = gate.verdict(scores).kept
             sims = [s.speaker_similarity for s in scores]
             assert len(set(sims)) == 3  # the candidates differ
@@ -206,7 +207,7 @@ def test_duration_bounds_reject_exactly_the_rows_outside(kit_dir, tmp_path):
     # dropped: the same rows kept, the others written nowhere but counted
     assert rows_of(tmp_path / "drop", "data") == kept and not (tmp_path / "drop" / "rejects").exists()
     dropped = runs["drop"]
-    assert sum(r["quality"]["dropped"] for r in dropped) == sum(r["rejected"] for r in dropped) == len(outside)
+    assert sum(r.quality.dropped for r in dropped) == sum(r.rejected for r in dropped) == len(outside)
 
 
 def espeak() -> str:

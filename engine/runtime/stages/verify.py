@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from engine.codec.base import Codec, samples
-from engine.metrics.gate import QualityGate, VerifierLost
+from engine.metrics.gate import AttemptInput, QualityGate, VerifierLost
 from engine.runtime.stages.row import Attempt, Row
 
 
@@ -59,9 +59,9 @@ class VerifyStage:
                 hyp = hyps.get(id(a))
                 if isinstance(hyp, Exception):
                     raise hyp
-                a.scores = self.gate.score(row.spoken, self.speech(a) if a.wave is not None else None,
-                                           a.finish_reason, a.number, a.seed, row.prompt, row.prompt_wave,
-                                           hypothesis=hyp, no_audio=a.error)
+                a.scores = self.gate.score(AttemptInput(
+                    row.spoken, self.speech(a) if a.wave is not None else None, a.finish_reason, a.number,
+                    a.seed, row.prompt, row.prompt_wave, hypothesis=hyp, no_audio=a.error))
             except VerifierLost:  # no row's fault: the shards being checked are redone
                 raise
             except Exception as exc:  # noqa: BLE001 - the row's error record, never the shard's failure
