@@ -66,10 +66,6 @@ def streams_worker_loop(config: dict) -> None:
         ray.train.report(metrics, checkpoint=checkpoint)
 
 
-def default_storage(out: Path) -> str:
-    return str((out / "ray").resolve())
-
-
 def train_streams_ray(settings: StreamsSettings, workers: int, use_gpu: bool | None = None,
                       address: str | None = None, storage_path: str | None = None) -> dict:
     """Distil stream heads with `workers` Ray Train workers and write them and `training.json`
@@ -101,7 +97,7 @@ def train_streams_ray(settings: StreamsSettings, workers: int, use_gpu: bool | N
     from safetensors.torch import load_file
 
     from engine.connect import init_ray
-    from engine.draft.distributed import failure_message
+    from engine.draft.distributed import default_storage, failure_message
     from engine.models.streams import StreamHeads, StreamShape, save_streams
 
     if workers < 1:
